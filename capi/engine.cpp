@@ -1,0 +1,237 @@
+// C API shims over pstar::engine::Engine: validate handles and pointers,
+// call the core, translate errors.  Each function is one guarded call.
+#include <cstring>
+#include <mutex>
+#include <unordered_set>
+
+#include "engine/engine.h"
+#include "errors.h"
+
+struct pstar_engine {
+  explicit pstar_engine(const pstar_engine_options& o) : impl(o) {}
+  pstar::engine::Engine impl;
+};
+
+namespace {
+
+using pstar::Error;
+using pstar::require;
+using pstar::capi::guarded;
+
+// Live engines.  A handle is dereferenced only after it is found here, so a
+// call on a destroyed engine fails cleanly instead of touching freed memory.
+std::mutex& registry_mutex() {
+  static std::mutex mu;
+  return mu;
+}
+std::unordered_set<pstar_engine*>& registry() {
+  static std::unordered_set<pstar_engine*> live;
+  return live;
+}
+
+pstar::engine::Engine& live(pstar_engine* e) {
+  require(e != nullptr, PSTAR_ERR_INVALID_HANDLE, "engine handle is NULL");
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  require(registry().count(e) != 0, PSTAR_ERR_INVALID_HANDLE, "engine handle is not a live engine (destroyed?)");
+  return e->impl;
+}
+
+template <class T>
+void require_out(T* p, const char* what) {
+  require(p != nullptr, PSTAR_ERR_INVALID_ARGUMENT, std::string(what) + " is NULL");
+}
+
+// Output structs carry their size and version; accept any size that covers
+// version 1, so a caller built against an older header still works.
+template <class T>
+void require_struct(const T* s, uint32_t current_version, size_t v1_size, const char* what) {
+  require(s != nullptr, PSTAR_ERR_INVALID_ARGUMENT, std::string(what) + " is NULL");
+  require(s->version >= 1 && s->version <= current_version && s->size >= v1_size, PSTAR_ERR_VERSION,
+          std::string(what) + ": size " + std::to_string(s->size) + " / version " + std::to_string(s->version) +
+              " not supported; initialise it with its _init() function");
+}
+
+}  // namespace
+
+extern "C" {
+
+pstar_status pstar_engine_options_init(pstar_engine_options* options) {
+  return guarded([&] {
+    require_out(options, "options");
+    const pstar_engine_options defaults = PSTAR_ENGINE_OPTIONS_INIT;
+    *options = defaults;
+  });
+}
+
+pstar_status pstar_step_result_init(pstar_step_result* result) {
+  return guarded([&] {
+    require_out(result, "result");
+    const pstar_step_result init = PSTAR_STEP_RESULT_INIT;
+    *result = init;
+  });
+}
+
+pstar_status pstar_stats_init(pstar_stats* stats) {
+  return guarded([&] {
+    require_out(stats, "stats");
+    const pstar_stats init = PSTAR_STATS_INIT;
+    *stats = init;
+  });
+}
+
+pstar_status pstar_engine_create(const pstar_engine_options* options, pstar_engine** out_engine) {
+  return guarded([&] {
+    require_out(options, "options");
+    require_out(out_engine, "out_engine");
+    auto* e = new pstar_engine(*options);
+    std::lock_guard<std::mutex> lock(registry_mutex());
+    try {
+      registry().insert(e);
+    } catch (...) {
+      delete e;
+      throw;
+    }
+    *out_engine = e;
+  });
+}
+
+pstar_status pstar_engine_destroy(pstar_engine* engine) {
+  if (engine == nullptr) return PSTAR_OK;
+  return guarded([&] {
+    {
+      std::lock_guard<std::mutex> lock(registry_mutex());
+      require(registry().erase(engine) != 0, PSTAR_ERR_INVALID_HANDLE,
+              "engine_destroy: handle is not a live engine (destroyed twice?)");
+    }
+    delete engine;
+  });
+}
+
+pstar_status pstar_param_register(pstar_engine* engine, const char* name, uint32_t ndim, const int64_t* shape,
+                                  uint32_t flags, uint32_t* out_id) {
+  return guarded([&] {
+    auto& e = live(engine);
+    require_out(out_id, "out_id");
+    *out_id = e.register_param(name, ndim, shape, flags);
+  });
+}
+
+pstar_status pstar_engine_build(pstar_engine* engine) {
+  return guarded([&] { live(engine).build(); });
+}
+
+pstar_status pstar_param_find(pstar_engine* engine, const char* name, uint32_t* out_id) {
+  return guarded([&] {
+    auto& e = live(engine);
+    require_out(out_id, "out_id");
+    *out_id = e.find(name);
+  });
+}
+
+pstar_status pstar_param_count(pstar_engine* engine, uint32_t* out_count) {
+  return guarded([&] {
+    auto& e = live(engine);
+    require_out(out_count, "out_count");
+    *out_count = e.param_count();
+  });
+}
+
+pstar_status pstar_param_numel(pstar_engine* engine, uint32_t id, uint64_t* out_numel) {
+  return guarded([&] {
+    auto& e = live(engine);
+    require_out(out_numel, "out_numel");
+    *out_numel = e.numel(id);
+  });
+}
+
+pstar_status pstar_param_write(pstar_engine* engine, uint32_t id, const void* src, uint64_t count,
+                               pstar_dtype dtype) {
+  return guarded([&] { live(engine).write(id, src, count, dtype); });
+}
+
+pstar_status pstar_param_read(pstar_engine* engine, uint32_t id, void* dst, uint64_t count, pstar_dtype dtype) {
+  return guarded([&] { live(engine).read(id, dst, count, dtype); });
+}
+
+pstar_status pstar_iteration_begin(pstar_engine* engine, pstar_iteration_kind kind) {
+  return guarded([&] { live(engine).iteration_begin(kind); });
+}
+
+pstar_status pstar_iteration_end(pstar_engine* engine) {
+  return guarded([&] { live(engine).iteration_end(); });
+}
+
+pstar_status pstar_engine_compute_stream(pstar_engine* engine, void** out_stream) {
+  return guarded([&] {
+    auto& e = live(engine);
+    require_out(out_stream, "out_stream");
+    *out_stream = e.compute_stream_handle();
+  });
+}
+
+pstar_status pstar_param_acquire(pstar_engine* engine, uint32_t id, pstar_stage stage, void* stream,
+                                 void** out_ptr) {
+  return guarded([&] {
+    auto& e = live(engine);
+    require_out(out_ptr, "out_ptr");
+    *out_ptr = e.acquire(id, stage, stream);
+  });
+}
+
+pstar_status pstar_param_release(pstar_engine* engine, uint32_t id, void* stream) {
+  return guarded([&] { live(engine).release(id, stream); });
+}
+
+pstar_status pstar_grad_write(pstar_engine* engine, uint32_t id, const void* grad, uint64_t count,
+                              pstar_dtype dtype, pstar_mem_space space, void* stream) {
+  return guarded([&] { live(engine).grad_write(id, grad, count, dtype, space, stream); });
+}
+
+pstar_status pstar_grad_slot_acquire(pstar_engine* engine, uint32_t id, void* stream, float** out_ptr) {
+  return guarded([&] {
+    auto& e = live(engine);
+    require_out(out_ptr, "out_ptr");
+    *out_ptr = e.grad_slot_acquire(id, stream);
+  });
+}
+
+pstar_status pstar_nonmodel_report(pstar_engine* engine, uint64_t bytes) {
+  return guarded([&] { live(engine).nonmodel_report(bytes); });
+}
+
+pstar_status pstar_step(pstar_engine* engine, pstar_step_result* result) {
+  return guarded([&] {
+    auto& e = live(engine);
+    if (result != nullptr) {
+      require_struct(result, PSTAR_STEP_RESULT_VERSION, sizeof(pstar_step_result), "result");
+    }
+    pstar_step_result r = e.step();
+    if (result != nullptr) {
+      const uint32_t size = result->size;
+      r.size = size;
+      std::memcpy(result, &r, std::min<size_t>(size, sizeof r));
+    }
+  });
+}
+
+pstar_status pstar_hparam_set(pstar_engine* engine, pstar_hparam which, double value) {
+  return guarded([&] { live(engine).hparam_set(which, value); });
+}
+
+pstar_status pstar_hparam_get(pstar_engine* engine, pstar_hparam which, double* out_value) {
+  return guarded([&] {
+    auto& e = live(engine);
+    require_out(out_value, "out_value");
+    *out_value = e.hparam_get(which);
+  });
+}
+
+pstar_status pstar_engine_get_stats(pstar_engine* engine, pstar_stats* stats) {
+  return guarded([&] {
+    auto& e = live(engine);
+    require_struct(stats, PSTAR_STATS_VERSION, sizeof(pstar_stats), "stats");
+    e.fill_stats(stats);
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,484 @@
+/*
+ * libpstar: chunk-based memory management for training models larger than
+ * the accelerator's memory.  The one public header of the C ABI.
+ *
+ * Conventions (see docs/user-guide.md):
+ *  - Every function returns a pstar_status: PSTAR_OK (0) or a negative error
+ *    code whose value never changes between releases.  The detail of the
+ *    last failure on the calling thread is in pstar_last_error_message().
+ *  - Output parameters come last.  An output is written only on PSTAR_OK.
+ *  - A failing call changes nothing, except where its documentation says.
+ *  - Options and result structs begin with `size` and `version`; they grow
+ *    by appending fields only.  Initialise them with the *_INIT macro or the
+ *    *_init() function, then change the fields you need.
+ *  - An engine is driven by one thread at a time.  Its internal copy and
+ *    optimizer threads never call back into the caller except through the
+ *    log callback.  Functions marked "any thread" may be called from any
+ *    thread at any time.
+ *
+ * This header is C99; it compiles cleanly with
+ * -std=c99 -Wall -Wextra -Wstrict-prototypes -pedantic -Werror.
+ */
+#ifndef PSTAR_PSTAR_H
+#define PSTAR_PSTAR_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pstar/version.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#define PSTAR_API
+#elif defined(__GNUC__)
+#define PSTAR_API __attribute__((visibility("default")))
+#else
+#define PSTAR_API
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* Versions                                                                  */
+/* ------------------------------------------------------------------------ */
+
+/** Packs a version as 0xMMmmpp (major, minor, patch: one byte each). */
+#define PSTAR_VERSION_PACK(major, minor, patch) \
+  ((((uint32_t)(major)) << 16) | (((uint32_t)(minor)) << 8) | ((uint32_t)(patch)))
+
+/** The version this header belongs to, packed by PSTAR_VERSION_PACK. */
+#define PSTAR_VERSION_HEX \
+  PSTAR_VERSION_PACK(PSTAR_VERSION_MAJOR, PSTAR_VERSION_MINOR, PSTAR_VERSION_PATCH)
+
+/** Runtime twin of PSTAR_VERSION_HEX: the version of the loaded library.
+ *  Any thread. */
+PSTAR_API uint32_t pstar_version(void);
+
+/** The loaded library's version as "MAJOR.MINOR.PATCH" (static storage).
+ *  Any thread. */
+PSTAR_API const char *pstar_version_string(void);
+
+/* ------------------------------------------------------------------------ */
+/* Status codes                                                              */
+/* ------------------------------------------------------------------------ */
+
+/** Result of every call.  Values are pinned; new codes are only appended.
+ *  Bindings must treat an unknown negative value as a generic error. */
+typedef enum pstar_status {
+  PSTAR_OK = 0,
+  /** An argument is NULL, out of range, or inconsistent with another. */
+  PSTAR_ERR_INVALID_ARGUMENT = -1,
+  /** The engine handle is NULL, destroyed, or was never created. */
+  PSTAR_ERR_INVALID_HANDLE = -2,
+  /** The call is not legal in the current state (wrong order, a parameter
+   *  in the wrong tensor state, a gradient for a frozen parameter...). */
+  PSTAR_ERR_INVALID_STATE = -3,
+  /** A parameter id, name or other key does not exist. */
+  PSTAR_ERR_NOT_FOUND = -4,
+  /** What must be resident now does not fit in a tier's capacity.  The
+   *  message names the tier, the request and the free bytes.  The engine
+   *  remains usable. */
+  PSTAR_ERR_OUT_OF_MEMORY = -5,
+  /** A chunk is pinned by an outstanding export; retry after releasing it. */
+  PSTAR_ERR_BUSY = -6,
+  /** The feature is not available in this build or on this machine. */
+  PSTAR_ERR_UNSUPPORTED = -7,
+  /** An accelerator runtime call failed. */
+  PSTAR_ERR_DEVICE = -8,
+  /** A file or disk operation failed. */
+  PSTAR_ERR_IO = -9,
+  /** A collective or the rendezvous failed; the engine refuses further steps. */
+  PSTAR_ERR_COMM = -10,
+  /** An options or result struct has a size or version this library does not
+   *  know (built against a newer header). */
+  PSTAR_ERR_VERSION = -11,
+  /** An invariant of the library was violated: a bug; please report it. */
+  PSTAR_ERR_INTERNAL = -12
+} pstar_status;
+
+/** Symbolic name of a status ("PSTAR_ERR_BUSY"); "PSTAR_ERR_UNKNOWN" for a
+ *  value this library does not know.  Static storage.  Any thread. */
+PSTAR_API const char *pstar_status_name(pstar_status status);
+
+/** One-sentence description of a status.  Static storage.  Any thread. */
+PSTAR_API const char *pstar_status_string(pstar_status status);
+
+/** Detail of the last failing call on this thread; "" if none has failed.
+ *  Never NULL.  Valid until the next libpstar call on the same thread.
+ *  Any thread (the message is per thread). */
+PSTAR_API const char *pstar_last_error_message(void);
+
+/* ------------------------------------------------------------------------ */
+/* Enumerations                                                              */
+/* ------------------------------------------------------------------------ */
+
+/** Element types. */
+typedef enum pstar_dtype {
+  PSTAR_DTYPE_F32 = 0,
+  PSTAR_DTYPE_F16 = 1,
+  PSTAR_DTYPE_BF16 = 2
+} pstar_dtype;
+
+/** The accelerator tier. */
+typedef enum pstar_device_kind {
+  /** Host memory posing as an accelerator with a fixed capacity. */
+  PSTAR_DEVICE_EMULATED = 0,
+  /** A CUDA device (builds with CUDA only). */
+  PSTAR_DEVICE_CUDA = 1
+} pstar_device_kind;
+
+/** Stage of an acquire. */
+typedef enum pstar_stage {
+  PSTAR_STAGE_FORWARD = 0,
+  PSTAR_STAGE_BACKWARD = 1,
+  /** Forward re-run inside backward (activation checkpointing): does not
+   *  count as a forward use. */
+  PSTAR_STAGE_RECOMPUTE = 2
+} pstar_stage;
+
+/** Kind of iteration. */
+typedef enum pstar_iteration_kind {
+  /** Forward and backward micro-steps ended by pstar_step(). */
+  PSTAR_ITERATION_TRAIN = 0,
+  /** Forward only, ended by pstar_iteration_end(); no gradients, no step. */
+  PSTAR_ITERATION_EVAL = 1
+} pstar_iteration_kind;
+
+/** Where a buffer handed to the library lives. */
+typedef enum pstar_mem_space {
+  PSTAR_MEM_HOST = 0,
+  /** Accelerator memory (on the emulated device: memory it returned). */
+  PSTAR_MEM_DEVICE = 1
+} pstar_mem_space;
+
+/** Parameter flags for pstar_param_register(), combined with `|`. */
+typedef enum pstar_param_flags {
+  PSTAR_PARAM_DEFAULT = 0,
+  /** Not trained: kept only in the compute dtype, no gradient, no Adam state. */
+  PSTAR_PARAM_FROZEN = 1u << 0,
+  /** Excluded from weight decay (biases, norms). */
+  PSTAR_PARAM_NO_WEIGHT_DECAY = 1u << 1
+} pstar_param_flags;
+
+/** Log levels, most verbose first. */
+typedef enum pstar_log_level {
+  PSTAR_LOG_DEBUG = 0,
+  PSTAR_LOG_INFO = 1,
+  PSTAR_LOG_WARN = 2,
+  PSTAR_LOG_ERROR = 3,
+  PSTAR_LOG_OFF = 4
+} pstar_log_level;
+
+/* ------------------------------------------------------------------------ */
+/* Logging and memory                                                        */
+/* ------------------------------------------------------------------------ */
+
+/** Receives one log record.  May be called from the library's internal
+ *  threads, concurrently: bindings must take their interpreter lock or attach
+ *  the thread.  `message` is valid only during the call. */
+typedef void (*pstar_log_fn)(pstar_log_level level, const char *message, void *user);
+
+/** Sets the process-wide log callback (NULL restores the default: stderr) and
+ *  the minimum level passed to it.  The initial level comes from the
+ *  environment variable PSTAR_LOG_LEVEL (debug, info, warn, error, off;
+ *  default warn).  Any thread. */
+PSTAR_API pstar_status pstar_log_set_callback(pstar_log_fn fn, void *user,
+                                              pstar_log_level min_level);
+
+/** Frees memory that the library allocated for the caller.  NULL is a no-op.
+ *  Any thread. */
+PSTAR_API void pstar_free(void *ptr);
+
+/* ------------------------------------------------------------------------ */
+/* Engine options                                                            */
+/* ------------------------------------------------------------------------ */
+
+/** Current version of pstar_engine_options. */
+#define PSTAR_ENGINE_OPTIONS_VERSION 1
+
+/** Options for pstar_engine_create().  A field means what it says (a weight
+ *  decay of zero is zero); only sizes and counts use 0 for "choose for me". */
+typedef struct pstar_engine_options {
+  /** sizeof(pstar_engine_options) as the caller compiled it. */
+  uint32_t size;
+  /** PSTAR_ENGINE_OPTIONS_VERSION as the caller compiled it. */
+  uint32_t version;
+
+  /* Placement */
+  pstar_device_kind device;
+  /** CUDA device ordinal (ignored by the emulated device). */
+  int32_t device_ordinal;
+  /** Bytes of accelerator memory the engine may use for chunks and gradient
+   *  buffers; 0 = unlimited on the emulated device, all free memory on CUDA. */
+  uint64_t device_capacity_bytes;
+  /** Bytes of host memory the engine may use; 0 = unlimited. */
+  uint64_t host_capacity_bytes;
+  /** Elements per chunk; 0 = default (PSTAR_DEFAULT_CHUNK_ELEMS). */
+  uint64_t chunk_elems;
+  /** Worker threads for the CPU optimizer; 0 = one per core. */
+  uint32_t threads;
+  /** Emulated device only: strict mode (poison-filled copy destinations,
+   *  seeded random delays on its streams, every access checked against the
+   *  event guarding it).  Slow; for tests. */
+  int32_t strict;
+  /** Seed of the strict mode's delays. */
+  uint64_t strict_seed;
+
+  /* Numerics */
+  /** Dtype of the parameters handed to the caller: F16, BF16 or F32. */
+  pstar_dtype compute_dtype;
+
+  /* Optimizer */
+  float lr;
+  float beta1;
+  float beta2;
+  float eps;
+  float weight_decay;
+  /** Nonzero: decoupled weight decay (AdamW); zero: L2 added to the gradient. */
+  int32_t adamw;
+  /** Global gradient-norm clipping threshold; 0 disables clipping. */
+  float clip_norm;
+
+  /* Dynamic loss scaling (F16 only; BF16 and F32 use a fixed scale of 1) */
+  float loss_scale_initial;
+  float loss_scale_growth_factor;
+  float loss_scale_backoff_factor;
+  uint32_t loss_scale_growth_interval;
+  uint32_t loss_scale_hysteresis;
+  float loss_scale_min;
+} pstar_engine_options;
+
+/** Default elements per chunk. */
+#define PSTAR_DEFAULT_CHUNK_ELEMS (1u << 22)
+
+/** The library's defaults, as an initializer. */
+#define PSTAR_ENGINE_OPTIONS_INIT                                                   \
+  {                                                                                 \
+    sizeof(pstar_engine_options), PSTAR_ENGINE_OPTIONS_VERSION, PSTAR_DEVICE_EMULATED, \
+        0, 0, 0, 0, 0, 0, 0, PSTAR_DTYPE_BF16, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, 1,    \
+        0.0f, 65536.0f, 2.0f, 0.5f, 2000u, 2u, 1.0f                                  \
+  }
+
+/** Writes the library's defaults into *options (the same as
+ *  PSTAR_ENGINE_OPTIONS_INIT, for bindings that drop macros).  Any thread. */
+PSTAR_API pstar_status pstar_engine_options_init(pstar_engine_options *options);
+
+/* ------------------------------------------------------------------------ */
+/* Engine                                                                    */
+/* ------------------------------------------------------------------------ */
+
+/** An engine: one model's chunks, placement and optimizer.  Opaque. */
+typedef struct pstar_engine pstar_engine;
+
+/** Creates an engine.  Live engines are kept in a process-wide registry, so
+ *  a call on a destroyed engine returns PSTAR_ERR_INVALID_HANDLE (limit: a
+ *  new engine may reuse a destroyed one's address). */
+PSTAR_API pstar_status pstar_engine_create(const pstar_engine_options *options,
+                                           pstar_engine **out_engine);
+
+/** Destroys an engine and frees its memory.  NULL is a no-op (PSTAR_OK). */
+PSTAR_API pstar_status pstar_engine_destroy(pstar_engine *engine);
+
+/** Registers a parameter, in the order the model first uses it.  `shape` has
+ *  `ndim` extents (ndim 0 is a scalar); `name` must be unique and non-empty.
+ *  Legal before pstar_engine_build() only. */
+PSTAR_API pstar_status pstar_param_register(pstar_engine *engine, const char *name,
+                                            uint32_t ndim, const int64_t *shape,
+                                            uint32_t flags, uint32_t *out_id);
+
+/** Freezes the layout and allocates the chunks (zero-filled).  Legal once. */
+PSTAR_API pstar_status pstar_engine_build(pstar_engine *engine);
+
+/** Looks up a parameter id by name. */
+PSTAR_API pstar_status pstar_param_find(pstar_engine *engine, const char *name,
+                                        uint32_t *out_id);
+
+/** Number of registered parameters. */
+PSTAR_API pstar_status pstar_param_count(pstar_engine *engine, uint32_t *out_count);
+
+/** Element count of a parameter. */
+PSTAR_API pstar_status pstar_param_numel(pstar_engine *engine, uint32_t id,
+                                         uint64_t *out_numel);
+
+/** Sets a parameter's values from `count` (= its element count) elements of
+ *  `dtype` in host memory.  A trainable parameter's fp32 master takes the
+ *  values and its compute copy takes them rounded to the compute dtype.
+ *  Legal after build and outside iterations. */
+PSTAR_API pstar_status pstar_param_write(pstar_engine *engine, uint32_t id, const void *src,
+                                         uint64_t count, pstar_dtype dtype);
+
+/** Copies a parameter's values into `count` elements of `dtype` in host
+ *  memory: the fp32 master of a trainable parameter, the compute copy of a
+ *  frozen one.  Never returns a gradient.  Legal after build, outside iterations. */
+PSTAR_API pstar_status pstar_param_read(pstar_engine *engine, uint32_t id, void *dst,
+                                        uint64_t count, pstar_dtype dtype);
+
+/* ------------------------------------------------------------------------ */
+/* Iterations                                                                */
+/* ------------------------------------------------------------------------ */
+
+/** Begins an iteration.  A TRAIN iteration ends with pstar_step(), an EVAL
+ *  iteration with pstar_iteration_end(). */
+PSTAR_API pstar_status pstar_iteration_begin(pstar_engine *engine, pstar_iteration_kind kind);
+
+/** Ends an EVAL iteration.  Every parameter must be released. */
+PSTAR_API pstar_status pstar_iteration_end(pstar_engine *engine);
+
+/** Returns the emulated device's compute stream handle (NULL on CUDA, where
+ *  the caller's own streams are used).  Passing NULL as a stream to the
+ *  calls below means the default stream. */
+PSTAR_API pstar_status pstar_engine_compute_stream(pstar_engine *engine, void **out_stream);
+
+/** Makes parameter `id` resident on the accelerator in the compute dtype and
+ *  returns its address there.  The stream waits for the data; the pointer is
+ *  valid for work ordered on `stream` until pstar_param_release().  A
+ *  parameter may be acquired several times per stage, one acquire at a time.
+ *  FORWARD and RECOMPUTE need a parameter slot holding weights; BACKWARD
+ *  counts a backward use.  PSTAR_ERR_OUT_OF_MEMORY if the parameters
+ *  acquired now cannot fit together. */
+PSTAR_API pstar_status pstar_param_acquire(pstar_engine *engine, uint32_t id,
+                                           pstar_stage stage, void *stream, void **out_ptr);
+
+/** Ends the use begun by the last acquire of `id`.  Work on `stream` that
+ *  reads the data must have been queued before this call.  The release that
+ *  makes a parameter's backward uses equal its forward uses turns its
+ *  accumulated gradient into the content of its slot (flagged GRAD). */
+PSTAR_API pstar_status pstar_param_release(pstar_engine *engine, uint32_t id, void *stream);
+
+/** Adds `count` (= element count) gradient values of `dtype` from `grad` in
+ *  `space` to parameter `id`'s fp32 gradient accumulator.  Legal while `id`
+ *  is acquired in the BACKWARD stage of a TRAIN iteration; not for frozen
+ *  parameters.  Values are as the caller computed them, i.e. multiplied by
+ *  the current loss scale when one is in use. */
+PSTAR_API pstar_status pstar_grad_write(pstar_engine *engine, uint32_t id, const void *grad,
+                                        uint64_t count, pstar_dtype dtype,
+                                        pstar_mem_space space, void *stream);
+
+/** Returns the address of parameter `id`'s fp32 gradient accumulator on the
+ *  accelerator (element count floats), for the caller to add its
+ *  contribution in place.  Same legality as pstar_grad_write(); the pointer
+ *  is valid until pstar_param_release() of that use. */
+PSTAR_API pstar_status pstar_grad_slot_acquire(pstar_engine *engine, uint32_t id, void *stream,
+                                               float **out_ptr);
+
+/** Reports the bytes of non-model memory (activations, workspace) that the
+ *  caller holds on the accelerator now.  Counted against the capacity of
+ *  the accelerator tier until the next report. */
+PSTAR_API pstar_status pstar_nonmodel_report(pstar_engine *engine, uint64_t bytes);
+
+/* ------------------------------------------------------------------------ */
+/* Optimizer step                                                            */
+/* ------------------------------------------------------------------------ */
+
+#define PSTAR_STEP_RESULT_VERSION 1
+
+/** What pstar_step() did. */
+typedef struct pstar_step_result {
+  uint32_t size;
+  uint32_t version;
+  /** Adam's step count after this call (not advanced by a skipped step). */
+  uint64_t step;
+  /** Nonzero if the step was skipped (inf or NaN in a gradient). */
+  int32_t skipped;
+  /** Number of parameters updated. */
+  uint32_t params_updated;
+  /** Global L2 norm of the unscaled gradients (before clipping). */
+  double grad_norm;
+  /** Loss scale used by this step's gradients. */
+  float loss_scale;
+  /** Loss scale for the next iteration's gradients. */
+  float next_loss_scale;
+  /** Factor applied by clipping (1 if none). */
+  float clip_coef;
+} pstar_step_result;
+
+#define PSTAR_STEP_RESULT_INIT \
+  { sizeof(pstar_step_result), PSTAR_STEP_RESULT_VERSION, 0, 0, 0, 0.0, 0.0f, 0.0f, 0.0f }
+
+/** Writes an initialised pstar_step_result. */
+PSTAR_API pstar_status pstar_step_result_init(pstar_step_result *result);
+
+/** Ends a TRAIN iteration: unscales, clips and applies Adam to every
+ *  parameter with a gradient, then restores weights into the parameter
+ *  slots.  With an inf or NaN gradient the step is skipped as a whole (loss
+ *  scale backed off for F16) and the weights are restored unchanged.
+ *  Parameters without a backward use this iteration are not updated.
+ *  `result` may be NULL. */
+PSTAR_API pstar_status pstar_step(pstar_engine *engine, pstar_step_result *result);
+
+/** Hyperparameters settable between steps (schedules). */
+typedef enum pstar_hparam {
+  PSTAR_HPARAM_LR = 0,
+  PSTAR_HPARAM_BETA1 = 1,
+  PSTAR_HPARAM_BETA2 = 2,
+  PSTAR_HPARAM_EPS = 3,
+  PSTAR_HPARAM_WEIGHT_DECAY = 4,
+  PSTAR_HPARAM_CLIP_NORM = 5,
+  /** The current loss scale (F16); set it to override the dynamic scaler. */
+  PSTAR_HPARAM_LOSS_SCALE = 6,
+  /** Read-only: Adam's step count. */
+  PSTAR_HPARAM_STEP = 7
+} pstar_hparam;
+
+/** Sets a hyperparameter; legal outside a TRAIN iteration's backward. */
+PSTAR_API pstar_status pstar_hparam_set(pstar_engine *engine, pstar_hparam which, double value);
+
+/** Reads a hyperparameter. */
+PSTAR_API pstar_status pstar_hparam_get(pstar_engine *engine, pstar_hparam which,
+                                        double *out_value);
+
+/* ------------------------------------------------------------------------ */
+/* Statistics                                                                */
+/* ------------------------------------------------------------------------ */
+
+#define PSTAR_STATS_VERSION 1
+
+/** Counters since the engine was created. */
+typedef struct pstar_stats {
+  uint32_t size;
+  uint32_t version;
+  /** Bytes copied host to accelerator and back. */
+  uint64_t bytes_host_to_device;
+  uint64_t bytes_device_to_host;
+  /** Chunks moved to the accelerator, and chunks evicted from it. */
+  uint64_t moves_to_device;
+  uint64_t evictions;
+  /** Peak bytes in use on each tier (chunks, gradient buffers, non-model). */
+  uint64_t peak_device_bytes;
+  uint64_t peak_host_bytes;
+  /** Bytes in use now on each tier. */
+  uint64_t device_bytes;
+  uint64_t host_bytes;
+  /** Chunks per list: compute dtype (all parameters) and optimizer (fp32
+   *  master, m and v each; trainable parameters only). */
+  uint32_t compute_chunks;
+  uint32_t optimizer_chunks;
+  /** Of those, chunks holding one parameter larger than chunk_elems. */
+  uint32_t jumbo_chunks;
+  uint32_t reserved0;
+  /** Bytes of one compute-dtype list, and of one fp32 optimizer list. */
+  uint64_t compute_list_bytes;
+  uint64_t optimizer_list_bytes;
+  /** Parameter elements over chunk capacity, compute list (0..1). */
+  double fill_ratio;
+  /** Steps applied and skipped; iterations begun. */
+  uint64_t steps;
+  uint64_t skipped_steps;
+  uint64_t iterations;
+} pstar_stats;
+
+#define PSTAR_STATS_INIT \
+  { sizeof(pstar_stats), PSTAR_STATS_VERSION, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0.0, 0, 0, 0 }
+
+/** Writes an initialised pstar_stats. */
+PSTAR_API pstar_status pstar_stats_init(pstar_stats *stats);
+
+/** Fills *stats (its size and version fields must be set). */
+PSTAR_API pstar_status pstar_engine_get_stats(pstar_engine *engine, pstar_stats *stats);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* PSTAR_PSTAR_H */

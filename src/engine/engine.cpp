@@ -1,0 +1,778 @@
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "memory/device_factory.h"
+#include "util/dtype.h"
+#include "util/error.h"
+#include "util/log.h"
+
+namespace pstar::engine {
+
+using chunk::TensorEvent;
+using chunk::TensorState;
+
+namespace {
+
+bool finite_in(double v, double lo, double hi) { return std::isfinite(v) && v >= lo && v <= hi; }
+
+std::string bytes_str(uint64_t b) { return std::to_string(b) + " bytes"; }
+
+}  // namespace
+
+pstar_engine_options validate_options(const pstar_engine_options& in) {
+  pstar_engine_options o;
+  pstar_engine_options_init(&o);
+  require(in.version >= 1 && in.version <= PSTAR_ENGINE_OPTIONS_VERSION, PSTAR_ERR_VERSION,
+          "options: version " + std::to_string(in.version) + " is not supported by this library (knows 1.." +
+              std::to_string(PSTAR_ENGINE_OPTIONS_VERSION) + "); initialise with pstar_engine_options_init()");
+  require(in.size >= sizeof(pstar_engine_options), PSTAR_ERR_VERSION,
+          "options: size " + std::to_string(in.size) + " is smaller than this library's version-1 struct (" +
+              std::to_string(sizeof(pstar_engine_options)) + ")");
+  std::memcpy(&o, &in, sizeof o);
+  o.size = sizeof o;
+  o.version = PSTAR_ENGINE_OPTIONS_VERSION;
+
+  require(o.device == PSTAR_DEVICE_EMULATED || o.device == PSTAR_DEVICE_CUDA, PSTAR_ERR_INVALID_ARGUMENT,
+          "options: unknown device kind " + std::to_string(static_cast<int>(o.device)));
+  require(!(o.strict && o.device != PSTAR_DEVICE_EMULATED), PSTAR_ERR_INVALID_ARGUMENT,
+          "options: strict mode exists on the emulated device only");
+  if (o.chunk_elems == 0) o.chunk_elems = PSTAR_DEFAULT_CHUNK_ELEMS;
+  require(o.chunk_elems % chunk::kAlignElems == 0, PSTAR_ERR_INVALID_ARGUMENT,
+          "options: chunk_elems (" + std::to_string(o.chunk_elems) + ") must be a multiple of " +
+              std::to_string(chunk::kAlignElems));
+  require(o.chunk_elems <= kMaxNumel, PSTAR_ERR_INVALID_ARGUMENT, "options: chunk_elems is too large");
+  require(dtype_valid(o.compute_dtype), PSTAR_ERR_INVALID_ARGUMENT,
+          "options: unknown compute dtype " + std::to_string(static_cast<int>(o.compute_dtype)));
+  require(finite_in(o.lr, 0.0, 1e30), PSTAR_ERR_INVALID_ARGUMENT, "options: lr must be finite and >= 0");
+  require(finite_in(o.beta1, 0.0, 1.0) && o.beta1 < 1.0f, PSTAR_ERR_INVALID_ARGUMENT, "options: beta1 must be in [0, 1)");
+  require(finite_in(o.beta2, 0.0, 1.0) && o.beta2 < 1.0f, PSTAR_ERR_INVALID_ARGUMENT, "options: beta2 must be in [0, 1)");
+  require(finite_in(o.eps, 0.0, 1e30) && o.eps > 0.0f, PSTAR_ERR_INVALID_ARGUMENT, "options: eps must be > 0");
+  require(finite_in(o.weight_decay, 0.0, 1e30), PSTAR_ERR_INVALID_ARGUMENT, "options: weight_decay must be >= 0");
+  require(finite_in(o.clip_norm, 0.0, 1e30), PSTAR_ERR_INVALID_ARGUMENT, "options: clip_norm must be >= 0 (0 = off)");
+  require(finite_in(o.loss_scale_initial, 0.0, 1e38) && o.loss_scale_initial > 0.0f, PSTAR_ERR_INVALID_ARGUMENT,
+          "options: loss_scale_initial must be > 0");
+  require(finite_in(o.loss_scale_growth_factor, 1.0, 1e30), PSTAR_ERR_INVALID_ARGUMENT,
+          "options: loss_scale_growth_factor must be >= 1");
+  require(finite_in(o.loss_scale_backoff_factor, 0.0, 1.0) && o.loss_scale_backoff_factor > 0.0f,
+          PSTAR_ERR_INVALID_ARGUMENT, "options: loss_scale_backoff_factor must be in (0, 1]");
+  require(o.loss_scale_growth_interval >= 1, PSTAR_ERR_INVALID_ARGUMENT,
+          "options: loss_scale_growth_interval must be >= 1");
+  require(o.loss_scale_hysteresis >= 1, PSTAR_ERR_INVALID_ARGUMENT, "options: loss_scale_hysteresis must be >= 1");
+  require(finite_in(o.loss_scale_min, 0.0, 1e38) && o.loss_scale_min > 0.0f, PSTAR_ERR_INVALID_ARGUMENT,
+          "options: loss_scale_min must be > 0");
+  return o;
+}
+
+namespace {
+optim::LossScalerConfig scaler_config(const pstar_engine_options& o) {
+  optim::LossScalerConfig c;
+  c.enabled = o.compute_dtype == PSTAR_DTYPE_F16;
+  c.initial = o.loss_scale_initial;
+  c.growth_factor = o.loss_scale_growth_factor;
+  c.backoff_factor = o.loss_scale_backoff_factor;
+  c.growth_interval = o.loss_scale_growth_interval;
+  c.hysteresis = o.loss_scale_hysteresis;
+  c.min_scale = o.loss_scale_min;
+  return c;
+}
+}  // namespace
+
+Engine::Engine(const pstar_engine_options& options)
+    : opt_(validate_options(options)), scaler_(scaler_config(opt_)) {
+  device_ = memory::make_device(opt_);
+  host_ = std::make_unique<memory::HostPool>(device_.get(), opt_.host_capacity_bytes);
+  device_capacity_ = opt_.device_capacity_bytes;
+  hyper_.lr = opt_.lr;
+  hyper_.beta1 = opt_.beta1;
+  hyper_.beta2 = opt_.beta2;
+  hyper_.eps = opt_.eps;
+  hyper_.weight_decay = opt_.weight_decay;
+  hyper_.adamw = opt_.adamw != 0;
+  clip_norm_ = opt_.clip_norm;
+  pstar_stats_init(&stats_);
+  log::debug("engine created on " + device_->name());
+}
+
+Engine::~Engine() {
+  // Let every queued item finish before memory goes away.
+  device_->synchronize(device_->compute_stream());
+  device_->synchronize(device_->h2d_stream());
+  device_->synchronize(device_->d2h_stream());
+  while (reclaim_deferred(true)) {
+  }
+  for (auto& p : params_) {
+    if (p.grad_acc != nullptr) device_->deallocate(p.grad_acc, p.numel * sizeof(float));
+  }
+  if (layout_) {
+    for (size_t i = 0; i < chunks_.size(); ++i) {
+      ChunkState& c = chunks_[i];
+      if (c.tier == Tier::kDevice) {
+        device_->deallocate(c.device, c.bytes);
+      } else {
+        host_->release(c.host, c.bytes);
+      }
+      const uint64_t fp32_bytes = layout_->chunks()[i].capacity_elems * sizeof(float);
+      host_->release(c.master, fp32_bytes);
+      host_->release(c.exp_avg, fp32_bytes);
+      host_->release(c.exp_avg_sq, fp32_bytes);
+    }
+  }
+  host_.reset();
+}
+
+size_t Engine::elem_bytes() const { return dtype_size(opt_.compute_dtype); }
+
+// ---------------------------------------------------------------------------
+// Registration and layout
+
+uint32_t Engine::register_param(const char* name, uint32_t ndim, const int64_t* shape, uint32_t flags) {
+  require(!built(), PSTAR_ERR_INVALID_STATE, "param_register: the engine is built; register before pstar_engine_build");
+  require(name != nullptr && name[0] != '\0', PSTAR_ERR_INVALID_ARGUMENT, "param_register: name is NULL or empty");
+  require(ndim <= kMaxNdim, PSTAR_ERR_INVALID_ARGUMENT,
+          "param_register: ndim " + std::to_string(ndim) + " exceeds " + std::to_string(kMaxNdim));
+  require(ndim == 0 || shape != nullptr, PSTAR_ERR_INVALID_ARGUMENT, "param_register: shape is NULL");
+  const uint32_t known = PSTAR_PARAM_FROZEN | PSTAR_PARAM_NO_WEIGHT_DECAY;
+  require((flags & ~known) == 0, PSTAR_ERR_INVALID_ARGUMENT,
+          "param_register: unknown flag bits " + std::to_string(flags & ~known));
+  require(by_name_.find(name) == by_name_.end(), PSTAR_ERR_INVALID_ARGUMENT,
+          std::string("param_register: a parameter named '") + name + "' exists");
+  require(params_.size() < std::numeric_limits<uint32_t>::max(), PSTAR_ERR_INVALID_ARGUMENT,
+          "param_register: too many parameters");
+  uint64_t numel = 1;
+  for (uint32_t d = 0; d < ndim; ++d) {
+    require(shape[d] >= 0, PSTAR_ERR_INVALID_ARGUMENT,
+            "param_register: extent " + std::to_string(d) + " of '" + name + "' is negative");
+    const uint64_t e = static_cast<uint64_t>(shape[d]);
+    require(e == 0 || numel <= kMaxNumel / e, PSTAR_ERR_INVALID_ARGUMENT,
+            std::string("param_register: '") + name + "' has more than 2^48 elements");
+    numel *= e;
+  }
+  Param p;
+  p.name = name;
+  p.shape.assign(shape, shape + ndim);
+  p.numel = numel;
+  p.flags = flags;
+  const auto id = static_cast<uint32_t>(params_.size());
+  params_.push_back(std::move(p));
+  by_name_.emplace(params_.back().name, id);
+  return id;
+}
+
+void Engine::build() {
+  require(!built(), PSTAR_ERR_INVALID_STATE, "engine_build: already built");
+  std::vector<uint64_t> numels;
+  std::vector<bool> frozen;
+  for (const auto& p : params_) {
+    numels.push_back(p.numel);
+    frozen.push_back(p.frozen());
+  }
+  auto layout = std::make_unique<chunk::ChunkLayout>(numels, frozen, opt_.chunk_elems);
+  std::vector<ChunkState> chunks(layout->chunks().size());
+  // Allocate every payload on the host, zero-filled; undo on failure.
+  try {
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      const auto& info = layout->chunks()[i];
+      ChunkState& c = chunks[i];
+      c.bytes = info.capacity_elems * elem_bytes();
+      c.host = host_->acquire(c.bytes);
+      std::memset(c.host, 0, c.bytes);
+      if (!info.frozen) {
+        const uint64_t fp32_bytes = info.capacity_elems * sizeof(float);
+        c.master = static_cast<float*>(host_->acquire(fp32_bytes));
+        c.exp_avg = static_cast<float*>(host_->acquire(fp32_bytes));
+        c.exp_avg_sq = static_cast<float*>(host_->acquire(fp32_bytes));
+        std::memset(c.master, 0, fp32_bytes);
+        std::memset(c.exp_avg, 0, fp32_bytes);
+        std::memset(c.exp_avg_sq, 0, fp32_bytes);
+      }
+    }
+  } catch (...) {
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      const uint64_t fp32_bytes = layout->chunks()[i].capacity_elems * sizeof(float);
+      host_->release(chunks[i].host, chunks[i].bytes);
+      host_->release(chunks[i].master, fp32_bytes);
+      host_->release(chunks[i].exp_avg, fp32_bytes);
+      host_->release(chunks[i].exp_avg_sq, fp32_bytes);
+    }
+    throw;
+  }
+  layout_ = std::move(layout);
+  chunks_ = std::move(chunks);
+  for (auto& p : params_) p.state = TensorState::kHold;  // the build transition
+  log::info("engine built: " + std::to_string(params_.size()) + " parameters in " +
+            std::to_string(chunks_.size()) + " chunks");
+}
+
+const chunk::ChunkLayout& Engine::layout() const {
+  require_built("layout");
+  return *layout_;
+}
+
+void Engine::require_built(const char* what) const {
+  require(built(), PSTAR_ERR_INVALID_STATE, std::string(what) + ": the engine is not built (call pstar_engine_build)");
+}
+
+Engine::Param& Engine::param_checked(uint32_t id) {
+  require(id < params_.size(), PSTAR_ERR_NOT_FOUND,
+          "no parameter with id " + std::to_string(id) + " (" + std::to_string(params_.size()) + " registered)");
+  return params_[id];
+}
+
+const Engine::Param& Engine::param_checked(uint32_t id) const {
+  return const_cast<Engine*>(this)->param_checked(id);
+}
+
+uint32_t Engine::find(const char* name) const {
+  require(name != nullptr, PSTAR_ERR_INVALID_ARGUMENT, "param_find: name is NULL");
+  auto it = by_name_.find(name);
+  require(it != by_name_.end(), PSTAR_ERR_NOT_FOUND, std::string("no parameter named '") + name + "'");
+  return it->second;
+}
+
+uint64_t Engine::numel(uint32_t id) const { return param_checked(id).numel; }
+
+TensorState Engine::state(uint32_t id) const { return param_checked(id).state; }
+
+bool Engine::slot_holds_gradient(uint32_t id) const { return param_checked(id).slot_is_grad; }
+
+bool Engine::chunk_on_device(uint32_t chunk) const {
+  require_built("chunk_on_device");
+  require(chunk < chunks_.size(), PSTAR_ERR_NOT_FOUND, "no chunk " + std::to_string(chunk));
+  return chunks_[chunk].tier == Tier::kDevice;
+}
+
+void Engine::apply(Param& p, uint32_t id, TensorEvent ev) {
+  TensorState next;
+  if (!chunk::transition(p.state, ev, &next)) {
+    throw Error(PSTAR_ERR_INVALID_STATE, std::string(chunk::event_name(ev)) + " of parameter " + std::to_string(id) +
+                                             " ('" + p.name + "') is illegal in state " +
+                                             chunk::state_name(p.state));
+  }
+  p.state = next;
+}
+
+// ---------------------------------------------------------------------------
+// Values
+
+void Engine::write(uint32_t id, const void* src, uint64_t count, pstar_dtype dtype) {
+  require_built("param_write");
+  Param& p = param_checked(id);
+  require(!iteration_active_, PSTAR_ERR_INVALID_STATE, "param_write: not legal inside an iteration");
+  require(dtype_valid(dtype), PSTAR_ERR_INVALID_ARGUMENT, "param_write: unknown dtype");
+  require(count == p.numel, PSTAR_ERR_INVALID_ARGUMENT,
+          "param_write: count " + std::to_string(count) + " differs from the element count " +
+              std::to_string(p.numel) + " of '" + p.name + "'");
+  require(src != nullptr || count == 0, PSTAR_ERR_INVALID_ARGUMENT, "param_write: src is NULL");
+  const auto& place = layout_->param(id);
+  ChunkState& c = chunks_[place.chunk];
+  void* payload = host_view(place.chunk);
+  if (p.frozen()) {
+    for (uint64_t i = 0; i < count; ++i) {
+      store_as(payload, opt_.compute_dtype, place.offset_elems + i, load_as(src, dtype, i));
+    }
+    return;
+  }
+  float* master = c.master + place.offset_elems;
+  convert_to_f32(src, dtype, master, count);
+  for (uint64_t i = 0; i < count; ++i) store_as(payload, opt_.compute_dtype, place.offset_elems + i, master[i]);
+}
+
+void Engine::read(uint32_t id, void* dst, uint64_t count, pstar_dtype dtype) {
+  require_built("param_read");
+  Param& p = param_checked(id);
+  require(!iteration_active_, PSTAR_ERR_INVALID_STATE, "param_read: not legal inside an iteration");
+  require(dtype_valid(dtype), PSTAR_ERR_INVALID_ARGUMENT, "param_read: unknown dtype");
+  require(count == p.numel, PSTAR_ERR_INVALID_ARGUMENT,
+          "param_read: count " + std::to_string(count) + " differs from the element count " +
+              std::to_string(p.numel) + " of '" + p.name + "'");
+  require(dst != nullptr || count == 0, PSTAR_ERR_INVALID_ARGUMENT, "param_read: dst is NULL");
+  const auto& place = layout_->param(id);
+  if (!p.frozen()) {
+    convert_from_f32(chunks_[place.chunk].master + place.offset_elems, dst, dtype, count);
+    return;
+  }
+  const void* payload = host_view(place.chunk);
+  for (uint64_t i = 0; i < count; ++i) {
+    store_as(dst, dtype, i, load_as(payload, opt_.compute_dtype, place.offset_elems + i));
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Iterations, acquire and release
+
+void Engine::iteration_begin(pstar_iteration_kind kind) {
+  require_built("iteration_begin");
+  require(kind == PSTAR_ITERATION_TRAIN || kind == PSTAR_ITERATION_EVAL, PSTAR_ERR_INVALID_ARGUMENT,
+          "iteration_begin: unknown iteration kind");
+  require(!iteration_active_, PSTAR_ERR_INVALID_STATE,
+          "iteration_begin: an iteration is in progress (end it with pstar_step or pstar_iteration_end)");
+  iteration_active_ = true;
+  iteration_kind_ = kind;
+  ++stats_.iterations;
+}
+
+void Engine::iteration_end() {
+  require_built("iteration_end");
+  require(iteration_active_, PSTAR_ERR_INVALID_STATE, "iteration_end: no iteration in progress");
+  require(iteration_kind_ == PSTAR_ITERATION_EVAL, PSTAR_ERR_INVALID_STATE,
+          "iteration_end: a TRAIN iteration ends with pstar_step");
+  for (uint32_t id = 0; id < params_.size(); ++id) {
+    require(params_[id].state != TensorState::kCompute, PSTAR_ERR_INVALID_STATE,
+            "iteration_end: parameter " + std::to_string(id) + " ('" + params_[id].name + "') is still acquired");
+  }
+  iteration_active_ = false;
+}
+
+void* Engine::acquire(uint32_t id, pstar_stage stage, void* stream) {
+  require_built("param_acquire");
+  Param& p = param_checked(id);
+  require(stage == PSTAR_STAGE_FORWARD || stage == PSTAR_STAGE_BACKWARD || stage == PSTAR_STAGE_RECOMPUTE,
+          PSTAR_ERR_INVALID_ARGUMENT, "param_acquire: unknown stage");
+  require(iteration_active_, PSTAR_ERR_INVALID_STATE, "param_acquire: no iteration in progress");
+  memory::Stream* s = device_->caller_stream(stream);
+
+  TensorEvent ev;
+  if (iteration_kind_ == PSTAR_ITERATION_EVAL) {
+    require(stage == PSTAR_STAGE_FORWARD, PSTAR_ERR_INVALID_STATE,
+            "param_acquire: an EVAL iteration has FORWARD uses only");
+    ev = TensorEvent::kAcquireEval;
+  } else if (stage == PSTAR_STAGE_FORWARD) {
+    require(p.backward_uses == 0, PSTAR_ERR_INVALID_STATE,
+            "param_acquire(FORWARD) of '" + p.name + "' after its backward began in this iteration");
+    ev = TensorEvent::kAcquireForward;
+  } else if (stage == PSTAR_STAGE_RECOMPUTE) {
+    ev = TensorEvent::kAcquireRecompute;
+  } else {
+    require(p.backward_uses < p.forward_uses, PSTAR_ERR_INVALID_STATE,
+            "param_acquire(BACKWARD) of '" + p.name + "': " + std::to_string(p.backward_uses) +
+                " backward uses already match its " + std::to_string(p.forward_uses) + " forward uses");
+    ev = TensorEvent::kAcquireBackward;
+  }
+  TensorState next = p.state;
+  if (!chunk::transition(p.state, ev, &next)) apply(p, id, ev);  // throws with the message
+
+  const auto& place = layout_->param(id);
+  ChunkState& c = chunks_[place.chunk];
+  if (c.tier == Tier::kHost) fetch(place.chunk);
+  const bool needs_acc = ev == TensorEvent::kAcquireBackward && !p.frozen() && p.grad_acc == nullptr;
+  if (needs_acc) {
+    ++c.compute_refs;  // keep the chunk in place while room is made
+    try {
+      p.grad_acc = static_cast<float*>(device_alloc(p.numel * sizeof(float), place.chunk,
+                                                    "gradient buffer of '" + p.name + "'"));
+    } catch (...) {
+      --c.compute_refs;
+      throw;
+    }
+    --c.compute_refs;
+    device_grad_bytes_ += p.numel * sizeof(float);
+    device_used_ += p.numel * sizeof(float);
+    note_device_peak();
+    device_->memset_async(s, p.grad_acc, 0, p.numel * sizeof(float));
+  }
+  device_->stream_wait(s, c.ready);
+  if (device_->host_accessible()) {
+    // The caller's compute runs on the host: the data must be there now.
+    device_->synchronize(s);
+    check_ready(c.ready, "acquired chunk");
+  }
+  p.state = next;
+  p.acquired_stage = stage;
+  if (ev == TensorEvent::kAcquireForward) ++p.forward_uses;
+  if (ev == TensorEvent::kAcquireBackward) ++p.backward_uses;
+  ++c.compute_refs;
+  lru_.touch(place.chunk, ++tick_);
+  return static_cast<char*>(c.device) + place.offset_elems * elem_bytes();
+}
+
+void Engine::release(uint32_t id, void* stream) {
+  require_built("param_release");
+  Param& p = param_checked(id);
+  require(p.state == TensorState::kCompute, PSTAR_ERR_INVALID_STATE,
+          "param_release of '" + p.name + "': not acquired (state " + chunk::state_name(p.state) + ")");
+  memory::Stream* s = device_->caller_stream(stream);
+  TensorEvent ev;
+  if (iteration_kind_ == PSTAR_ITERATION_EVAL) {
+    ev = TensorEvent::kReleaseEval;
+  } else if (p.acquired_stage != PSTAR_STAGE_BACKWARD) {
+    ev = TensorEvent::kReleaseForward;
+  } else {
+    ev = p.backward_uses == p.forward_uses ? TensorEvent::kReleaseBackwardLast : TensorEvent::kReleaseBackward;
+  }
+  const auto& place = layout_->param(id);
+  ChunkState& c = chunks_[place.chunk];
+  if (ev == TensorEvent::kReleaseBackwardLast && !p.frozen()) {
+    // The gradient replaces the weight in the slot; overflow and norm are
+    // known from here on, before the step begins.
+    void* slot = static_cast<char*>(c.device) + place.offset_elems * elem_bytes();
+    device_->grad_finalize(s, p.grad_acc, slot, opt_.compute_dtype, p.numel, &p.grad_sumsq, &p.grad_nonfinite);
+    memory::EventPtr done = device_->record(s);
+    defer_free(done, p.grad_acc, p.numel * sizeof(float), Tier::kDevice);
+    device_grad_bytes_ -= p.numel * sizeof(float);
+    p.grad_acc = nullptr;
+    p.slot_is_grad = true;
+    c.ready = done;  // the payload is valid once the slot is written
+  }
+  c.last_use = device_->record(s);
+  apply(p, id, ev);
+  --c.compute_refs;
+}
+
+void Engine::grad_write(uint32_t id, const void* grad, uint64_t count, pstar_dtype dtype, pstar_mem_space space,
+                        void* stream) {
+  require_built("grad_write");
+  Param& p = param_checked(id);
+  require(!p.frozen(), PSTAR_ERR_INVALID_STATE, "grad_write: '" + p.name + "' is frozen and takes no gradient");
+  require(iteration_active_ && iteration_kind_ == PSTAR_ITERATION_TRAIN && p.state == TensorState::kCompute &&
+              p.acquired_stage == PSTAR_STAGE_BACKWARD,
+          PSTAR_ERR_INVALID_STATE, "grad_write: '" + p.name + "' is not acquired for BACKWARD in a TRAIN iteration");
+  require(dtype_valid(dtype), PSTAR_ERR_INVALID_ARGUMENT, "grad_write: unknown dtype");
+  require(space == PSTAR_MEM_HOST || space == PSTAR_MEM_DEVICE, PSTAR_ERR_INVALID_ARGUMENT,
+          "grad_write: unknown memory space");
+  require(count == p.numel, PSTAR_ERR_INVALID_ARGUMENT,
+          "grad_write: count " + std::to_string(count) + " differs from the element count " +
+              std::to_string(p.numel) + " of '" + p.name + "'");
+  require(grad != nullptr || count == 0, PSTAR_ERR_INVALID_ARGUMENT, "grad_write: grad is NULL");
+  memory::Stream* s = device_->caller_stream(stream);
+  device_->grad_accumulate(s, p.grad_acc, grad, dtype, space, count);
+  // A host source may be reused as soon as this returns; on the emulated
+  // device the caller's compute is host code, so it sees the result now.
+  if (space == PSTAR_MEM_HOST || device_->host_accessible()) device_->synchronize(s);
+}
+
+float* Engine::grad_slot_acquire(uint32_t id, void* stream) {
+  require_built("grad_slot_acquire");
+  Param& p = param_checked(id);
+  require(!p.frozen(), PSTAR_ERR_INVALID_STATE, "grad_slot_acquire: '" + p.name + "' is frozen and takes no gradient");
+  require(iteration_active_ && iteration_kind_ == PSTAR_ITERATION_TRAIN && p.state == TensorState::kCompute &&
+              p.acquired_stage == PSTAR_STAGE_BACKWARD,
+          PSTAR_ERR_INVALID_STATE,
+          "grad_slot_acquire: '" + p.name + "' is not acquired for BACKWARD in a TRAIN iteration");
+  memory::Stream* s = device_->caller_stream(stream);
+  if (device_->host_accessible()) device_->synchronize(s);
+  return p.grad_acc;
+}
+
+void Engine::nonmodel_report(uint64_t bytes) {
+  require(bytes <= kMaxNumel * 16, PSTAR_ERR_INVALID_ARGUMENT, "nonmodel_report: implausible byte count");
+  device_used_ = device_used_ - nonmodel_bytes_ + bytes;
+  nonmodel_bytes_ = bytes;
+  note_device_peak();
+  // The caller already holds this memory: make room by evicting what may
+  // move.  Whatever cannot move stays; later requests will fail instead.
+  if (built() && device_capacity_ != 0 && device_used_ > device_capacity_) {
+    try {
+      make_room(0, -1, "non-model memory");
+    } catch (const Error& e) {
+      log::warn(std::string("nonmodel_report: over capacity after evicting all movable chunks: ") + e.what());
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Placement
+
+uint64_t Engine::device_free() const {
+  if (device_capacity_ == 0) return std::numeric_limits<uint64_t>::max();
+  return device_used_ >= device_capacity_ ? 0 : device_capacity_ - device_used_;
+}
+
+bool Engine::device_fits(uint64_t bytes) const {
+  return device_capacity_ == 0 || (device_used_ <= device_capacity_ && bytes <= device_capacity_ - device_used_);
+}
+
+void Engine::note_device_peak() { stats_.peak_device_bytes = std::max(stats_.peak_device_bytes, device_used_); }
+
+void Engine::defer_free(memory::EventPtr after, void* ptr, size_t bytes, Tier tier) {
+  if (tier == Tier::kDevice) {
+    device_deferred_bytes_ += bytes;  // still occupied until the event passes
+  }
+  deferred_.push_back(DeferredFree{std::move(after), ptr, bytes, tier});
+  reclaim_deferred(false);
+}
+
+bool Engine::reclaim_deferred(bool wait_for_one) {
+  bool freed = false;
+  for (size_t i = 0; i < deferred_.size();) {
+    DeferredFree& d = deferred_[i];
+    if (!device_->query(d.after)) {
+      if (!wait_for_one || freed) {
+        ++i;
+        continue;
+      }
+      device_->synchronize(d.after);
+    }
+    if (d.tier == Tier::kDevice) {
+      device_->deallocate(d.ptr, d.bytes);
+      device_deferred_bytes_ -= d.bytes;
+      device_used_ -= d.bytes;
+    } else {
+      host_->release(d.ptr, d.bytes);
+    }
+    freed = true;
+    deferred_[i] = std::move(deferred_.back());
+    deferred_.pop_back();
+  }
+  return freed;
+}
+
+void Engine::make_room(uint64_t bytes, int64_t keep_chunk, const std::string& purpose) {
+  reclaim_deferred(false);
+  while (!device_fits(bytes)) {
+    if (reclaim_deferred(true)) continue;
+    uint32_t victim;
+    const bool found = lru_.victim(
+        [&](uint32_t k) {
+          const ChunkState& c = chunks_[k];
+          return static_cast<int64_t>(k) != keep_chunk && c.compute_refs == 0 && c.pins == 0;
+        },
+        &victim);
+    if (!found) {
+      throw Error(PSTAR_ERR_OUT_OF_MEMORY,
+                  "device tier: " + purpose + " needs " + bytes_str(bytes) + " but only " +
+                      bytes_str(device_capacity_ > device_used_ ? device_capacity_ - device_used_ : 0) +
+                      " are free of a capacity of " + bytes_str(device_capacity_) + " (chunks " +
+                      bytes_str(device_chunk_bytes_) + ", gradient buffers " + bytes_str(device_grad_bytes_) +
+                      ", non-model " + bytes_str(nonmodel_bytes_) +
+                      "); every resident chunk is in use, so nothing can be evicted");
+    }
+    evict(victim);
+  }
+}
+
+void* Engine::device_alloc(uint64_t bytes, int64_t keep_chunk, const std::string& purpose) {
+  make_room(bytes, keep_chunk, purpose);
+  return device_->allocate(bytes);
+}
+
+void Engine::fetch(uint32_t k) {
+  ChunkState& c = chunks_[k];
+  void* dst = device_alloc(c.bytes, k, "chunk " + std::to_string(k));
+  device_chunk_bytes_ += c.bytes;
+  device_used_ += c.bytes;
+  note_device_peak();
+  memory::Stream* s = device_->h2d_stream();
+  device_->stream_wait(s, c.ready);
+  device_->stream_wait(s, c.last_use);
+  device_->copy_async(s, dst, c.host, c.bytes, memory::CopyKind::kHostToDevice);
+  memory::EventPtr done = device_->record(s);
+  defer_free(done, c.host, c.bytes, Tier::kHost);
+  c.host = nullptr;
+  c.device = dst;
+  c.tier = Tier::kDevice;
+  c.ready = done;
+  c.last_use = done;
+  ++stats_.moves_to_device;
+  stats_.bytes_host_to_device += c.bytes;
+}
+
+void Engine::evict(uint32_t k) {
+  ChunkState& c = chunks_[k];
+  if (c.compute_refs != 0 || c.pins != 0) internal_error("evicting a chunk in use");
+  void* dst = host_->acquire(c.bytes);
+  memory::Stream* s = device_->d2h_stream();
+  device_->stream_wait(s, c.ready);
+  device_->stream_wait(s, c.last_use);
+  device_->copy_async(s, dst, c.device, c.bytes, memory::CopyKind::kDeviceToHost);
+  memory::EventPtr done = device_->record(s);
+  device_chunk_bytes_ -= c.bytes;
+  defer_free(done, c.device, c.bytes, Tier::kDevice);
+  c.device = nullptr;
+  c.host = dst;
+  c.tier = Tier::kHost;
+  c.ready = done;
+  c.last_use = done;
+  lru_.remove(k);
+  ++stats_.evictions;
+  stats_.bytes_device_to_host += c.bytes;
+}
+
+void* Engine::host_view(uint32_t k) {
+  ChunkState& c = chunks_[k];
+  if (c.tier == Tier::kDevice && !device_->host_accessible()) evict(k);
+  device_->synchronize(c.ready);
+  device_->synchronize(c.last_use);
+  check_ready(c.ready, "chunk payload");
+  return c.tier == Tier::kDevice ? c.device : c.host;
+}
+
+void Engine::check_ready(const memory::EventPtr& ev, const char* what) const {
+  if (!device_->query(ev)) internal_error(std::string(what) + " accessed before the event guarding it completed");
+}
+
+// ---------------------------------------------------------------------------
+// Optimizer step
+
+void Engine::restore_slot(uint32_t id) {
+  const auto& place = layout_->param(id);
+  ChunkState& c = chunks_[place.chunk];
+  void* payload = host_view(place.chunk);
+  const float* master = c.master + place.offset_elems;
+  for (uint64_t i = 0; i < place.numel; ++i) store_as(payload, opt_.compute_dtype, place.offset_elems + i, master[i]);
+}
+
+pstar_step_result Engine::step() {
+  require_built("step");
+  require(iteration_active_ && iteration_kind_ == PSTAR_ITERATION_TRAIN, PSTAR_ERR_INVALID_STATE,
+          "step: no TRAIN iteration in progress");
+  for (uint32_t id = 0; id < params_.size(); ++id) {
+    const Param& p = params_[id];
+    require(p.state != TensorState::kCompute, PSTAR_ERR_INVALID_STATE,
+            "step: parameter " + std::to_string(id) + " ('" + p.name + "') is still acquired");
+    require(p.backward_uses == 0 || p.backward_uses == p.forward_uses, PSTAR_ERR_INVALID_STATE,
+            "step: parameter " + std::to_string(id) + " ('" + p.name + "') had " + std::to_string(p.backward_uses) +
+                " backward uses for " + std::to_string(p.forward_uses) + " forward uses");
+  }
+  // Every finalize has been queued; wait for their results.
+  device_->synchronize(device_->compute_stream());
+
+  pstar_step_result r;
+  pstar_step_result_init(&r);
+  double sumsq = 0.0;
+  bool overflow = false;
+  for (const Param& p : params_) {
+    if (!p.slot_is_grad) continue;
+    sumsq += p.grad_sumsq;  // parameter order: deterministic
+    overflow = overflow || p.grad_nonfinite != 0;
+  }
+  const float scale = scaler_.scale();
+  r.loss_scale = scale;
+  r.grad_norm = std::sqrt(sumsq) / static_cast<double>(scale);
+  double clip_coef = 1.0;
+  if (clip_norm_ > 0.0f && std::isfinite(r.grad_norm) && r.grad_norm > clip_norm_) {
+    clip_coef = static_cast<double>(clip_norm_) / (r.grad_norm + 1e-6);
+  }
+  r.clip_coef = static_cast<float>(clip_coef);
+  if (overflow) {
+    for (uint32_t id = 0; id < params_.size(); ++id) {
+      if (params_[id].slot_is_grad) restore_slot(id);
+    }
+    r.skipped = 1;
+    ++stats_.skipped_steps;
+    scaler_.update(true);
+    log::info("step skipped: inf or NaN in a gradient; loss scale now " + std::to_string(scaler_.scale()));
+  } else {
+    ++adam_step_;
+    const double grad_mul = clip_coef / static_cast<double>(scale);
+    for (uint32_t k = 0; k < chunks_.size(); ++k) {
+      const auto& info = layout_->chunks()[k];
+      if (info.frozen) continue;
+      bool any = false;
+      for (uint32_t id : info.params) any = any || params_[id].slot_is_grad;
+      if (!any) continue;
+      ChunkState& c = chunks_[k];
+      void* payload = host_view(k);
+      for (uint32_t id : info.params) {
+        if (!params_[id].slot_is_grad) continue;
+        const auto& place = layout_->param(id);
+        const bool decay = (params_[id].flags & PSTAR_PARAM_NO_WEIGHT_DECAY) == 0;
+        const optim::AdamStepConstants k_c = optim::adam_constants(hyper_, adam_step_, grad_mul, decay);
+        const uint64_t off = place.offset_elems;
+        for (uint64_t i = 0; i < place.numel; ++i) {
+          const float g = load_as(payload, opt_.compute_dtype, off + i);
+          const float w = optim::adam_element(k_c, g, c.master[off + i], c.exp_avg[off + i], c.exp_avg_sq[off + i]);
+          store_as(payload, opt_.compute_dtype, off + i, w);
+        }
+        ++r.params_updated;
+      }
+    }
+    ++stats_.steps;
+    scaler_.update(false);
+  }
+  for (uint32_t id = 0; id < params_.size(); ++id) {
+    Param& p = params_[id];
+    apply(p, id, TensorEvent::kStep);
+    p.forward_uses = 0;
+    p.backward_uses = 0;
+    p.slot_is_grad = false;
+    p.grad_sumsq = 0.0;
+    p.grad_nonfinite = 0;
+  }
+  iteration_active_ = false;
+  r.step = adam_step_;
+  r.next_loss_scale = scaler_.scale();
+  return r;
+}
+
+// ---------------------------------------------------------------------------
+// Hyperparameters and statistics
+
+void Engine::hparam_set(pstar_hparam which, double v) {
+  require(!(iteration_active_ && iteration_kind_ == PSTAR_ITERATION_TRAIN), PSTAR_ERR_INVALID_STATE,
+          "hparam_set: not legal inside a TRAIN iteration (set it between steps)");
+  switch (which) {
+    case PSTAR_HPARAM_LR:
+      require(finite_in(v, 0.0, 1e30), PSTAR_ERR_INVALID_ARGUMENT, "hparam_set: lr must be finite and >= 0");
+      hyper_.lr = static_cast<float>(v);
+      return;
+    case PSTAR_HPARAM_BETA1:
+      require(finite_in(v, 0.0, 1.0) && v < 1.0, PSTAR_ERR_INVALID_ARGUMENT, "hparam_set: beta1 must be in [0, 1)");
+      hyper_.beta1 = static_cast<float>(v);
+      return;
+    case PSTAR_HPARAM_BETA2:
+      require(finite_in(v, 0.0, 1.0) && v < 1.0, PSTAR_ERR_INVALID_ARGUMENT, "hparam_set: beta2 must be in [0, 1)");
+      hyper_.beta2 = static_cast<float>(v);
+      return;
+    case PSTAR_HPARAM_EPS:
+      require(finite_in(v, 0.0, 1e30) && v > 0.0, PSTAR_ERR_INVALID_ARGUMENT, "hparam_set: eps must be > 0");
+      hyper_.eps = static_cast<float>(v);
+      return;
+    case PSTAR_HPARAM_WEIGHT_DECAY:
+      require(finite_in(v, 0.0, 1e30), PSTAR_ERR_INVALID_ARGUMENT, "hparam_set: weight_decay must be >= 0");
+      hyper_.weight_decay = static_cast<float>(v);
+      return;
+    case PSTAR_HPARAM_CLIP_NORM:
+      require(finite_in(v, 0.0, 1e30), PSTAR_ERR_INVALID_ARGUMENT, "hparam_set: clip_norm must be >= 0");
+      clip_norm_ = static_cast<float>(v);
+      return;
+    case PSTAR_HPARAM_LOSS_SCALE:
+      require(finite_in(v, 0.0, 3e38) && v > 0.0, PSTAR_ERR_INVALID_ARGUMENT, "hparam_set: loss scale must be > 0");
+      require(scaler_.enabled(), PSTAR_ERR_INVALID_STATE,
+              "hparam_set: loss scaling is used with the F16 compute dtype only");
+      scaler_.set_scale(static_cast<float>(v));
+      return;
+    case PSTAR_HPARAM_STEP:
+      throw Error(PSTAR_ERR_INVALID_ARGUMENT, "hparam_set: the step count is read-only");
+  }
+  throw Error(PSTAR_ERR_INVALID_ARGUMENT, "hparam_set: unknown hyperparameter " + std::to_string(which));
+}
+
+double Engine::hparam_get(pstar_hparam which) const {
+  switch (which) {
+    case PSTAR_HPARAM_LR: return hyper_.lr;
+    case PSTAR_HPARAM_BETA1: return hyper_.beta1;
+    case PSTAR_HPARAM_BETA2: return hyper_.beta2;
+    case PSTAR_HPARAM_EPS: return hyper_.eps;
+    case PSTAR_HPARAM_WEIGHT_DECAY: return hyper_.weight_decay;
+    case PSTAR_HPARAM_CLIP_NORM: return clip_norm_;
+    case PSTAR_HPARAM_LOSS_SCALE: return scaler_.scale();
+    case PSTAR_HPARAM_STEP: return static_cast<double>(adam_step_);
+  }
+  throw Error(PSTAR_ERR_INVALID_ARGUMENT, "hparam_get: unknown hyperparameter " + std::to_string(which));
+}
+
+void Engine::fill_stats(pstar_stats* out) const {
+  pstar_stats s = stats_;
+  s.device_bytes = device_used_;
+  s.host_bytes = host_->held_bytes();
+  s.peak_host_bytes = host_->peak_bytes();
+  if (built()) {
+    s.compute_chunks = static_cast<uint32_t>(layout_->chunks().size());
+    s.optimizer_chunks = layout_->optimizer_chunk_count();
+    s.jumbo_chunks = layout_->jumbo_chunk_count();
+    s.compute_list_bytes = layout_->total_capacity_elems() * elem_bytes();
+    s.optimizer_list_bytes = layout_->trainable_capacity_elems() * sizeof(float);
+    s.fill_ratio = layout_->fill_ratio();
+  }
+  // Copy no more than the caller's struct holds.
+  const size_t n = std::min<size_t>(out->size, sizeof s);
+  s.size = out->size;
+  s.version = PSTAR_STATS_VERSION;
+  std::memcpy(out, &s, n);
+}
+
+}  // namespace pstar::engine

@@ -1,0 +1,175 @@
+// Engine: one model's chunks, their placement between the accelerator and
+// host memory, and the optimizer step.  The C API (capi/) is a thin shim over
+// this class; every public method either completes or throws pstar::Error
+// having changed no logical state (parameter states, values, counters).
+// A failed call may still have moved chunks between tiers: placement is not
+// logical state.
+//
+// Threading: one thread drives an engine.  The device's stream workers run
+// queued copies and gradient operations; they touch only memory that the
+// engine hands them and that stays allocated until an event says they are
+// done (deferred frees).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "chunk/layout.h"
+#include "chunk/tensor_state.h"
+#include "memory/device.h"
+#include "memory/host_pool.h"
+#include "optim/adam.h"
+#include "optim/loss_scaler.h"
+#include "placement/lru_policy.h"
+#include "pstar/pstar.h"
+
+namespace pstar::engine {
+
+// Most dimensions a parameter may have.
+constexpr uint32_t kMaxNdim = 16;
+// Largest element count of one parameter (2^48).
+constexpr uint64_t kMaxNumel = uint64_t{1} << 48;
+
+// Validates options and fills defaults; throws Error.
+pstar_engine_options validate_options(const pstar_engine_options& in);
+
+class Engine {
+ public:
+  explicit Engine(const pstar_engine_options& options);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  uint32_t register_param(const char* name, uint32_t ndim, const int64_t* shape, uint32_t flags);
+  void build();
+  bool built() const { return layout_ != nullptr; }
+
+  uint32_t find(const char* name) const;
+  uint32_t param_count() const { return static_cast<uint32_t>(params_.size()); }
+  uint64_t numel(uint32_t id) const;
+
+  void write(uint32_t id, const void* src, uint64_t count, pstar_dtype dtype);
+  void read(uint32_t id, void* dst, uint64_t count, pstar_dtype dtype);
+
+  void iteration_begin(pstar_iteration_kind kind);
+  void iteration_end();
+  void* compute_stream_handle() { return device_->compute_stream_handle(); }
+
+  void* acquire(uint32_t id, pstar_stage stage, void* stream);
+  void release(uint32_t id, void* stream);
+  void grad_write(uint32_t id, const void* grad, uint64_t count, pstar_dtype dtype, pstar_mem_space space,
+                  void* stream);
+  float* grad_slot_acquire(uint32_t id, void* stream);
+  void nonmodel_report(uint64_t bytes);
+
+  pstar_step_result step();
+
+  void hparam_set(pstar_hparam which, double value);
+  double hparam_get(pstar_hparam which) const;
+
+  void fill_stats(pstar_stats* out) const;
+
+  // For tests of the internals.
+  const chunk::ChunkLayout& layout() const;
+  chunk::TensorState state(uint32_t id) const;
+  bool slot_holds_gradient(uint32_t id) const;
+  bool chunk_on_device(uint32_t chunk) const;
+
+ private:
+  enum class Tier { kHost, kDevice };
+
+  struct Param {
+    std::string name;
+    std::vector<int64_t> shape;
+    uint64_t numel = 0;
+    uint32_t flags = 0;
+    chunk::TensorState state = chunk::TensorState::kFree;
+    pstar_stage acquired_stage = PSTAR_STAGE_FORWARD;  // meaningful in kCompute
+    uint32_t forward_uses = 0;   // this iteration
+    uint32_t backward_uses = 0;  // this iteration; <= forward_uses
+    bool slot_is_grad = false;   // the compute slot holds the gradient
+    float* grad_acc = nullptr;   // device fp32 accumulator during backward
+    // Written by the device when the gradient is finalized.
+    double grad_sumsq = 0.0;
+    int grad_nonfinite = 0;
+    bool frozen() const { return (flags & PSTAR_PARAM_FROZEN) != 0; }
+  };
+
+  struct ChunkState {
+    uint64_t bytes = 0;           // compute-dtype payload
+    Tier tier = Tier::kHost;
+    void* host = nullptr;         // payload when tier == kHost
+    void* device = nullptr;       // payload when tier == kDevice
+    memory::EventPtr ready;       // completes when the payload at its tier is valid
+    memory::EventPtr last_use;    // completes when queued work that uses it is done
+    uint32_t compute_refs = 0;    // tensors in COMPUTE
+    uint32_t pins = 0;            // outstanding exports
+    // fp32 optimizer twins on the host (trainable chunks only).
+    float* master = nullptr;
+    float* exp_avg = nullptr;
+    float* exp_avg_sq = nullptr;
+  };
+
+  struct DeferredFree {
+    memory::EventPtr after;
+    void* ptr;
+    size_t bytes;
+    Tier tier;
+  };
+
+  Param& param_checked(uint32_t id);
+  const Param& param_checked(uint32_t id) const;
+  void require_built(const char* what) const;
+  void apply(Param& p, uint32_t id, chunk::TensorEvent ev);
+  size_t elem_bytes() const;
+
+  // Placement.
+  uint64_t device_free() const;
+  bool device_fits(uint64_t bytes) const;
+  void make_room(uint64_t bytes, int64_t keep_chunk, const std::string& purpose);
+  bool reclaim_deferred(bool wait_for_one);
+  void defer_free(memory::EventPtr after, void* ptr, size_t bytes, Tier tier);
+  void* device_alloc(uint64_t bytes, int64_t keep_chunk, const std::string& purpose);
+  void fetch(uint32_t chunk);
+  void evict(uint32_t chunk);
+  void* host_view(uint32_t chunk);  // payload readable by host code now
+  void check_ready(const memory::EventPtr& ev, const char* what) const;
+  void note_device_peak();
+
+  void restore_slot(uint32_t id);
+
+  pstar_engine_options opt_;
+  std::unique_ptr<memory::Device> device_;
+  std::unique_ptr<memory::HostPool> host_;
+  std::vector<Param> params_;
+  std::unordered_map<std::string, uint32_t> by_name_;
+  std::unique_ptr<chunk::ChunkLayout> layout_;
+  std::vector<ChunkState> chunks_;
+  std::vector<DeferredFree> deferred_;
+  placement::LruPolicy lru_;
+  uint64_t tick_ = 0;
+
+  // Device tier accounting; invariant: device_used_ == device_chunk_bytes_ +
+  // device_grad_bytes_ + device_deferred_bytes_ + nonmodel_bytes_.
+  uint64_t device_capacity_ = 0;  // 0 = unlimited
+  uint64_t device_chunk_bytes_ = 0;
+  uint64_t device_grad_bytes_ = 0;
+  uint64_t device_deferred_bytes_ = 0;
+  uint64_t nonmodel_bytes_ = 0;
+  uint64_t device_used_ = 0;
+
+  bool iteration_active_ = false;
+  pstar_iteration_kind iteration_kind_ = PSTAR_ITERATION_TRAIN;
+
+  optim::AdamHyper hyper_;
+  float clip_norm_ = 0.0f;
+  optim::LossScaler scaler_;
+  uint64_t adam_step_ = 0;
+
+  pstar_stats stats_;
+};
+
+}  // namespace pstar::engine

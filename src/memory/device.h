@@ -1,0 +1,106 @@
+// The one accelerator interface of the runtime (DESIGN.md section 1).
+//
+// The placement runtime and the engine talk to an accelerator only through
+// this interface: allocation, ordered queues (streams), asynchronous copies
+// between host and device on a stream, events (record, wait, query), and the
+// few device-side operations the engine needs on gradients.  Two
+// implementations exist: EmulatedDevice (host memory posing as a device,
+// always built) and CudaDevice (built where nvcc exists).
+//
+// Semantics shared by both implementations:
+//  - Work queued on one stream runs in queue order; streams are independent
+//    unless ordered by stream_wait().
+//  - An event recorded on a stream completes when every item queued on that
+//    stream before it has completed.  A default-constructed (null) EventPtr
+//    counts as complete.
+//  - The source and destination of a queued copy must stay allocated and
+//    unmodified until an event recorded after the copy completes.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "pstar/pstar.h"
+
+namespace pstar::memory {
+
+// Opaque stream of a device; owned by the device that created it.
+class Stream {
+ public:
+  virtual ~Stream() = default;
+};
+
+// Opaque event.  Shared so that a chunk, a deferred free and a stream wait
+// can all refer to the same completion.
+class Event {
+ public:
+  virtual ~Event() = default;
+};
+using EventPtr = std::shared_ptr<Event>;
+
+enum class CopyKind { kHostToDevice, kDeviceToHost, kDeviceToDevice };
+
+class Device {
+ public:
+  virtual ~Device() = default;
+
+  virtual pstar_device_kind kind() const = 0;
+  virtual std::string name() const = 0;
+  // True when device pointers may be dereferenced by host code (the emulated
+  // device).  Host access still has to wait for the guarding event.
+  virtual bool host_accessible() const = 0;
+
+  // Raw allocation of `bytes`, aligned to at least 256 bytes.  Capacity is
+  // enforced by the caller's tier accounting, not here; throws
+  // Error(PSTAR_ERR_OUT_OF_MEMORY or PSTAR_ERR_DEVICE) when the allocator
+  // itself fails.  deallocate() must only be called once no queued work uses
+  // the memory.
+  virtual void* allocate(size_t bytes) = 0;
+  virtual void deallocate(void* ptr, size_t bytes) = 0;
+
+  // Host memory suited to copies with this device (pinned on CUDA).
+  virtual void* allocate_host(size_t bytes) = 0;
+  virtual void deallocate_host(void* ptr, size_t bytes) = 0;
+
+  // Streams owned by the device: one the caller's compute is ordered on, and
+  // the copy streams the runtime moves chunks on.
+  virtual Stream* compute_stream() = 0;
+  virtual Stream* h2d_stream() = 0;
+  virtual Stream* d2h_stream() = 0;
+  // Maps the caller's stream handle (NULL = the default) to a stream.
+  virtual Stream* caller_stream(void* handle) = 0;
+  // The handle the caller should use for compute_stream() (NULL on CUDA).
+  virtual void* compute_stream_handle() = 0;
+
+  virtual void copy_async(Stream* stream, void* dst, const void* src, size_t bytes, CopyKind kind) = 0;
+  virtual void memset_async(Stream* stream, void* dst, int value, size_t bytes) = 0;
+  virtual EventPtr record(Stream* stream) = 0;
+  // Work queued on `stream` after this call waits for `event`.
+  virtual void stream_wait(Stream* stream, const EventPtr& event) = 0;
+  // Host waits.
+  virtual void synchronize(const EventPtr& event) = 0;
+  virtual void synchronize(Stream* stream) = 0;
+  virtual bool query(const EventPtr& event) = 0;
+
+  // ---- device-side gradient operations, queued on `stream` ---------------
+
+  // acc[i] += src[i] (converted from src_dtype), src in `space`.
+  virtual void grad_accumulate(Stream* stream, float* acc, const void* src, pstar_dtype src_dtype,
+                               pstar_mem_space space, size_t n) = 0;
+
+  // Writes acc rounded to `dtype` into slot[0..n), then computes over the
+  // rounded values the squared sum in fp64, summed per block of
+  // kNormBlockElems elements in block order, and whether any value is not
+  // finite.  Results are written to *sumsq and *nonfinite (host memory)
+  // once `stream` reaches this point; read them after synchronizing.
+  virtual void grad_finalize(Stream* stream, const float* acc, void* slot, pstar_dtype dtype, size_t n,
+                             double* sumsq, int* nonfinite) = 0;
+};
+
+// Elements per fp64 partial of the gradient norm (independent of threads,
+// tiers and arrival order).
+constexpr size_t kNormBlockElems = 4096;
+
+}  // namespace pstar::memory

@@ -1,0 +1,195 @@
+#include "memory/emulated_device.h"
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+
+#include "memory/host_kernels.h"
+#include "util/error.h"
+
+namespace pstar::memory {
+namespace {
+
+// Allocation alignment: the chunk layout aligns every parameter to 256 bytes.
+constexpr size_t kAlignBytes = 256;
+
+class EmulatedEvent final : public Event {
+ public:
+  void complete() {
+    std::lock_guard<std::mutex> lock(mu_);
+    done_ = true;
+    cv_.notify_all();
+  }
+  void wait() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return done_; });
+  }
+  bool done() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return done_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+};
+
+void* aligned_allocate(size_t bytes) {
+  const size_t rounded = (bytes + kAlignBytes - 1) / kAlignBytes * kAlignBytes;
+  void* p = std::aligned_alloc(kAlignBytes, rounded == 0 ? kAlignBytes : rounded);
+  if (p == nullptr) {
+    throw Error(PSTAR_ERR_OUT_OF_MEMORY, "host allocation of " + std::to_string(bytes) + " bytes failed");
+  }
+  return p;
+}
+
+}  // namespace
+
+// A FIFO of work items run in order by one worker thread.
+class EmulatedDevice::Queue final : public Stream {
+ public:
+  Queue(bool strict, uint64_t seed) : strict_(strict), rng_(seed) {
+    worker_ = std::thread([this] { run(); });
+  }
+  ~Queue() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+      cv_.notify_all();
+    }
+    worker_.join();
+  }
+
+  void push(std::function<void()> work) {
+    std::lock_guard<std::mutex> lock(mu_);
+    // The delay is drawn at enqueue time so the sequence depends on the
+    // seed and the queue order only, not on thread timing.
+    const int delay = strict_ ? static_cast<int>(rng_() % (kStrictMaxDelayMicros + 1)) : 0;
+    items_.push_back(Item{std::move(work), delay});
+    cv_.notify_all();
+  }
+
+ private:
+  struct Item {
+    std::function<void()> work;
+    int delay_micros;
+  };
+
+  void run() {
+    for (;;) {
+      Item item;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stopping_ || !items_.empty(); });
+        if (items_.empty()) return;  // stopping, and drained
+        item = std::move(items_.front());
+        items_.pop_front();
+      }
+      if (item.delay_micros > 0) std::this_thread::sleep_for(std::chrono::microseconds(item.delay_micros));
+      item.work();
+    }
+  }
+
+  bool strict_;
+  std::mt19937_64 rng_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Item> items_;
+  bool stopping_ = false;
+  std::thread worker_;
+};
+
+EmulatedDevice::EmulatedDevice(bool strict, uint64_t seed)
+    : strict_(strict),
+      compute_(std::make_unique<Queue>(strict, seed * 3 + 1)),
+      h2d_(std::make_unique<Queue>(strict, seed * 3 + 2)),
+      d2h_(std::make_unique<Queue>(strict, seed * 3 + 3)) {}
+
+EmulatedDevice::~EmulatedDevice() {
+  // Queues drain their remaining work as they are destroyed.
+  h2d_.reset();
+  d2h_.reset();
+  compute_.reset();
+}
+
+void* EmulatedDevice::allocate(size_t bytes) {
+  void* p = aligned_allocate(bytes);
+  if (strict_) std::memset(p, kPoisonByte, bytes);
+  return p;
+}
+
+void EmulatedDevice::deallocate(void* ptr, size_t bytes) {
+  if (ptr != nullptr && strict_) std::memset(ptr, kPoisonByte, bytes);
+  std::free(ptr);
+}
+
+void* EmulatedDevice::allocate_host(size_t bytes) { return aligned_allocate(bytes); }
+
+void EmulatedDevice::deallocate_host(void* ptr, size_t) { std::free(ptr); }
+
+Stream* EmulatedDevice::compute_stream() { return compute_.get(); }
+Stream* EmulatedDevice::h2d_stream() { return h2d_.get(); }
+Stream* EmulatedDevice::d2h_stream() { return d2h_.get(); }
+
+Stream* EmulatedDevice::caller_stream(void* handle) {
+  if (handle == nullptr || handle == compute_.get()) return compute_.get();
+  throw Error(PSTAR_ERR_INVALID_ARGUMENT,
+              "stream handle is not this engine's compute stream (use NULL or pstar_engine_compute_stream)");
+}
+
+void* EmulatedDevice::compute_stream_handle() { return compute_.get(); }
+
+void EmulatedDevice::enqueue(Stream* stream, std::function<void()> work) {
+  auto* q = dynamic_cast<Queue*>(stream);
+  if (q == nullptr) internal_error("stream of another device");
+  q->push(std::move(work));
+}
+
+void EmulatedDevice::copy_async(Stream* stream, void* dst, const void* src, size_t bytes, CopyKind) {
+  if (strict_) std::memset(dst, kPoisonByte, bytes);
+  enqueue(stream, [dst, src, bytes] { std::memcpy(dst, src, bytes); });
+}
+
+void EmulatedDevice::memset_async(Stream* stream, void* dst, int value, size_t bytes) {
+  if (strict_) std::memset(dst, kPoisonByte, bytes);
+  enqueue(stream, [dst, value, bytes] { std::memset(dst, value, bytes); });
+}
+
+EventPtr EmulatedDevice::record(Stream* stream) {
+  auto ev = std::make_shared<EmulatedEvent>();
+  enqueue(stream, [ev] { ev->complete(); });
+  return ev;
+}
+
+void EmulatedDevice::stream_wait(Stream* stream, const EventPtr& event) {
+  if (!event) return;
+  auto ev = std::static_pointer_cast<EmulatedEvent>(event);
+  if (ev->done()) return;
+  enqueue(stream, [ev] { ev->wait(); });
+}
+
+void EmulatedDevice::synchronize(const EventPtr& event) {
+  if (!event) return;
+  static_cast<EmulatedEvent*>(event.get())->wait();
+}
+
+void EmulatedDevice::synchronize(Stream* stream) { synchronize(record(stream)); }
+
+bool EmulatedDevice::query(const EventPtr& event) {
+  if (!event) return true;
+  return static_cast<EmulatedEvent*>(event.get())->done();
+}
+
+void EmulatedDevice::grad_accumulate(Stream* stream, float* acc, const void* src, pstar_dtype src_dtype,
+                                     pstar_mem_space, size_t n) {
+  enqueue(stream, [=] { host_grad_accumulate(acc, src, src_dtype, n); });
+}
+
+void EmulatedDevice::grad_finalize(Stream* stream, const float* acc, void* slot, pstar_dtype dtype, size_t n,
+                                   double* sumsq, int* nonfinite) {
+  if (strict_) std::memset(slot, kPoisonByte, n * (dtype == PSTAR_DTYPE_F32 ? 4u : 2u));
+  enqueue(stream, [=] { host_grad_finalize(acc, slot, dtype, n, sumsq, nonfinite); });
+}
+
+}  // namespace pstar::memory

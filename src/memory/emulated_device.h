@@ -1,0 +1,79 @@
+// EmulatedDevice: host memory posing as an accelerator.
+//
+// Each stream is a FIFO queue run by its own worker thread; copies are
+// memcpy on that thread; an event completes when its stream's worker reaches
+// it.  The caller's compute runs on its own host thread, so acquire waits on
+// the host for the data (the compute stream still exists, so ordering through
+// it is exercised like on CUDA).
+//
+// Strict mode, for tests, makes ordering bugs visible on a machine without a
+// GPU: a queued copy or memset first poison-fills its destination at enqueue
+// time (0xFF bytes: NaN in every float format), every queue item is preceded
+// by a seeded random delay, and the engine checks with query() that the event
+// guarding data has completed before it touches the data.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "memory/device.h"
+
+namespace pstar::memory {
+
+// Byte used to poison copy destinations in strict mode.
+constexpr int kPoisonByte = 0xFF;
+// Upper bound of the random delay before each queue item in strict mode.
+constexpr int kStrictMaxDelayMicros = 200;
+
+class EmulatedDevice final : public Device {
+ public:
+  EmulatedDevice(bool strict, uint64_t seed);
+  ~EmulatedDevice() override;
+
+  pstar_device_kind kind() const override { return PSTAR_DEVICE_EMULATED; }
+  std::string name() const override { return strict_ ? "emulated device (strict)" : "emulated device"; }
+  bool host_accessible() const override { return true; }
+  bool strict() const { return strict_; }
+
+  void* allocate(size_t bytes) override;
+  void deallocate(void* ptr, size_t bytes) override;
+  void* allocate_host(size_t bytes) override;
+  void deallocate_host(void* ptr, size_t bytes) override;
+
+  Stream* compute_stream() override;
+  Stream* h2d_stream() override;
+  Stream* d2h_stream() override;
+  Stream* caller_stream(void* handle) override;
+  void* compute_stream_handle() override;
+
+  void copy_async(Stream* stream, void* dst, const void* src, size_t bytes, CopyKind kind) override;
+  void memset_async(Stream* stream, void* dst, int value, size_t bytes) override;
+  EventPtr record(Stream* stream) override;
+  void stream_wait(Stream* stream, const EventPtr& event) override;
+  void synchronize(const EventPtr& event) override;
+  void synchronize(Stream* stream) override;
+  bool query(const EventPtr& event) override;
+
+  void grad_accumulate(Stream* stream, float* acc, const void* src, pstar_dtype src_dtype,
+                       pstar_mem_space space, size_t n) override;
+  void grad_finalize(Stream* stream, const float* acc, void* slot, pstar_dtype dtype, size_t n,
+                     double* sumsq, int* nonfinite) override;
+
+  class Queue;
+
+ private:
+  void enqueue(Stream* stream, std::function<void()> work);
+
+  bool strict_;
+  std::unique_ptr<Queue> compute_;
+  std::unique_ptr<Queue> h2d_;
+  std::unique_ptr<Queue> d2h_;
+};
+
+}  // namespace pstar::memory

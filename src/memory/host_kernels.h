@@ -1,0 +1,15 @@
+// Host implementations of the device-side gradient operations, used by the
+// emulated device and by tests as the reference for the CUDA kernels.
+#pragma once
+
+#include <cstddef>
+
+#include "pstar/pstar.h"
+
+namespace pstar::memory {
+
+void host_grad_accumulate(float* acc, const void* src, pstar_dtype src_dtype, size_t n);
+void host_grad_finalize(const float* acc, void* slot, pstar_dtype dtype, size_t n, double* sumsq,
+                        int* nonfinite);
+
+}  // namespace pstar::memory
