@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The README's quick start in one script.
+#   packaging/quickstart.sh demo   install what is missing, build, run the demo
+#   packaging/quickstart.sh test   install what is missing, build, run the tests
+# Environment: PSTAR_PRESET (default: "default"), PSTAR_JOBS (default: nproc).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+what=${1:-demo}
+preset=${PSTAR_PRESET:-default}
+jobs=${PSTAR_JOBS:-$(nproc)}
+
+case "$what" in
+  demo|test) ;;
+  *) echo "usage: $0 demo|test" >&2; exit 2 ;;
+esac
+
+bash packaging/setup-debian.sh
+cmake --preset "$preset"
+cmake --build --preset "$preset" -j "$jobs"
+
+if [ "$what" = demo ]; then
+  "build/$preset/bin/pstar-example-mlp" --steps 200
+else
+  ctest --preset "$preset" -j "$jobs"
+fi
