@@ -461,9 +461,10 @@ void Engine::nonmodel_report(uint64_t bytes) {
   require(bytes <= kMaxNumel * 16, PSTAR_ERR_INVALID_ARGUMENT, "nonmodel_report: implausible byte count");
   device_used_ = device_used_ - nonmodel_bytes_ + bytes;
   nonmodel_bytes_ = bytes;
-  note_device_peak();
-  // The caller already holds this memory: make room by evicting what may
-  // move.  Whatever cannot move stays; later requests will fail instead.
+  // The caller holds this memory now: make room by evicting what may move.
+  // Whatever cannot move stays; later requests fail instead.  The peak is
+  // taken after eviction, so it exceeds the capacity only when nothing could
+  // move.
   if (built() && device_capacity_ != 0 && device_used_ > device_capacity_) {
     try {
       make_room(0, -1, "non-model memory");
@@ -471,6 +472,7 @@ void Engine::nonmodel_report(uint64_t bytes) {
       log::warn(std::string("nonmodel_report: over capacity after evicting all movable chunks: ") + e.what());
     }
   }
+  note_device_peak();
 }
 
 // ---------------------------------------------------------------------------
@@ -566,6 +568,7 @@ void Engine::fetch(uint32_t k) {
   c.tier = Tier::kDevice;
   c.ready = done;
   c.last_use = done;
+  lru_.touch(k, ++tick_);  // resident from now on, hence evictable
   ++stats_.moves_to_device;
   stats_.bytes_host_to_device += c.bytes;
 }

@@ -421,7 +421,9 @@ typedef enum pstar_hparam {
   PSTAR_HPARAM_STEP = 7
 } pstar_hparam;
 
-/** Sets a hyperparameter; legal outside a TRAIN iteration's backward. */
+/** Sets a hyperparameter for the next step.  Legal outside TRAIN iterations
+ *  (between pstar_step() and the next pstar_iteration_begin()) and in EVAL
+ *  iterations. */
 PSTAR_API pstar_status pstar_hparam_set(pstar_engine *engine, pstar_hparam which, double value);
 
 /** Reads a hyperparameter. */
