@@ -258,38 +258,36 @@ void Engine::apply(Param& p, uint32_t id, TensorEvent ev) {
 // ---------------------------------------------------------------------------
 // Values
 
-void Engine::write(uint32_t id, const void* src, uint64_t count, pstar_dtype dtype) {
-  require_built("param_write");
+// Checks shared by param_write and param_read.
+Engine::Param& Engine::value_access(const char* what, uint32_t id, const void* buf, uint64_t count,
+                                    pstar_dtype dtype) {
+  require_built(what);
   Param& p = param_checked(id);
-  require(!iteration_active_, PSTAR_ERR_INVALID_STATE, "param_write: not legal inside an iteration");
-  require(dtype_valid(dtype), PSTAR_ERR_INVALID_ARGUMENT, "param_write: unknown dtype");
+  require(!iteration_active_, PSTAR_ERR_INVALID_STATE, std::string(what) + ": not legal inside an iteration");
+  require(dtype_valid(dtype), PSTAR_ERR_INVALID_ARGUMENT, std::string(what) + ": unknown dtype");
   require(count == p.numel, PSTAR_ERR_INVALID_ARGUMENT,
-          "param_write: count " + std::to_string(count) + " differs from the element count " +
+          std::string(what) + ": count " + std::to_string(count) + " differs from the element count " +
               std::to_string(p.numel) + " of '" + p.name + "'");
-  require(src != nullptr || count == 0, PSTAR_ERR_INVALID_ARGUMENT, "param_write: src is NULL");
+  require(buf != nullptr || count == 0, PSTAR_ERR_INVALID_ARGUMENT, std::string(what) + ": buffer is NULL");
+  return p;
+}
+
+void Engine::write(uint32_t id, const void* src, uint64_t count, pstar_dtype dtype) {
+  const Param& p = value_access("param_write", id, src, count, dtype);
   const auto& place = layout_->param(id);
-  ChunkState& c = chunks_[place.chunk];
-  void* payload = host_view(place.chunk);
   if (p.frozen()) {
+    void* payload = host_view(place.chunk);
     for (uint64_t i = 0; i < count; ++i) {
       store_as(payload, opt_.compute_dtype, place.offset_elems + i, load_as(src, dtype, i));
     }
     return;
   }
-  float* master = c.master + place.offset_elems;
-  convert_to_f32(src, dtype, master, count);
-  for (uint64_t i = 0; i < count; ++i) store_as(payload, opt_.compute_dtype, place.offset_elems + i, master[i]);
+  convert_to_f32(src, dtype, chunks_[place.chunk].master + place.offset_elems, count);
+  restore_slot(id);
 }
 
 void Engine::read(uint32_t id, void* dst, uint64_t count, pstar_dtype dtype) {
-  require_built("param_read");
-  Param& p = param_checked(id);
-  require(!iteration_active_, PSTAR_ERR_INVALID_STATE, "param_read: not legal inside an iteration");
-  require(dtype_valid(dtype), PSTAR_ERR_INVALID_ARGUMENT, "param_read: unknown dtype");
-  require(count == p.numel, PSTAR_ERR_INVALID_ARGUMENT,
-          "param_read: count " + std::to_string(count) + " differs from the element count " +
-              std::to_string(p.numel) + " of '" + p.name + "'");
-  require(dst != nullptr || count == 0, PSTAR_ERR_INVALID_ARGUMENT, "param_read: dst is NULL");
+  const Param& p = value_access("param_read", id, dst, count, dtype);
   const auto& place = layout_->param(id);
   if (!p.frozen()) {
     convert_from_f32(chunks_[place.chunk].master + place.offset_elems, dst, dtype, count);
@@ -422,14 +420,23 @@ void Engine::release(uint32_t id, void* stream) {
   --c.compute_refs;
 }
 
-void Engine::grad_write(uint32_t id, const void* grad, uint64_t count, pstar_dtype dtype, pstar_mem_space space,
-                        void* stream) {
-  require_built("grad_write");
+// A trainable parameter acquired for BACKWARD in a TRAIN iteration: the
+// only state in which a gradient may be handed over.
+Engine::Param& Engine::backward_param(const char* what, uint32_t id) {
+  require_built(what);
   Param& p = param_checked(id);
-  require(!p.frozen(), PSTAR_ERR_INVALID_STATE, "grad_write: '" + p.name + "' is frozen and takes no gradient");
+  require(!p.frozen(), PSTAR_ERR_INVALID_STATE,
+          std::string(what) + ": '" + p.name + "' is frozen and takes no gradient");
   require(iteration_active_ && iteration_kind_ == PSTAR_ITERATION_TRAIN && p.state == TensorState::kCompute &&
               p.acquired_stage == PSTAR_STAGE_BACKWARD,
-          PSTAR_ERR_INVALID_STATE, "grad_write: '" + p.name + "' is not acquired for BACKWARD in a TRAIN iteration");
+          PSTAR_ERR_INVALID_STATE,
+          std::string(what) + ": '" + p.name + "' is not acquired for BACKWARD in a TRAIN iteration");
+  return p;
+}
+
+void Engine::grad_write(uint32_t id, const void* grad, uint64_t count, pstar_dtype dtype, pstar_mem_space space,
+                        void* stream) {
+  Param& p = backward_param("grad_write", id);
   require(dtype_valid(dtype), PSTAR_ERR_INVALID_ARGUMENT, "grad_write: unknown dtype");
   require(space == PSTAR_MEM_HOST || space == PSTAR_MEM_DEVICE, PSTAR_ERR_INVALID_ARGUMENT,
           "grad_write: unknown memory space");
@@ -445,13 +452,7 @@ void Engine::grad_write(uint32_t id, const void* grad, uint64_t count, pstar_dty
 }
 
 float* Engine::grad_slot_acquire(uint32_t id, void* stream) {
-  require_built("grad_slot_acquire");
-  Param& p = param_checked(id);
-  require(!p.frozen(), PSTAR_ERR_INVALID_STATE, "grad_slot_acquire: '" + p.name + "' is frozen and takes no gradient");
-  require(iteration_active_ && iteration_kind_ == PSTAR_ITERATION_TRAIN && p.state == TensorState::kCompute &&
-              p.acquired_stage == PSTAR_STAGE_BACKWARD,
-          PSTAR_ERR_INVALID_STATE,
-          "grad_slot_acquire: '" + p.name + "' is not acquired for BACKWARD in a TRAIN iteration");
+  Param& p = backward_param("grad_slot_acquire", id);
   memory::Stream* s = device_->caller_stream(stream);
   if (device_->host_accessible()) device_->synchronize(s);
   return p.grad_acc;

@@ -123,6 +123,8 @@ class Engine {
   Param& param_checked(uint32_t id);
   const Param& param_checked(uint32_t id) const;
   void require_built(const char* what) const;
+  Param& value_access(const char* what, uint32_t id, const void* buf, uint64_t count, pstar_dtype dtype);
+  Param& backward_param(const char* what, uint32_t id);
   void apply(Param& p, uint32_t id, chunk::TensorEvent ev);
   size_t elem_bytes() const;
 
