@@ -46,6 +46,7 @@ const char* pstar_status_name(pstar_status status) {
     case PSTAR_ERR_COMM: return "PSTAR_ERR_COMM";
     case PSTAR_ERR_VERSION: return "PSTAR_ERR_VERSION";
     case PSTAR_ERR_INTERNAL: return "PSTAR_ERR_INTERNAL";
+    case PSTAR_STATUS_FORCE_32BIT_: break;
   }
   return "PSTAR_ERR_UNKNOWN";
 }
@@ -65,6 +66,7 @@ const char* pstar_status_string(pstar_status status) {
     case PSTAR_ERR_COMM: return "communication error";
     case PSTAR_ERR_VERSION: return "struct size or version not supported by this library";
     case PSTAR_ERR_INTERNAL: return "internal error (a bug in libpstar)";
+    case PSTAR_STATUS_FORCE_32BIT_: break;
   }
   return "unknown status";
 }

@@ -741,6 +741,8 @@ void Engine::hparam_set(pstar_hparam which, double v) {
       return;
     case PSTAR_HPARAM_STEP:
       throw Error(PSTAR_ERR_INVALID_ARGUMENT, "hparam_set: the step count is read-only");
+    case PSTAR_HPARAM_FORCE_32BIT_:
+      break;
   }
   throw Error(PSTAR_ERR_INVALID_ARGUMENT, "hparam_set: unknown hyperparameter " + std::to_string(which));
 }
@@ -755,6 +757,7 @@ double Engine::hparam_get(pstar_hparam which) const {
     case PSTAR_HPARAM_CLIP_NORM: return clip_norm_;
     case PSTAR_HPARAM_LOSS_SCALE: return scaler_.scale();
     case PSTAR_HPARAM_STEP: return static_cast<double>(adam_step_);
+    case PSTAR_HPARAM_FORCE_32BIT_: break;
   }
   throw Error(PSTAR_ERR_INVALID_ARGUMENT, "hparam_get: unknown hyperparameter " + std::to_string(which));
 }

@@ -94,7 +94,8 @@ typedef enum pstar_status {
    *  know (built against a newer header). */
   PSTAR_ERR_VERSION = -11,
   /** An invariant of the library was violated: a bug; please report it. */
-  PSTAR_ERR_INTERNAL = -12
+  PSTAR_ERR_INTERNAL = -12,
+  PSTAR_STATUS_FORCE_32BIT_ = -0x7fffffff - 1
 } pstar_status;
 
 /** Symbolic name of a status ("PSTAR_ERR_BUSY"); "PSTAR_ERR_UNKNOWN" for a
@@ -113,11 +114,18 @@ PSTAR_API const char *pstar_last_error_message(void);
 /* Enumerations                                                              */
 /* ------------------------------------------------------------------------ */
 
+/* Every enum ends with a *_FORCE_32BIT_ member (INT32_MIN) that is not a
+ * value: it fixes the enum's size at 32 bits in every compiler (part of the
+ * ABI) and makes every int a representable value of the enum in C++, so the
+ * library rejects an unknown value with PSTAR_ERR_INVALID_ARGUMENT instead of
+ * meeting undefined behaviour. */
+
 /** Element types. */
 typedef enum pstar_dtype {
   PSTAR_DTYPE_F32 = 0,
   PSTAR_DTYPE_F16 = 1,
-  PSTAR_DTYPE_BF16 = 2
+  PSTAR_DTYPE_BF16 = 2,
+  PSTAR_DTYPE_FORCE_32BIT_ = -0x7fffffff - 1
 } pstar_dtype;
 
 /** The accelerator tier. */
@@ -125,7 +133,8 @@ typedef enum pstar_device_kind {
   /** Host memory posing as an accelerator with a fixed capacity. */
   PSTAR_DEVICE_EMULATED = 0,
   /** A CUDA device (builds with CUDA only). */
-  PSTAR_DEVICE_CUDA = 1
+  PSTAR_DEVICE_CUDA = 1,
+  PSTAR_DEVICE_FORCE_32BIT_ = -0x7fffffff - 1
 } pstar_device_kind;
 
 /** Stage of an acquire. */
@@ -134,7 +143,8 @@ typedef enum pstar_stage {
   PSTAR_STAGE_BACKWARD = 1,
   /** Forward re-run inside backward (activation checkpointing): does not
    *  count as a forward use. */
-  PSTAR_STAGE_RECOMPUTE = 2
+  PSTAR_STAGE_RECOMPUTE = 2,
+  PSTAR_STAGE_FORCE_32BIT_ = -0x7fffffff - 1
 } pstar_stage;
 
 /** Kind of iteration. */
@@ -142,14 +152,16 @@ typedef enum pstar_iteration_kind {
   /** Forward and backward micro-steps ended by pstar_step(). */
   PSTAR_ITERATION_TRAIN = 0,
   /** Forward only, ended by pstar_iteration_end(); no gradients, no step. */
-  PSTAR_ITERATION_EVAL = 1
+  PSTAR_ITERATION_EVAL = 1,
+  PSTAR_ITERATION_FORCE_32BIT_ = -0x7fffffff - 1
 } pstar_iteration_kind;
 
 /** Where a buffer handed to the library lives. */
 typedef enum pstar_mem_space {
   PSTAR_MEM_HOST = 0,
   /** Accelerator memory (on the emulated device: memory it returned). */
-  PSTAR_MEM_DEVICE = 1
+  PSTAR_MEM_DEVICE = 1,
+  PSTAR_MEM_FORCE_32BIT_ = -0x7fffffff - 1
 } pstar_mem_space;
 
 /** Parameter flags for pstar_param_register(), combined with `|`. */
@@ -158,7 +170,8 @@ typedef enum pstar_param_flags {
   /** Not trained: kept only in the compute dtype, no gradient, no Adam state. */
   PSTAR_PARAM_FROZEN = 1u << 0,
   /** Excluded from weight decay (biases, norms). */
-  PSTAR_PARAM_NO_WEIGHT_DECAY = 1u << 1
+  PSTAR_PARAM_NO_WEIGHT_DECAY = 1u << 1,
+  PSTAR_PARAM_FORCE_32BIT_ = -0x7fffffff - 1
 } pstar_param_flags;
 
 /** Log levels, most verbose first. */
@@ -167,7 +180,8 @@ typedef enum pstar_log_level {
   PSTAR_LOG_INFO = 1,
   PSTAR_LOG_WARN = 2,
   PSTAR_LOG_ERROR = 3,
-  PSTAR_LOG_OFF = 4
+  PSTAR_LOG_OFF = 4,
+  PSTAR_LOG_FORCE_32BIT_ = -0x7fffffff - 1
 } pstar_log_level;
 
 /* ------------------------------------------------------------------------ */
@@ -418,7 +432,8 @@ typedef enum pstar_hparam {
   /** The current loss scale (F16); set it to override the dynamic scaler. */
   PSTAR_HPARAM_LOSS_SCALE = 6,
   /** Read-only: Adam's step count. */
-  PSTAR_HPARAM_STEP = 7
+  PSTAR_HPARAM_STEP = 7,
+  PSTAR_HPARAM_FORCE_32BIT_ = -0x7fffffff - 1
 } pstar_hparam;
 
 /** Sets a hyperparameter for the next step.  Legal outside TRAIN iterations
