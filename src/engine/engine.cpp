@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "memory/device_factory.h"
+#include "optim/adam_kernel.h"
 #include "util/dtype.h"
 #include "util/error.h"
 #include "util/log.h"
@@ -93,6 +94,7 @@ Engine::Engine(const pstar_engine_options& options)
   hyper_.weight_decay = opt_.weight_decay;
   hyper_.adamw = opt_.adamw != 0;
   clip_norm_ = opt_.clip_norm;
+  adam_isa_ = optim::adam_default_isa();
   pstar_stats_init(&stats_);
   log::debug("engine created on " + device_->name());
 }
@@ -676,11 +678,14 @@ pstar_step_result Engine::step() {
         const bool decay = (params_[id].flags & PSTAR_PARAM_NO_WEIGHT_DECAY) == 0;
         const optim::AdamStepConstants k_c = optim::adam_constants(hyper_, adam_step_, grad_mul, decay);
         const uint64_t off = place.offset_elems;
-        for (uint64_t i = 0; i < place.numel; ++i) {
-          const float g = load_as(payload, opt_.compute_dtype, off + i);
-          const float w = optim::adam_element(k_c, g, c.master[off + i], c.exp_avg[off + i], c.exp_avg_sq[off + i]);
-          store_as(payload, opt_.compute_dtype, off + i, w);
-        }
+        optim::AdamRange range;
+        range.master = c.master + off;
+        range.exp_avg = c.exp_avg + off;
+        range.exp_avg_sq = c.exp_avg_sq + off;
+        range.slot = static_cast<char*>(payload) + off * elem_bytes();
+        range.dtype = opt_.compute_dtype;
+        range.n = place.numel;
+        optim::adam_update(adam_isa_, k_c, range);
         ++r.params_updated;
       }
     }

@@ -22,6 +22,7 @@
 #include "memory/device.h"
 #include "memory/host_pool.h"
 #include "optim/adam.h"
+#include "optim/adam_kernel.h"
 #include "optim/loss_scaler.h"
 #include "placement/lru_policy.h"
 #include "pstar/pstar.h"
@@ -170,6 +171,7 @@ class Engine {
   float clip_norm_ = 0.0f;
   optim::LossScaler scaler_;
   uint64_t adam_step_ = 0;
+  optim::AdamIsa adam_isa_ = optim::AdamIsa::kScalar;
 
   pstar_stats stats_;
 };
