@@ -144,6 +144,14 @@ pstar_status pstar_param_numel(pstar_engine* engine, uint32_t id, uint64_t* out_
   });
 }
 
+pstar_status pstar_param_set_lr_scale(pstar_engine* engine, uint32_t id, float lr_scale) {
+  return guarded([&] { live(engine).set_lr_scale(id, lr_scale); });
+}
+
+pstar_status pstar_param_set_weight_decay(pstar_engine* engine, uint32_t id, int32_t enabled) {
+  return guarded([&] { live(engine).set_weight_decay(id, enabled != 0); });
+}
+
 pstar_status pstar_param_write(pstar_engine* engine, uint32_t id, const void* src, uint64_t count,
                                pstar_dtype dtype) {
   return guarded([&] { live(engine).write(id, src, count, dtype); });

@@ -25,6 +25,7 @@ const char* event_name(TensorEvent e) {
     case TensorEvent::kReleaseBackwardLast: return "release(last BACKWARD)";
     case TensorEvent::kReleaseEval: return "release(eval)";
     case TensorEvent::kStep: return "step";
+    case TensorEvent::kAcquireNextMicroBatch: return "acquire(FORWARD, next micro-batch)";
   }
   return "?";
 }

@@ -31,8 +31,11 @@ enum class TensorEvent : uint8_t {
   kReleaseBackwardLast = 7,  // end of the last backward use
   kReleaseEval = 8,
   kStep = 9,                 // end of a TRAIN iteration
+  // First forward use of a new micro-batch, after the parameter's backward
+  // in the previous one (gradient accumulation only).
+  kAcquireNextMicroBatch = 10,
 };
-constexpr int kTensorEventCount = 10;
+constexpr int kTensorEventCount = 11;
 
 // Sentinel: the event is illegal in that state.
 constexpr int8_t kIllegal = -1;
@@ -40,12 +43,12 @@ constexpr int8_t kIllegal = -1;
 // kTransitions[state][event] = new state, or kIllegal.
 // clang-format off
 constexpr int8_t kTransitions[kTensorStateCount][kTensorEventCount] = {
-  //            build  acqF  acqR  acqB  acqE  relF  relB  relBL relE  step
-  /* Free  */ { 1,     -1,   -1,   -1,   -1,   -1,   -1,   -1,   -1,   -1 },
-  /* Hold  */ { -1,    2,    -1,   -1,   2,    -1,   -1,   -1,   -1,   1  },
-  /* Comp  */ { -1,    -1,   -1,   -1,   -1,   3,    3,    4,    1,    -1 },
-  /* HFwd  */ { -1,    2,    2,    2,    -1,   -1,   -1,   -1,   -1,   1  },
-  /* HBwd  */ { -1,    -1,   -1,   -1,   -1,   -1,   -1,   -1,   -1,   1  },
+  //            build  acqF  acqR  acqB  acqE  relF  relB  relBL relE  step  acqN
+  /* Free  */ { 1,     -1,   -1,   -1,   -1,   -1,   -1,   -1,   -1,   -1,   -1 },
+  /* Hold  */ { -1,    2,    -1,   -1,   2,    -1,   -1,   -1,   -1,   1,    -1 },
+  /* Comp  */ { -1,    -1,   -1,   -1,   -1,   3,    3,    4,    1,    -1,   -1 },
+  /* HFwd  */ { -1,    2,    2,    2,    -1,   -1,   -1,   -1,   -1,   1,    -1 },
+  /* HBwd  */ { -1,    -1,   -1,   -1,   -1,   -1,   -1,   -1,   -1,   1,    2  },
 };
 // clang-format on
 

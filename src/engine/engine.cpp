@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <limits>
 
 #include "memory/device_factory.h"
+#include "memory/host_kernels.h"
 #include "optim/adam_kernel.h"
 #include "util/dtype.h"
 #include "util/error.h"
@@ -30,10 +32,14 @@ pstar_engine_options validate_options(const pstar_engine_options& in) {
   require(in.version >= 1 && in.version <= PSTAR_ENGINE_OPTIONS_VERSION, PSTAR_ERR_VERSION,
           "options: version " + std::to_string(in.version) + " is not supported by this library (knows 1.." +
               std::to_string(PSTAR_ENGINE_OPTIONS_VERSION) + "); initialise with pstar_engine_options_init()");
-  require(in.size >= sizeof(pstar_engine_options), PSTAR_ERR_VERSION,
-          "options: size " + std::to_string(in.size) + " is smaller than this library's version-1 struct (" +
-              std::to_string(sizeof(pstar_engine_options)) + ")");
-  std::memcpy(&o, &in, sizeof o);
+  // Bytes that each version of the struct covers: fields are only appended.
+  const size_t covered = in.version == 1 ? offsetof(pstar_engine_options, loss_scale_min) + sizeof(float)
+                                         : offsetof(pstar_engine_options, grad_accumulation) + sizeof(int32_t);
+  require(in.size >= covered, PSTAR_ERR_VERSION,
+          "options: size " + std::to_string(in.size) + " is smaller than a version-" + std::to_string(in.version) +
+              " struct (" + std::to_string(covered) + " bytes)");
+  // Fields of later versions than the caller's keep their defaults.
+  std::memcpy(&o, &in, covered);
   o.size = sizeof o;
   o.version = PSTAR_ENGINE_OPTIONS_VERSION;
 
@@ -117,13 +123,17 @@ Engine::~Engine() {
       } else {
         host_->release(c.host, c.bytes);
       }
-      const uint64_t fp32_bytes = layout_->chunks()[i].capacity_elems * sizeof(float);
-      host_->release(c.master, fp32_bytes);
-      host_->release(c.exp_avg, fp32_bytes);
-      host_->release(c.exp_avg_sq, fp32_bytes);
+      release_optimizer_buffers(c, layout_->chunks()[i].capacity_elems * sizeof(float));
     }
   }
   host_.reset();
+}
+
+void Engine::release_optimizer_buffers(ChunkState& c, uint64_t fp32_bytes) {
+  for (float** b : {&c.master, &c.exp_avg, &c.exp_avg_sq, &c.grad32}) {
+    host_->release(*b, fp32_bytes);
+    *b = nullptr;
+  }
 }
 
 size_t Engine::elem_bytes() const { return dtype_size(opt_.compute_dtype); }
@@ -158,6 +168,7 @@ uint32_t Engine::register_param(const char* name, uint32_t ndim, const int64_t* 
   p.shape.assign(shape, shape + ndim);
   p.numel = numel;
   p.flags = flags;
+  p.weight_decay = (flags & PSTAR_PARAM_NO_WEIGHT_DECAY) == 0;
   const auto id = static_cast<uint32_t>(params_.size());
   params_.push_back(std::move(p));
   by_name_.emplace(params_.back().name, id);
@@ -184,21 +195,17 @@ void Engine::build() {
       std::memset(c.host, 0, c.bytes);
       if (!info.frozen) {
         const uint64_t fp32_bytes = info.capacity_elems * sizeof(float);
-        c.master = static_cast<float*>(host_->acquire(fp32_bytes));
-        c.exp_avg = static_cast<float*>(host_->acquire(fp32_bytes));
-        c.exp_avg_sq = static_cast<float*>(host_->acquire(fp32_bytes));
-        std::memset(c.master, 0, fp32_bytes);
-        std::memset(c.exp_avg, 0, fp32_bytes);
-        std::memset(c.exp_avg_sq, 0, fp32_bytes);
+        for (float** b : {&c.master, &c.exp_avg, &c.exp_avg_sq, &c.grad32}) {
+          if (b == &c.grad32 && !opt_.grad_accumulation) continue;
+          *b = static_cast<float*>(host_->acquire(fp32_bytes));
+          std::memset(*b, 0, fp32_bytes);
+        }
       }
     }
   } catch (...) {
     for (size_t i = 0; i < chunks.size(); ++i) {
-      const uint64_t fp32_bytes = layout->chunks()[i].capacity_elems * sizeof(float);
       host_->release(chunks[i].host, chunks[i].bytes);
-      host_->release(chunks[i].master, fp32_bytes);
-      host_->release(chunks[i].exp_avg, fp32_bytes);
-      host_->release(chunks[i].exp_avg_sq, fp32_bytes);
+      release_optimizer_buffers(chunks[i], layout->chunks()[i].capacity_elems * sizeof(float));
     }
     throw;
   }
@@ -236,6 +243,21 @@ uint32_t Engine::find(const char* name) const {
 }
 
 uint64_t Engine::numel(uint32_t id) const { return param_checked(id).numel; }
+
+void Engine::set_lr_scale(uint32_t id, float lr_scale) {
+  Param& p = param_checked(id);
+  require(!(iteration_active_ && iteration_kind_ == PSTAR_ITERATION_TRAIN), PSTAR_ERR_INVALID_STATE,
+          "param_set_lr_scale: not legal inside a TRAIN iteration");
+  require(finite_in(lr_scale, 0.0, 1e30), PSTAR_ERR_INVALID_ARGUMENT, "param_set_lr_scale: must be finite and >= 0");
+  p.lr_scale = lr_scale;
+}
+
+void Engine::set_weight_decay(uint32_t id, bool enabled) {
+  Param& p = param_checked(id);
+  require(!(iteration_active_ && iteration_kind_ == PSTAR_ITERATION_TRAIN), PSTAR_ERR_INVALID_STATE,
+          "param_set_weight_decay: not legal inside a TRAIN iteration");
+  p.weight_decay = enabled;
+}
 
 TensorState Engine::state(uint32_t id) const { return param_checked(id).state; }
 
@@ -340,9 +362,12 @@ void* Engine::acquire(uint32_t id, pstar_stage stage, void* stream) {
     require(stage == PSTAR_STAGE_FORWARD, PSTAR_ERR_INVALID_STATE,
             "param_acquire: an EVAL iteration has FORWARD uses only");
     ev = TensorEvent::kAcquireEval;
+  } else if (stage == PSTAR_STAGE_FORWARD && opt_.grad_accumulation && p.state == TensorState::kHoldAfterBwd) {
+    ev = TensorEvent::kAcquireNextMicroBatch;  // its gradient is folded into the fp32 list
   } else if (stage == PSTAR_STAGE_FORWARD) {
     require(p.backward_uses == 0, PSTAR_ERR_INVALID_STATE,
-            "param_acquire(FORWARD) of '" + p.name + "' after its backward began in this iteration");
+            "param_acquire(FORWARD) of '" + p.name + "' after its backward began in this iteration" +
+                (opt_.grad_accumulation ? "" : " (several micro-batches per step need options.grad_accumulation)"));
     ev = TensorEvent::kAcquireForward;
   } else if (stage == PSTAR_STAGE_RECOMPUTE) {
     ev = TensorEvent::kAcquireRecompute;
@@ -382,6 +407,11 @@ void* Engine::acquire(uint32_t id, pstar_stage stage, void* stream) {
   }
   p.state = next;
   p.acquired_stage = stage;
+  if (ev == TensorEvent::kAcquireNextMicroBatch) {
+    p.forward_uses = 0;
+    p.backward_uses = 0;
+    ev = TensorEvent::kAcquireForward;
+  }
   if (ev == TensorEvent::kAcquireForward) ++p.forward_uses;
   if (ev == TensorEvent::kAcquireBackward) ++p.backward_uses;
   ++c.compute_refs;
@@ -405,7 +435,9 @@ void Engine::release(uint32_t id, void* stream) {
   }
   const auto& place = layout_->param(id);
   ChunkState& c = chunks_[place.chunk];
-  if (ev == TensorEvent::kReleaseBackwardLast && !p.frozen()) {
+  if (ev == TensorEvent::kReleaseBackwardLast && !p.frozen() && opt_.grad_accumulation) {
+    fold_gradient(id, s);
+  } else if (ev == TensorEvent::kReleaseBackwardLast && !p.frozen()) {
     // The gradient replaces the weight in the slot; overflow and norm are
     // known from here on, before the step begins.
     void* slot = static_cast<char*>(c.device) + place.offset_elems * elem_bytes();
@@ -415,6 +447,7 @@ void Engine::release(uint32_t id, void* stream) {
     device_grad_bytes_ -= p.numel * sizeof(float);
     p.grad_acc = nullptr;
     p.slot_is_grad = true;
+    p.has_grad = true;
     c.ready = done;  // the payload is valid once the slot is written
   }
   c.last_use = device_->record(s);
@@ -621,6 +654,32 @@ void Engine::restore_slot(uint32_t id) {
   for (uint64_t i = 0; i < place.numel; ++i) store_as(payload, opt_.compute_dtype, place.offset_elems + i, master[i]);
 }
 
+// Gradient accumulation: adds this micro-batch's gradient (the fp32
+// accumulator on the device) into the parameter's slice of the fp32 gradient
+// list on the host, then frees the accumulator.  Host-synchronous: the next
+// micro-batch may reuse the memory at once.
+void Engine::fold_gradient(uint32_t id, memory::Stream* s) {
+  Param& p = params_[id];
+  const auto& place = layout_->param(id);
+  const size_t bytes = p.numel * sizeof(float);
+  const float* src = p.grad_acc;
+  float* staging = nullptr;
+  if (!device_->host_accessible()) {
+    staging = static_cast<float*>(host_->acquire(bytes));
+    device_->copy_async(s, staging, p.grad_acc, bytes, memory::CopyKind::kDeviceToHost);
+    src = staging;
+  }
+  device_->synchronize(s);
+  float* dst = chunks_[place.chunk].grad32 + place.offset_elems;
+  for (uint64_t i = 0; i < p.numel; ++i) dst[i] += src[i];
+  if (staging != nullptr) host_->release(staging, bytes);
+  device_->deallocate(p.grad_acc, bytes);
+  device_grad_bytes_ -= bytes;
+  device_used_ -= bytes;
+  p.grad_acc = nullptr;
+  p.has_grad = true;
+}
+
 pstar_step_result Engine::step() {
   require_built("step");
   require(iteration_active_ && iteration_kind_ == PSTAR_ITERATION_TRAIN, PSTAR_ERR_INVALID_STATE,
@@ -640,8 +699,14 @@ pstar_step_result Engine::step() {
   pstar_step_result_init(&r);
   double sumsq = 0.0;
   bool overflow = false;
-  for (const Param& p : params_) {
-    if (!p.slot_is_grad) continue;
+  for (uint32_t id = 0; id < params_.size(); ++id) {
+    Param& p = params_[id];
+    if (!p.has_grad) continue;
+    if (opt_.grad_accumulation) {
+      // The sum over micro-batches is complete only now.
+      const auto& place = layout_->param(id);
+      memory::host_grad_norm(chunks_[place.chunk].grad32 + place.offset_elems, p.numel, &p.grad_sumsq, &p.grad_nonfinite);
+    }
     sumsq += p.grad_sumsq;  // parameter order: deterministic
     overflow = overflow || p.grad_nonfinite != 0;
   }
@@ -668,15 +733,17 @@ pstar_step_result Engine::step() {
       const auto& info = layout_->chunks()[k];
       if (info.frozen) continue;
       bool any = false;
-      for (uint32_t id : info.params) any = any || params_[id].slot_is_grad;
+      for (uint32_t id : info.params) any = any || params_[id].has_grad;
       if (!any) continue;
       ChunkState& c = chunks_[k];
       void* payload = host_view(k);
       for (uint32_t id : info.params) {
-        if (!params_[id].slot_is_grad) continue;
+        if (!params_[id].has_grad) continue;
         const auto& place = layout_->param(id);
-        const bool decay = (params_[id].flags & PSTAR_PARAM_NO_WEIGHT_DECAY) == 0;
-        const optim::AdamStepConstants k_c = optim::adam_constants(hyper_, adam_step_, grad_mul, decay);
+        optim::AdamHyper h = hyper_;
+        h.lr = hyper_.lr * params_[id].lr_scale;
+        const optim::AdamStepConstants k_c =
+            optim::adam_constants(h, adam_step_, grad_mul, params_[id].weight_decay);
         const uint64_t off = place.offset_elems;
         optim::AdamRange range;
         range.master = c.master + off;
@@ -684,6 +751,7 @@ pstar_step_result Engine::step() {
         range.exp_avg_sq = c.exp_avg_sq + off;
         range.slot = static_cast<char*>(payload) + off * elem_bytes();
         range.dtype = opt_.compute_dtype;
+        range.grad_f32 = c.grad32 != nullptr ? c.grad32 + off : nullptr;
         range.n = place.numel;
         optim::adam_update(adam_isa_, k_c, range);
         ++r.params_updated;
@@ -694,6 +762,12 @@ pstar_step_result Engine::step() {
   }
   for (uint32_t id = 0; id < params_.size(); ++id) {
     Param& p = params_[id];
+    if (p.has_grad && opt_.grad_accumulation) {
+      // The accumulated gradient is consumed (or discarded by a skip).
+      const auto& place = layout_->param(id);
+      std::memset(chunks_[place.chunk].grad32 + place.offset_elems, 0, p.numel * sizeof(float));
+    }
+    p.has_grad = false;
     apply(p, id, TensorEvent::kStep);
     p.forward_uses = 0;
     p.backward_uses = 0;

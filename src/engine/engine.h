@@ -51,6 +51,8 @@ class Engine {
   uint32_t find(const char* name) const;
   uint32_t param_count() const { return static_cast<uint32_t>(params_.size()); }
   uint64_t numel(uint32_t id) const;
+  void set_lr_scale(uint32_t id, float lr_scale);
+  void set_weight_decay(uint32_t id, bool enabled);
 
   void write(uint32_t id, const void* src, uint64_t count, pstar_dtype dtype);
   void read(uint32_t id, void* dst, uint64_t count, pstar_dtype dtype);
@@ -87,11 +89,14 @@ class Engine {
     std::vector<int64_t> shape;
     uint64_t numel = 0;
     uint32_t flags = 0;
+    float lr_scale = 1.0f;       // parameter group: learning-rate multiplier
+    bool weight_decay = true;    // parameter group: takes weight decay
     chunk::TensorState state = chunk::TensorState::kFree;
     pstar_stage acquired_stage = PSTAR_STAGE_FORWARD;  // meaningful in kCompute
     uint32_t forward_uses = 0;   // this iteration
     uint32_t backward_uses = 0;  // this iteration; <= forward_uses
     bool slot_is_grad = false;   // the compute slot holds the gradient
+    bool has_grad = false;       // a gradient arrived this iteration
     float* grad_acc = nullptr;   // device fp32 accumulator during backward
     // Written by the device when the gradient is finalized.
     double grad_sumsq = 0.0;
@@ -112,6 +117,8 @@ class Engine {
     float* master = nullptr;
     float* exp_avg = nullptr;
     float* exp_avg_sq = nullptr;
+    // fp32 gradient list twin (gradient accumulation only).
+    float* grad32 = nullptr;
   };
 
   struct DeferredFree {
@@ -143,6 +150,8 @@ class Engine {
   void note_device_peak();
 
   void restore_slot(uint32_t id);
+  void fold_gradient(uint32_t id, memory::Stream* s);
+  void release_optimizer_buffers(ChunkState& c, uint64_t fp32_bytes);
 
   pstar_engine_options opt_;
   std::unique_ptr<memory::Device> device_;

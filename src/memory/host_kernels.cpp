@@ -11,6 +11,23 @@ void host_grad_accumulate(float* acc, const void* src, pstar_dtype src_dtype, si
   for (size_t i = 0; i < n; ++i) acc[i] += load_as(src, src_dtype, i);
 }
 
+void host_grad_norm(const float* g, size_t n, double* sumsq, int* nonfinite) {
+  double total = 0.0;
+  int bad = 0;
+  for (size_t b = 0; b < n; b += kNormBlockElems) {
+    const size_t e = b + kNormBlockElems < n ? b + kNormBlockElems : n;
+    double block = 0.0;
+    for (size_t i = b; i < e; ++i) {
+      const double v = g[i];
+      if (!std::isfinite(v)) bad = 1;
+      block += v * v;
+    }
+    total += block;
+  }
+  *sumsq = total;
+  *nonfinite = bad;
+}
+
 void host_grad_finalize(const float* acc, void* slot, pstar_dtype dtype, size_t n, double* sumsq,
                         int* nonfinite) {
   double total = 0.0;

@@ -6,9 +6,58 @@
 #include "util/dtype.h"
 #include "util/error.h"
 
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+#define PSTAR_X86_CPUID 1
+#include <cpuid.h>
+#else
+#define PSTAR_X86_CPUID 0
+#endif
+
 namespace pstar::optim {
 
+// The vector paths (adam_avx2.cpp, adam_avx512.cpp): call only when
+// adam_isa_supported() says yes.  `native_bf16`: emit bf16 with AVX512-BF16's
+// VCVTNEPS2BF16 (the CPU must have it) instead of the integer rounding; both
+// give the same bits.
+void adam_update_avx2(const AdamStepConstants& c, const AdamRange& r);
+void adam_update_avx512(const AdamStepConstants& c, const AdamRange& r, bool native_bf16);
+
 namespace {
+
+struct CpuFeatures {
+  bool avx2 = false;    // AVX2 + FMA + F16C (with OS support for the YMM state)
+  bool avx512 = false;  // AVX-512 F + BW + VL, with the above (and ZMM state)
+  bool avx512bf16 = false;
+};
+
+#if PSTAR_X86_CPUID
+// F16C straight from CPUID (leaf 1, ECX bit 29): not every compiler's
+// __builtin_cpu_supports knows "f16c" (clang 14 does not).  It uses the YMM
+// state, whose OS support the "avx2" check below has established.
+bool cpu_has_f16c() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid(1, &a, &b, &c, &d) != 0 && (c & bit_F16C) != 0;
+}
+#endif
+
+// __builtin_cpu_supports checks the CPUID bits and that the OS saves the
+// vector state (XCR0), so a feature it reports can be used.
+CpuFeatures detect_cpu() {
+  CpuFeatures f;
+#if PSTAR_X86_CPUID
+  __builtin_cpu_init();
+  f.avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
+  f.avx512 = f.avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl");
+  f.avx512bf16 = f.avx512 && __builtin_cpu_supports("avx512bf16");
+#endif
+  return f;
+}
+
+const CpuFeatures& cpu() {
+  static const CpuFeatures f = detect_cpu();
+  return f;
+}
 
 void adam_update_scalar(const AdamStepConstants& c, const AdamRange& r) {
   for (size_t i = 0; i < r.n; ++i) {
@@ -25,8 +74,9 @@ bool adam_isa_supported(AdamIsa isa) {
     case AdamIsa::kScalar:
       return true;
     case AdamIsa::kAvx2:
+      return cpu().avx2;
     case AdamIsa::kAvx512:
-      return false;  // vector paths: added with their kernels
+      return cpu().avx512;
   }
   return false;
 }
@@ -58,10 +108,15 @@ void adam_update(AdamIsa isa, const AdamStepConstants& c, const AdamRange& r) {
       adam_update_scalar(c, r);
       return;
     case AdamIsa::kAvx2:
+      if (!cpu().avx2) break;
+      adam_update_avx2(c, r);
+      return;
     case AdamIsa::kAvx512:
-      break;
+      if (!cpu().avx512) break;
+      adam_update_avx512(c, r, cpu().avx512bf16);
+      return;
   }
-  internal_error(std::string("Adam path '") + adam_isa_name(isa) + "' is not available");
+  internal_error(std::string("Adam path '") + adam_isa_name(isa) + "' is not available on this CPU");
 }
 
 }  // namespace pstar::optim

@@ -1,4 +1,6 @@
 /* Engine options: defaults, versioning and validation. */
+#include <stddef.h>
+
 #include "capi_test_util.h"
 
 static void assert_options_equal(const pstar_engine_options *a, const pstar_engine_options *b) {
@@ -120,7 +122,12 @@ Test(options, unknown_version_or_size_is_a_version_error) {
   T_OK(pstar_engine_options_init(&o));
   o.size = 0;
   expect_version_error(&o);
-  o.size = (uint32_t)sizeof(pstar_engine_options) - 4;
+  /* One field short of a version-2 struct. */
+  o.size = (uint32_t)offsetof(pstar_engine_options, grad_accumulation);
+  expect_version_error(&o);
+  /* One field short of a version-1 struct. */
+  o.version = 1;
+  o.size = (uint32_t)offsetof(pstar_engine_options, loss_scale_min);
   expect_version_error(&o);
   o.size = 8;
   expect_version_error(&o);
@@ -136,6 +143,31 @@ Test(options, larger_struct_from_a_newer_caller_is_accepted) {
   T_OK(pstar_engine_options_init(&big.o));
   big.o.size = (uint32_t)sizeof big;
   pstar_engine *e = t_create(&big.o);
+  T_OK(pstar_engine_destroy(e));
+}
+
+Test(options, version_1_struct_is_accepted_and_later_fields_keep_defaults) {
+  /* A caller built against version 1 of the header: its struct ends at
+   * loss_scale_min; whatever follows in memory is not its own. */
+  pstar_engine_options o;
+  T_OK(pstar_engine_options_init(&o));
+  o.version = 1;
+  o.size = (uint32_t)(offsetof(pstar_engine_options, loss_scale_min) + sizeof(float));
+  o.grad_accumulation = 12345; /* garbage beyond the v1 struct: ignored */
+  pstar_engine *e = t_create(&o);
+  int64_t shape[1] = {4};
+  uint32_t id;
+  void *w;
+  T_OK(pstar_param_register(e, "w", 1, shape, 0, &id));
+  T_OK(pstar_engine_build(e));
+  T_OK(pstar_iteration_begin(e, PSTAR_ITERATION_TRAIN));
+  T_OK(pstar_param_acquire(e, id, PSTAR_STAGE_FORWARD, NULL, &w));
+  T_OK(pstar_param_release(e, id, NULL));
+  T_OK(pstar_param_acquire(e, id, PSTAR_STAGE_BACKWARD, NULL, &w));
+  T_OK(pstar_param_release(e, id, NULL));
+  /* Without gradient accumulation a second forward pass is illegal. */
+  T_FAIL(pstar_param_acquire(e, id, PSTAR_STAGE_FORWARD, NULL, &w), PSTAR_ERR_INVALID_STATE, "FORWARD");
+  T_OK(pstar_step(e, NULL));
   T_OK(pstar_engine_destroy(e));
 }
 

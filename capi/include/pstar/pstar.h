@@ -209,7 +209,7 @@ PSTAR_API void pstar_free(void *ptr);
 /* ------------------------------------------------------------------------ */
 
 /** Current version of pstar_engine_options. */
-#define PSTAR_ENGINE_OPTIONS_VERSION 1
+#define PSTAR_ENGINE_OPTIONS_VERSION 2
 
 /** Options for pstar_engine_create().  A field means what it says (a weight
  *  decay of zero is zero); only sizes and counts use 0 for "choose for me". */
@@ -261,6 +261,14 @@ typedef struct pstar_engine_options {
   uint32_t loss_scale_growth_interval;
   uint32_t loss_scale_hysteresis;
   float loss_scale_min;
+
+  /* Version 2 */
+  /** Nonzero: keep a separate fp32 gradient list (18 bytes per trainable
+   *  parameter instead of 14), so gradients accumulate over micro-batches:
+   *  several forward/backward passes per TRAIN iteration before pstar_step().
+   *  Zero: a parameter's gradient replaces its weight in the compute-dtype
+   *  slot after its backward, so one forward/backward pass per iteration. */
+  int32_t grad_accumulation;
 } pstar_engine_options;
 
 /** Default elements per chunk. */
@@ -271,7 +279,7 @@ typedef struct pstar_engine_options {
   {                                                                                 \
     sizeof(pstar_engine_options), PSTAR_ENGINE_OPTIONS_VERSION, PSTAR_DEVICE_EMULATED, \
         0, 0, 0, 0, 0, 0, 0, PSTAR_DTYPE_BF16, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, 1,    \
-        0.0f, 65536.0f, 2.0f, 0.5f, 2000u, 2u, 1.0f                                  \
+        0.0f, 65536.0f, 2.0f, 0.5f, 2000u, 2u, 1.0f, 0                               \
   }
 
 /** Writes the library's defaults into *options (the same as
@@ -314,6 +322,17 @@ PSTAR_API pstar_status pstar_param_count(pstar_engine *engine, uint32_t *out_cou
 /** Element count of a parameter. */
 PSTAR_API pstar_status pstar_param_numel(pstar_engine *engine, uint32_t id,
                                          uint64_t *out_numel);
+
+/** Parameter groups: multiplies the learning rate for parameter `id` by
+ *  `lr_scale` (finite, >= 0; 1 by default; 0 keeps it fixed unless weight
+ *  decay applies).  Takes effect at the next step.  Legal after registration,
+ *  outside TRAIN iterations. */
+PSTAR_API pstar_status pstar_param_set_lr_scale(pstar_engine *engine, uint32_t id, float lr_scale);
+
+/** Parameter groups: includes (nonzero) or excludes (zero) parameter `id`
+ *  from weight decay; the initial value comes from PSTAR_PARAM_NO_WEIGHT_DECAY.
+ *  Same legality as pstar_param_set_lr_scale(). */
+PSTAR_API pstar_status pstar_param_set_weight_decay(pstar_engine *engine, uint32_t id, int32_t enabled);
 
 /** Sets a parameter's values from `count` (= its element count) elements of
  *  `dtype` in host memory.  A trainable parameter's fp32 master takes the

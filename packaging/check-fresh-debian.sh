@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Checks the README's promise on a fresh Debian 12: debootstraps a minimal
+# bookworm root (once; reused while it exists), clones the repository into it
+# and runs both quick-start commands there as root.  Needs root, network
+# access to Debian's mirror, and a few GiB of disk.  Not part of the test
+# suite; run by hand or from a CI-only stage.
+#   packaging/check-fresh-debian.sh [ROOT_DIR]     (default /var/tmp/pstar-fresh-bookworm)
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+root=${1:-/var/tmp/pstar-fresh-bookworm}
+
+command -v debootstrap > /dev/null || apt-get install -y -qq --no-install-recommends debootstrap
+if [ ! -x "$root/usr/bin/apt-get" ]; then
+  debootstrap --variant=minbase bookworm "$root" http://deb.debian.org/debian
+fi
+for d in proc sys dev; do
+  mountpoint -q "$root/$d" || mount --bind "/$d" "$root/$d"
+done
+trap 'for d in dev sys proc; do umount "$root/$d" 2>/dev/null || true; done' EXIT
+cp /etc/resolv.conf "$root/etc/resolv.conf"
+rm -rf "$root/root/libpstar"
+git clone -q "$repo" "$root/root/libpstar"
+for cmd in demo test; do
+  echo "==> fresh bookworm: bash packaging/quickstart.sh $cmd"
+  chroot "$root" /usr/bin/env -i HOME=/root PATH=/usr/sbin:/usr/bin:/sbin:/bin \
+    bash -c "cd /root/libpstar && bash packaging/quickstart.sh $cmd"
+done
+echo "fresh bookworm: both quick-start commands passed"

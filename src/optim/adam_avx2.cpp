@@ -1,0 +1,187 @@
+// The AVX2 + FMA + F16C path of the fused Adam update (optim/adam_kernel.h).
+//
+// Every function here carries __attribute__((target(...))) instead of the
+// file being compiled with -mavx2: an inline function from a header (the
+// dtype conversions, adam_element, the standard library) instantiated in a
+// file built with -mavx2 could be the copy the linker keeps, and the library
+// would then die with SIGILL on a CPU without AVX2.  With per-function
+// targets only the functions below use the extensions, and they run only
+// after adam_isa_supported(kAvx2) said yes.
+//
+// Arithmetic: exactly the operations of adam_element() in the same order,
+// each with one rounding (_mm256_fmadd_ps == fmaf, true division and square
+// root), so the bits equal the scalar path's.  Conversions follow the policy
+// of util/dtype.h: fp16 through F16C (round to nearest even, exact
+// subnormals), bf16 through an integer round to nearest even in SIMD
+// (subnormal input -> signed zero, NaN -> (bits >> 16) | 0x40).  Sixteen
+// elements per iteration (two independent vectors, enough to cover the
+// latency of the divide and the square root); the last n % 16 go through
+// adam_element() itself.
+#include "optim/adam_kernel.h"
+#include "util/dtype.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+
+#define PSTAR_AVX2 __attribute__((target("avx2,fma,f16c"), always_inline)) inline
+
+namespace pstar::optim {
+
+void adam_update_avx2(const AdamStepConstants& c, const AdamRange& r);
+
+namespace {
+
+struct Consts {
+  __m256 grad_mul, l2, beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, decay_mul, neg_step;
+};
+
+PSTAR_AVX2 Consts make_consts(const AdamStepConstants& c) {
+  Consts k;
+  k.grad_mul = _mm256_set1_ps(c.grad_mul);
+  k.l2 = _mm256_set1_ps(c.l2);
+  k.beta1 = _mm256_set1_ps(c.beta1);
+  k.omb1 = _mm256_set1_ps(c.one_minus_beta1);
+  k.beta2 = _mm256_set1_ps(c.beta2);
+  k.omb2 = _mm256_set1_ps(c.one_minus_beta2);
+  k.inv_sqrt_bc2 = _mm256_set1_ps(c.inv_sqrt_bc2);
+  k.eps = _mm256_set1_ps(c.eps);
+  k.decay_mul = _mm256_set1_ps(c.decay_mul);
+  k.neg_step = _mm256_set1_ps(-c.step_size);
+  return k;
+}
+
+// adam_element() on eight lanes; p, m and v are updated in place.
+PSTAR_AVX2 void adam8(const Consts& k, __m256 g, __m256& p, __m256& m, __m256& v) {
+  g = _mm256_mul_ps(g, k.grad_mul);
+  g = _mm256_fmadd_ps(k.l2, p, g);
+  m = _mm256_fmadd_ps(k.beta1, m, _mm256_mul_ps(k.omb1, g));
+  v = _mm256_fmadd_ps(k.beta2, v, _mm256_mul_ps(_mm256_mul_ps(k.omb2, g), g));
+  const __m256 denom = _mm256_fmadd_ps(_mm256_sqrt_ps(v), k.inv_sqrt_bc2, k.eps);
+  p = _mm256_mul_ps(p, k.decay_mul);
+  p = _mm256_fmadd_ps(k.neg_step, _mm256_div_ps(m, denom), p);
+}
+
+// f32_to_bf16() of util/dtype.h on eight lanes, the result in the high 16
+// bits of each 32-bit lane (the low bits are garbage).
+PSTAR_AVX2 __m256i bf16_round_hi(__m256 f) {
+  const __m256i x = _mm256_castps_si256(f);
+  const __m256i abs = _mm256_and_si256(x, _mm256_set1_epi32(0x7fffffff));
+  const __m256i is_nan = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(0x7f800000));
+  const __m256i is_sub =
+      _mm256_cmpeq_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x7f800000)), _mm256_setzero_si256());
+  // Subnormal (or zero) input: keep the sign only.
+  const __m256i xz = _mm256_andnot_si256(_mm256_and_si256(is_sub, _mm256_set1_epi32(0x7fffffff)), x);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(xz, 16), _mm256_set1_epi32(1));
+  const __m256i rounded = _mm256_add_epi32(_mm256_add_epi32(xz, _mm256_set1_epi32(0x7fff)), lsb);
+  const __m256i quiet = _mm256_or_si256(x, _mm256_set1_epi32(0x00400000));
+  return _mm256_blendv_epi8(rounded, quiet, is_nan);
+}
+
+// Sixteen bf16 values, in order, from two vectors of eight.
+PSTAR_AVX2 __m256i bf16_pack16(__m256 a, __m256 b) {
+  const __m256i ha = _mm256_srli_epi32(bf16_round_hi(a), 16);
+  const __m256i hb = _mm256_srli_epi32(bf16_round_hi(b), 16);
+  // packus works within 128-bit lanes: a0-3 b0-3 a4-7 b4-7; reorder.
+  return _mm256_permute4x64_epi64(_mm256_packus_epi32(ha, hb), 0xd8);
+}
+
+PSTAR_AVX2 __m256 load_bf16x8(const uint16_t* s) {
+  const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+
+PSTAR_AVX2 __m256 load_f16x8(const uint16_t* s) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s)));
+}
+
+// The gradient of elements i..i+7: from the fp32 list `g32`, or the slot.
+template <pstar_dtype D, bool kGradF32>
+PSTAR_AVX2 __m256 load_grad(const float* g32, const void* slot, size_t i) {
+  if (kGradF32) return _mm256_loadu_ps(g32 + i);
+  if (D == PSTAR_DTYPE_F32) return _mm256_loadu_ps(static_cast<const float*>(slot) + i);
+  if (D == PSTAR_DTYPE_F16) return load_f16x8(static_cast<const uint16_t*>(slot) + i);
+  return load_bf16x8(static_cast<const uint16_t*>(slot) + i);
+}
+
+template <pstar_dtype D, bool kGradF32>
+__attribute__((target("avx2,fma,f16c"))) void run(const AdamStepConstants& c, const AdamRange& r) {
+  const Consts k = make_consts(c);
+  float* const master = r.master;
+  float* const exp_avg = r.exp_avg;
+  float* const exp_avg_sq = r.exp_avg_sq;
+  // Locals, not r's members: the stores through float* could alias r, which
+  // would make the compiler reload them every iteration.
+  void* const slot = r.slot;
+  const float* const g32 = r.grad_f32;
+  const size_t n = r.n;
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256 g0 = load_grad<D, kGradF32>(g32, slot, i);
+    const __m256 g1 = load_grad<D, kGradF32>(g32, slot, i + 8);
+    __m256 p0 = _mm256_loadu_ps(master + i), p1 = _mm256_loadu_ps(master + i + 8);
+    __m256 m0 = _mm256_loadu_ps(exp_avg + i), m1 = _mm256_loadu_ps(exp_avg + i + 8);
+    __m256 v0 = _mm256_loadu_ps(exp_avg_sq + i), v1 = _mm256_loadu_ps(exp_avg_sq + i + 8);
+    adam8(k, g0, p0, m0, v0);
+    adam8(k, g1, p1, m1, v1);
+    _mm256_storeu_ps(master + i, p0);
+    _mm256_storeu_ps(master + i + 8, p1);
+    _mm256_storeu_ps(exp_avg + i, m0);
+    _mm256_storeu_ps(exp_avg + i + 8, m1);
+    _mm256_storeu_ps(exp_avg_sq + i, v0);
+    _mm256_storeu_ps(exp_avg_sq + i + 8, v1);
+    if (D == PSTAR_DTYPE_F32) {
+      float* s = static_cast<float*>(slot) + i;
+      _mm256_storeu_ps(s, p0);
+      _mm256_storeu_ps(s + 8, p1);
+    } else if (D == PSTAR_DTYPE_F16) {
+      __m128i* s = reinterpret_cast<__m128i*>(static_cast<uint16_t*>(slot) + i);
+      _mm_storeu_si128(s, _mm256_cvtps_ph(p0, _MM_FROUND_TO_NEAREST_INT));
+      _mm_storeu_si128(s + 1, _mm256_cvtps_ph(p1, _MM_FROUND_TO_NEAREST_INT));
+    } else {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(slot) + i), bf16_pack16(p0, p1));
+    }
+  }
+  // Ragged tail: the scalar function itself (inlined here, so fmaf is the
+  // same single-rounding FMA instruction).
+  for (; i < n; ++i) {
+    const float g = kGradF32 ? g32[i] : load_as(slot, D, i);
+    const float w = adam_element(c, g, master[i], exp_avg[i], exp_avg_sq[i]);
+    store_as(slot, D, i, w);
+  }
+}
+
+template <pstar_dtype D>
+void run_dtype(const AdamStepConstants& c, const AdamRange& r) {
+  if (r.grad_f32 != nullptr) {
+    run<D, true>(c, r);
+  } else {
+    run<D, false>(c, r);
+  }
+}
+
+}  // namespace
+
+void adam_update_avx2(const AdamStepConstants& c, const AdamRange& r) {
+  switch (r.dtype) {
+    case PSTAR_DTYPE_F16:
+      run_dtype<PSTAR_DTYPE_F16>(c, r);
+      return;
+    case PSTAR_DTYPE_F32:
+      run_dtype<PSTAR_DTYPE_F32>(c, r);
+      return;
+    default:  // bf16, as store_as() treats every other value
+      run_dtype<PSTAR_DTYPE_BF16>(c, r);
+      return;
+  }
+}
+
+}  // namespace pstar::optim
+
+#else  // not x86: never selected (adam_isa_supported says no)
+
+namespace pstar::optim {
+void adam_update_avx2(const AdamStepConstants&, const AdamRange&);
+void adam_update_avx2(const AdamStepConstants&, const AdamRange&) {}
+}  // namespace pstar::optim
+
+#endif
