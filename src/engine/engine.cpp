@@ -101,6 +101,7 @@ Engine::Engine(const pstar_engine_options& options)
   hyper_.adamw = opt_.adamw != 0;
   clip_norm_ = opt_.clip_norm;
   adam_isa_ = optim::adam_default_isa();
+  pool_ = std::make_unique<ThreadPool>(opt_.threads);
   pstar_stats_init(&stats_);
   log::debug("engine created on " + device_->name());
 }
@@ -737,25 +738,37 @@ pstar_step_result Engine::step() {
       if (!any) continue;
       ChunkState& c = chunks_[k];
       void* payload = host_view(k);
+      // The chunk's parameters with a gradient, each with its own constants
+      // (parameter groups), updated by one parallel pass over the chunk.
+      struct Segment {
+        uint64_t begin, end;
+        optim::AdamStepConstants constants;
+      };
+      std::vector<Segment> segments;
       for (uint32_t id : info.params) {
         if (!params_[id].has_grad) continue;
         const auto& place = layout_->param(id);
         optim::AdamHyper h = hyper_;
         h.lr = hyper_.lr * params_[id].lr_scale;
-        const optim::AdamStepConstants k_c =
-            optim::adam_constants(h, adam_step_, grad_mul, params_[id].weight_decay);
-        const uint64_t off = place.offset_elems;
-        optim::AdamRange range;
-        range.master = c.master + off;
-        range.exp_avg = c.exp_avg + off;
-        range.exp_avg_sq = c.exp_avg_sq + off;
-        range.slot = static_cast<char*>(payload) + off * elem_bytes();
-        range.dtype = opt_.compute_dtype;
-        range.grad_f32 = c.grad32 != nullptr ? c.grad32 + off : nullptr;
-        range.n = place.numel;
-        optim::adam_update(adam_isa_, k_c, range);
+        segments.push_back({place.offset_elems, place.offset_elems + place.numel,
+                            optim::adam_constants(h, adam_step_, grad_mul, params_[id].weight_decay)});
         ++r.params_updated;
       }
+      pool_->parallel_for(info.used_elems, kAdamGrainElems, [&](size_t b, size_t e) {
+        for (const Segment& s : segments) {
+          const uint64_t lo = std::max<uint64_t>(b, s.begin), hi = std::min<uint64_t>(e, s.end);
+          if (lo >= hi) continue;
+          optim::AdamRange range;
+          range.master = c.master + lo;
+          range.exp_avg = c.exp_avg + lo;
+          range.exp_avg_sq = c.exp_avg_sq + lo;
+          range.slot = static_cast<char*>(payload) + lo * elem_bytes();
+          range.dtype = opt_.compute_dtype;
+          range.grad_f32 = c.grad32 != nullptr ? c.grad32 + lo : nullptr;
+          range.n = hi - lo;
+          optim::adam_update(adam_isa_, s.constants, range);
+        }
+      });
     }
     ++stats_.steps;
     scaler_.update(false);

@@ -26,8 +26,13 @@
 #include "optim/loss_scaler.h"
 #include "placement/lru_policy.h"
 #include "pstar/pstar.h"
+#include "util/thread_pool.h"
 
 namespace pstar::engine {
+
+// Elements per unit of the optimizer's split of a chunk across threads: a
+// multiple of every vector width and of the 128-element parameter alignment.
+constexpr size_t kAdamGrainElems = 1024;
 
 // Most dimensions a parameter may have.
 constexpr uint32_t kMaxNdim = 16;
@@ -181,6 +186,7 @@ class Engine {
   optim::LossScaler scaler_;
   uint64_t adam_step_ = 0;
   optim::AdamIsa adam_isa_ = optim::AdamIsa::kScalar;
+  std::unique_ptr<ThreadPool> pool_;  // the CPU optimizer's threads
 
   pstar_stats stats_;
 };

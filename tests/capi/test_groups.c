@@ -177,3 +177,57 @@ Test(groups, setters_validate) {
   T_FAIL(pstar_param_set_weight_decay(e, id, 0), PSTAR_ERR_INVALID_STATE, "TRAIN");
   T_OK(pstar_engine_destroy(e));
 }
+
+/* The optimizer's thread count splits chunks differently but must not change
+ * a single bit (element-wise update; the norm does not depend on threads). */
+static void train_threads(unsigned threads, float *out, size_t n, double *norm) {
+  pstar_engine_options o = t_options(PSTAR_DTYPE_BF16, 65536);
+  o.threads = threads;
+  o.clip_norm = 1.0f;
+  pstar_engine *e = t_create(&o);
+  const uint32_t a = t_register(e, "a", (int64_t)n, 0);
+  const uint32_t b = t_register(e, "b", 777, PSTAR_PARAM_NO_WEIGHT_DECAY);
+  T_OK(pstar_engine_build(e));
+  float *w = t_alloc_f(n), *g = t_alloc_f(n);
+  t_fill(w, n, 1, 0.5f);
+  t_write_f32(e, a, w, n);
+  t_write_f32(e, b, w, 777);
+  for (int s = 0; s < 3; ++s) {
+    T_OK(pstar_iteration_begin(e, PSTAR_ITERATION_TRAIN));
+    t_acquire(e, a, PSTAR_STAGE_FORWARD);
+    T_OK(pstar_param_release(e, a, NULL));
+    t_acquire(e, b, PSTAR_STAGE_FORWARD);
+    T_OK(pstar_param_release(e, b, NULL));
+    t_fill(g, n, 10 + (uint32_t)s, 0.01f);
+    t_acquire(e, b, PSTAR_STAGE_BACKWARD);
+    T_OK(pstar_grad_write(e, b, g, 777, PSTAR_DTYPE_F32, PSTAR_MEM_HOST, NULL));
+    T_OK(pstar_param_release(e, b, NULL));
+    t_acquire(e, a, PSTAR_STAGE_BACKWARD);
+    T_OK(pstar_grad_write(e, a, g, n, PSTAR_DTYPE_F32, PSTAR_MEM_HOST, NULL));
+    T_OK(pstar_param_release(e, a, NULL));
+    pstar_step_result r;
+    T_OK(pstar_step_result_init(&r));
+    T_OK(pstar_step(e, &r));
+    *norm = r.grad_norm;
+  }
+  t_read_f32(e, a, out, n);
+  T_OK(pstar_engine_destroy(e));
+  free(w);
+  free(g);
+}
+
+Test(threads, results_and_norm_are_independent_of_the_thread_count) {
+  const size_t n = 60000; /* ragged: not a multiple of the 1024-element grain */
+  float *r1 = t_alloc_f(n), *r2 = t_alloc_f(n), *r4 = t_alloc_f(n);
+  double n1, n2, n4;
+  train_threads(1, r1, n, &n1);
+  train_threads(2, r2, n, &n2);
+  train_threads(4, r4, n, &n4);
+  cr_assert_eq(memcmp(r1, r2, n * sizeof(float)), 0);
+  cr_assert_eq(memcmp(r1, r4, n * sizeof(float)), 0);
+  cr_assert_eq(n1, n2);
+  cr_assert_eq(n1, n4);
+  free(r1);
+  free(r2);
+  free(r4);
+}
