@@ -16,6 +16,8 @@ case "$what" in
 esac
 
 bash packaging/setup-debian.sh
+# The tests compare against PyTorch in the project's virtual environment.
+[ "$what" = test ] && bash packaging/setup-venv.sh
 cmake --preset "$preset"
 cmake --build --preset "$preset" -j "$jobs"
 
