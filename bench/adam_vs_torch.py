@@ -18,7 +18,8 @@ Times, in the same run, on the same problem (default: 50M elements, 2 threads):
 
 The measurements are made in rounds (libpstar, then torch AdamW, then torch
 Adam), so that drift of a shared machine's memory bandwidth affects them
-alike; each time reported is a median over all rounds.  The last line is
+alike; each time reported is the median of all steps of all rounds (after a
+warm-up step per round).  The last line is
 `speedup_vs_torch: <torch (a) time / libpstar time>`, the line before it the
 same ratio against plain Adam(foreach=False).
 
@@ -67,7 +68,7 @@ def median(xs):
 
 def run_pstar(bench, n, threads, reps):
     cmd = [bench, "adam", "--dtype", "bf16", "--elements", str(n), "--threads", str(threads),
-           "--reps", str(reps), "--json"]
+           "--reps", str(reps), "--json", "--samples"]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         sys.exit("adam_vs_torch: %s failed (%d):\n%s%s" % (" ".join(cmd), proc.returncode, proc.stdout,
@@ -113,9 +114,9 @@ def main():
     ap.add_argument("--build-dir", default="build", help="the CMake build folder (pstar-bench in <dir>/bin)")
     ap.add_argument("--elements", default="50M", help="elements (suffixes k, M, G)")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--reps", type=int, default=7, help="measured steps per round and variant (median)")
-    ap.add_argument("--rounds", type=int, default=3, help="rounds of (libpstar, torch AdamW, torch Adam)")
-    ap.add_argument("--plain-reps", type=int, default=3, help="steps per round of plain Adam(foreach=False)")
+    ap.add_argument("--reps", type=int, default=5, help="measured steps per round, libpstar and torch AdamW")
+    ap.add_argument("--rounds", type=int, default=5, help="rounds of (libpstar, torch AdamW, torch Adam)")
+    ap.add_argument("--plain-reps", type=int, default=2, help="steps per round of plain Adam(foreach=False)")
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--weight-decay", type=float, default=0.01)
     args = ap.parse_args()
@@ -161,7 +162,7 @@ def main():
         plain_samples += [upd.step() for _ in range(args.plain_reps)]
         del upd
 
-    pstar_s = median([r["median_s"] for r in pstar_runs])
+    pstar_s = median([t for r in pstar_runs for t in r.get("step_samples_s", [r["median_s"]])])
     pstar_frac = median([r["bound_fraction"] for r in pstar_runs])
     pstar_ceiling = median([r["ceiling_gbs"] for r in pstar_runs])
     isa = pstar_runs[0].get("isa", "?")

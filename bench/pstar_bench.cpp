@@ -2,7 +2,10 @@
 //
 //   pstar-bench adam [--elements 50M] [--threads T] [--reps 9]
 //                    [--dtype fp16|bf16|both] [--isa scalar|avx2|avx512|auto]
-//                    [--ceiling-isa scalar|avx2|avx512|auto] [--json]
+//                    [--ceiling-isa scalar|avx2|avx512|auto] [--hugepages]
+//                    [--samples] [--json]
+//
+// docs/benchmarks.md describes the output, the JSON keys and the ceiling.
 //
 // `adam` times the fused mixed-precision Adam(W) update (optim/adam_kernel.h)
 // over one flat range split across threads, and in the same run, on the same
