@@ -77,10 +77,36 @@ PSTAR_AVX2 __m256i bf16_round_hi(__m256 f) {
   return _mm256_blendv_epi8(rounded, quiet, is_nan);
 }
 
+// True when every lane of a and b is a normal number (exponent field
+// neither 0 nor 255): then plain round-to-nearest-even is the whole policy.
+// Adding 2^23 to the exponent field maps 0 to 2^23 and 255 to INT32_MIN, so
+// one signed comparison per vector separates them.
+PSTAR_AVX2 bool all_normal(__m256i xa, __m256i xb) {
+  const __m256i exp_mask = _mm256_set1_epi32(0x7f800000);
+  const __m256i one_exp = _mm256_set1_epi32(0x00800000);
+  const __m256i ea = _mm256_add_epi32(_mm256_and_si256(xa, exp_mask), one_exp);
+  const __m256i eb = _mm256_add_epi32(_mm256_and_si256(xb, exp_mask), one_exp);
+  const __m256i ok = _mm256_and_si256(_mm256_cmpgt_epi32(ea, one_exp), _mm256_cmpgt_epi32(eb, one_exp));
+  return _mm256_movemask_epi8(ok) == -1;
+}
+
+// Round to nearest even, for normal numbers only.
+PSTAR_AVX2 __m256i bf16_round_hi_normal(__m256i x) {
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(1));
+  return _mm256_add_epi32(_mm256_add_epi32(x, _mm256_set1_epi32(0x7fff)), lsb);
+}
+
 // Sixteen bf16 values, in order, from two vectors of eight.
 PSTAR_AVX2 __m256i bf16_pack16(__m256 a, __m256 b) {
-  const __m256i ha = _mm256_srli_epi32(bf16_round_hi(a), 16);
-  const __m256i hb = _mm256_srli_epi32(bf16_round_hi(b), 16);
+  const __m256i xa = _mm256_castps_si256(a), xb = _mm256_castps_si256(b);
+  __m256i ha, hb;
+  if (all_normal(xa, xb)) {  // the common case: weights are normal numbers
+    ha = _mm256_srli_epi32(bf16_round_hi_normal(xa), 16);
+    hb = _mm256_srli_epi32(bf16_round_hi_normal(xb), 16);
+  } else {
+    ha = _mm256_srli_epi32(bf16_round_hi(a), 16);
+    hb = _mm256_srli_epi32(bf16_round_hi(b), 16);
+  }
   // packus works within 128-bit lanes: a0-3 b0-3 a4-7 b4-7; reorder.
   return _mm256_permute4x64_epi64(_mm256_packus_epi32(ha, hb), 0xd8);
 }
