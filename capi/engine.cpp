@@ -38,17 +38,16 @@ pstar::engine::Engine& live(pstar_engine* e) {
 
 template <class T>
 void require_out(T* p, const char* what) {
-  require(p != nullptr, PSTAR_ERR_INVALID_ARGUMENT, std::string(what) + " is NULL");
+  require(p != nullptr, PSTAR_ERR_INVALID_ARGUMENT, [&] { return std::string(what) + " is NULL"; });
 }
 
 // Output structs carry their size and version; accept any size that covers
 // version 1, so a caller built against an older header still works.
 template <class T>
 void require_struct(const T* s, uint32_t current_version, size_t v1_size, const char* what) {
-  require(s != nullptr, PSTAR_ERR_INVALID_ARGUMENT, std::string(what) + " is NULL");
-  require(s->version >= 1 && s->version <= current_version && s->size >= v1_size, PSTAR_ERR_VERSION,
-          std::string(what) + ": size " + std::to_string(s->size) + " / version " + std::to_string(s->version) +
-              " not supported; initialise it with its _init() function");
+  require(s != nullptr, PSTAR_ERR_INVALID_ARGUMENT, [&] { return std::string(what) + " is NULL"; });
+  require(s->version >= 1 && s->version <= current_version && s->size >= v1_size, PSTAR_ERR_VERSION, [&] { return std::string(what) + ": size " + std::to_string(s->size) + " / version " + std::to_string(s->version) +
+              " not supported; initialise it with its _init() function"; });
 }
 
 }  // namespace

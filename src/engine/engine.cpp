@@ -29,31 +29,26 @@ std::string bytes_str(uint64_t b) { return std::to_string(b) + " bytes"; }
 pstar_engine_options validate_options(const pstar_engine_options& in) {
   pstar_engine_options o;
   pstar_engine_options_init(&o);
-  require(in.version >= 1 && in.version <= PSTAR_ENGINE_OPTIONS_VERSION, PSTAR_ERR_VERSION,
-          "options: version " + std::to_string(in.version) + " is not supported by this library (knows 1.." +
-              std::to_string(PSTAR_ENGINE_OPTIONS_VERSION) + "); initialise with pstar_engine_options_init()");
+  require(in.version >= 1 && in.version <= PSTAR_ENGINE_OPTIONS_VERSION, PSTAR_ERR_VERSION, [&] { return "options: version " + std::to_string(in.version) + " is not supported by this library (knows 1.." +
+              std::to_string(PSTAR_ENGINE_OPTIONS_VERSION) + "); initialise with pstar_engine_options_init()"; });
   // Bytes that each version of the struct covers: fields are only appended.
   const size_t covered = in.version == 1 ? offsetof(pstar_engine_options, loss_scale_min) + sizeof(float)
                                          : offsetof(pstar_engine_options, grad_accumulation) + sizeof(int32_t);
-  require(in.size >= covered, PSTAR_ERR_VERSION,
-          "options: size " + std::to_string(in.size) + " is smaller than a version-" + std::to_string(in.version) +
-              " struct (" + std::to_string(covered) + " bytes)");
+  require(in.size >= covered, PSTAR_ERR_VERSION, [&] { return "options: size " + std::to_string(in.size) + " is smaller than a version-" + std::to_string(in.version) +
+              " struct (" + std::to_string(covered) + " bytes)"; });
   // Fields of later versions than the caller's keep their defaults.
   std::memcpy(&o, &in, covered);
   o.size = sizeof o;
   o.version = PSTAR_ENGINE_OPTIONS_VERSION;
 
-  require(o.device == PSTAR_DEVICE_EMULATED || o.device == PSTAR_DEVICE_CUDA, PSTAR_ERR_INVALID_ARGUMENT,
-          "options: unknown device kind " + std::to_string(static_cast<int>(o.device)));
+  require(o.device == PSTAR_DEVICE_EMULATED || o.device == PSTAR_DEVICE_CUDA, PSTAR_ERR_INVALID_ARGUMENT, [&] { return "options: unknown device kind " + std::to_string(static_cast<int>(o.device)); });
   require(!(o.strict && o.device != PSTAR_DEVICE_EMULATED), PSTAR_ERR_INVALID_ARGUMENT,
           "options: strict mode exists on the emulated device only");
   if (o.chunk_elems == 0) o.chunk_elems = PSTAR_DEFAULT_CHUNK_ELEMS;
-  require(o.chunk_elems % chunk::kAlignElems == 0, PSTAR_ERR_INVALID_ARGUMENT,
-          "options: chunk_elems (" + std::to_string(o.chunk_elems) + ") must be a multiple of " +
-              std::to_string(chunk::kAlignElems));
+  require(o.chunk_elems % chunk::kAlignElems == 0, PSTAR_ERR_INVALID_ARGUMENT, [&] { return "options: chunk_elems (" + std::to_string(o.chunk_elems) + ") must be a multiple of " +
+              std::to_string(chunk::kAlignElems); });
   require(o.chunk_elems <= kMaxNumel, PSTAR_ERR_INVALID_ARGUMENT, "options: chunk_elems is too large");
-  require(dtype_valid(o.compute_dtype), PSTAR_ERR_INVALID_ARGUMENT,
-          "options: unknown compute dtype " + std::to_string(static_cast<int>(o.compute_dtype)));
+  require(dtype_valid(o.compute_dtype), PSTAR_ERR_INVALID_ARGUMENT, [&] { return "options: unknown compute dtype " + std::to_string(static_cast<int>(o.compute_dtype)); });
   require(finite_in(o.lr, 0.0, 1e30), PSTAR_ERR_INVALID_ARGUMENT, "options: lr must be finite and >= 0");
   require(finite_in(o.beta1, 0.0, 1.0) && o.beta1 < 1.0f, PSTAR_ERR_INVALID_ARGUMENT, "options: beta1 must be in [0, 1)");
   require(finite_in(o.beta2, 0.0, 1.0) && o.beta2 < 1.0f, PSTAR_ERR_INVALID_ARGUMENT, "options: beta2 must be in [0, 1)");
@@ -145,23 +140,18 @@ size_t Engine::elem_bytes() const { return dtype_size(opt_.compute_dtype); }
 uint32_t Engine::register_param(const char* name, uint32_t ndim, const int64_t* shape, uint32_t flags) {
   require(!built(), PSTAR_ERR_INVALID_STATE, "param_register: the engine is built; register before pstar_engine_build");
   require(name != nullptr && name[0] != '\0', PSTAR_ERR_INVALID_ARGUMENT, "param_register: name is NULL or empty");
-  require(ndim <= kMaxNdim, PSTAR_ERR_INVALID_ARGUMENT,
-          "param_register: ndim " + std::to_string(ndim) + " exceeds " + std::to_string(kMaxNdim));
+  require(ndim <= kMaxNdim, PSTAR_ERR_INVALID_ARGUMENT, [&] { return "param_register: ndim " + std::to_string(ndim) + " exceeds " + std::to_string(kMaxNdim); });
   require(ndim == 0 || shape != nullptr, PSTAR_ERR_INVALID_ARGUMENT, "param_register: shape is NULL");
   const uint32_t known = PSTAR_PARAM_FROZEN | PSTAR_PARAM_NO_WEIGHT_DECAY;
-  require((flags & ~known) == 0, PSTAR_ERR_INVALID_ARGUMENT,
-          "param_register: unknown flag bits " + std::to_string(flags & ~known));
-  require(by_name_.find(name) == by_name_.end(), PSTAR_ERR_INVALID_ARGUMENT,
-          std::string("param_register: a parameter named '") + name + "' exists");
+  require((flags & ~known) == 0, PSTAR_ERR_INVALID_ARGUMENT, [&] { return "param_register: unknown flag bits " + std::to_string(flags & ~known); });
+  require(by_name_.find(name) == by_name_.end(), PSTAR_ERR_INVALID_ARGUMENT, [&] { return std::string("param_register: a parameter named '") + name + "' exists"; });
   require(params_.size() < std::numeric_limits<uint32_t>::max(), PSTAR_ERR_INVALID_ARGUMENT,
           "param_register: too many parameters");
   uint64_t numel = 1;
   for (uint32_t d = 0; d < ndim; ++d) {
-    require(shape[d] >= 0, PSTAR_ERR_INVALID_ARGUMENT,
-            "param_register: extent " + std::to_string(d) + " of '" + name + "' is negative");
+    require(shape[d] >= 0, PSTAR_ERR_INVALID_ARGUMENT, [&] { return "param_register: extent " + std::to_string(d) + " of '" + name + "' is negative"; });
     const uint64_t e = static_cast<uint64_t>(shape[d]);
-    require(e == 0 || numel <= kMaxNumel / e, PSTAR_ERR_INVALID_ARGUMENT,
-            std::string("param_register: '") + name + "' has more than 2^48 elements");
+    require(e == 0 || numel <= kMaxNumel / e, PSTAR_ERR_INVALID_ARGUMENT, [&] { return std::string("param_register: '") + name + "' has more than 2^48 elements"; });
     numel *= e;
   }
   Param p;
@@ -223,12 +213,11 @@ const chunk::ChunkLayout& Engine::layout() const {
 }
 
 void Engine::require_built(const char* what) const {
-  require(built(), PSTAR_ERR_INVALID_STATE, std::string(what) + ": the engine is not built (call pstar_engine_build)");
+  require(built(), PSTAR_ERR_INVALID_STATE, [&] { return std::string(what) + ": the engine is not built (call pstar_engine_build)"; });
 }
 
 Engine::Param& Engine::param_checked(uint32_t id) {
-  require(id < params_.size(), PSTAR_ERR_NOT_FOUND,
-          "no parameter with id " + std::to_string(id) + " (" + std::to_string(params_.size()) + " registered)");
+  require(id < params_.size(), PSTAR_ERR_NOT_FOUND, [&] { return "no parameter with id " + std::to_string(id) + " (" + std::to_string(params_.size()) + " registered)"; });
   return params_[id];
 }
 
@@ -239,7 +228,7 @@ const Engine::Param& Engine::param_checked(uint32_t id) const {
 uint32_t Engine::find(const char* name) const {
   require(name != nullptr, PSTAR_ERR_INVALID_ARGUMENT, "param_find: name is NULL");
   auto it = by_name_.find(name);
-  require(it != by_name_.end(), PSTAR_ERR_NOT_FOUND, std::string("no parameter named '") + name + "'");
+  require(it != by_name_.end(), PSTAR_ERR_NOT_FOUND, [&] { return std::string("no parameter named '") + name + "'"; });
   return it->second;
 }
 
@@ -266,7 +255,7 @@ bool Engine::slot_holds_gradient(uint32_t id) const { return param_checked(id).s
 
 bool Engine::chunk_on_device(uint32_t chunk) const {
   require_built("chunk_on_device");
-  require(chunk < chunks_.size(), PSTAR_ERR_NOT_FOUND, "no chunk " + std::to_string(chunk));
+  require(chunk < chunks_.size(), PSTAR_ERR_NOT_FOUND, [&] { return "no chunk " + std::to_string(chunk); });
   return chunks_[chunk].tier == Tier::kDevice;
 }
 
@@ -288,12 +277,11 @@ Engine::Param& Engine::value_access(const char* what, uint32_t id, const void* b
                                     pstar_dtype dtype) {
   require_built(what);
   Param& p = param_checked(id);
-  require(!iteration_active_, PSTAR_ERR_INVALID_STATE, std::string(what) + ": not legal inside an iteration");
-  require(dtype_valid(dtype), PSTAR_ERR_INVALID_ARGUMENT, std::string(what) + ": unknown dtype");
-  require(count == p.numel, PSTAR_ERR_INVALID_ARGUMENT,
-          std::string(what) + ": count " + std::to_string(count) + " differs from the element count " +
-              std::to_string(p.numel) + " of '" + p.name + "'");
-  require(buf != nullptr || count == 0, PSTAR_ERR_INVALID_ARGUMENT, std::string(what) + ": buffer is NULL");
+  require(!iteration_active_, PSTAR_ERR_INVALID_STATE, [&] { return std::string(what) + ": not legal inside an iteration"; });
+  require(dtype_valid(dtype), PSTAR_ERR_INVALID_ARGUMENT, [&] { return std::string(what) + ": unknown dtype"; });
+  require(count == p.numel, PSTAR_ERR_INVALID_ARGUMENT, [&] { return std::string(what) + ": count " + std::to_string(count) + " differs from the element count " +
+              std::to_string(p.numel) + " of '" + p.name + "'"; });
+  require(buf != nullptr || count == 0, PSTAR_ERR_INVALID_ARGUMENT, [&] { return std::string(what) + ": buffer is NULL"; });
   return p;
 }
 
@@ -344,8 +332,7 @@ void Engine::iteration_end() {
   require(iteration_kind_ == PSTAR_ITERATION_EVAL, PSTAR_ERR_INVALID_STATE,
           "iteration_end: a TRAIN iteration ends with pstar_step");
   for (uint32_t id = 0; id < params_.size(); ++id) {
-    require(params_[id].state != TensorState::kCompute, PSTAR_ERR_INVALID_STATE,
-            "iteration_end: parameter " + std::to_string(id) + " ('" + params_[id].name + "') is still acquired");
+    require(params_[id].state != TensorState::kCompute, PSTAR_ERR_INVALID_STATE, [&] { return "iteration_end: parameter " + std::to_string(id) + " ('" + params_[id].name + "') is still acquired"; });
   }
   iteration_active_ = false;
 }
@@ -366,16 +353,14 @@ void* Engine::acquire(uint32_t id, pstar_stage stage, void* stream) {
   } else if (stage == PSTAR_STAGE_FORWARD && opt_.grad_accumulation && p.state == TensorState::kHoldAfterBwd) {
     ev = TensorEvent::kAcquireNextMicroBatch;  // its gradient is folded into the fp32 list
   } else if (stage == PSTAR_STAGE_FORWARD) {
-    require(p.backward_uses == 0, PSTAR_ERR_INVALID_STATE,
-            "param_acquire(FORWARD) of '" + p.name + "' after its backward began in this iteration" +
-                (opt_.grad_accumulation ? "" : " (several micro-batches per step need options.grad_accumulation)"));
+    require(p.backward_uses == 0, PSTAR_ERR_INVALID_STATE, [&] { return "param_acquire(FORWARD) of '" + p.name + "' after its backward began in this iteration" +
+                (opt_.grad_accumulation ? "" : " (several micro-batches per step need options.grad_accumulation)"); });
     ev = TensorEvent::kAcquireForward;
   } else if (stage == PSTAR_STAGE_RECOMPUTE) {
     ev = TensorEvent::kAcquireRecompute;
   } else {
-    require(p.backward_uses < p.forward_uses, PSTAR_ERR_INVALID_STATE,
-            "param_acquire(BACKWARD) of '" + p.name + "': " + std::to_string(p.backward_uses) +
-                " backward uses already match its " + std::to_string(p.forward_uses) + " forward uses");
+    require(p.backward_uses < p.forward_uses, PSTAR_ERR_INVALID_STATE, [&] { return "param_acquire(BACKWARD) of '" + p.name + "': " + std::to_string(p.backward_uses) +
+                " backward uses already match its " + std::to_string(p.forward_uses) + " forward uses"; });
     ev = TensorEvent::kAcquireBackward;
   }
   TensorState next = p.state;
@@ -416,15 +401,14 @@ void* Engine::acquire(uint32_t id, pstar_stage stage, void* stream) {
   if (ev == TensorEvent::kAcquireForward) ++p.forward_uses;
   if (ev == TensorEvent::kAcquireBackward) ++p.backward_uses;
   ++c.compute_refs;
-  lru_.touch(place.chunk, ++tick_);
+  lru_.touch(place.chunk);
   return static_cast<char*>(c.device) + place.offset_elems * elem_bytes();
 }
 
 void Engine::release(uint32_t id, void* stream) {
   require_built("param_release");
   Param& p = param_checked(id);
-  require(p.state == TensorState::kCompute, PSTAR_ERR_INVALID_STATE,
-          "param_release of '" + p.name + "': not acquired (state " + chunk::state_name(p.state) + ")");
+  require(p.state == TensorState::kCompute, PSTAR_ERR_INVALID_STATE, [&] { return "param_release of '" + p.name + "': not acquired (state " + chunk::state_name(p.state) + ")"; });
   memory::Stream* s = device_->caller_stream(stream);
   TensorEvent ev;
   if (iteration_kind_ == PSTAR_ITERATION_EVAL) {
@@ -461,12 +445,10 @@ void Engine::release(uint32_t id, void* stream) {
 Engine::Param& Engine::backward_param(const char* what, uint32_t id) {
   require_built(what);
   Param& p = param_checked(id);
-  require(!p.frozen(), PSTAR_ERR_INVALID_STATE,
-          std::string(what) + ": '" + p.name + "' is frozen and takes no gradient");
+  require(!p.frozen(), PSTAR_ERR_INVALID_STATE, [&] { return std::string(what) + ": '" + p.name + "' is frozen and takes no gradient"; });
   require(iteration_active_ && iteration_kind_ == PSTAR_ITERATION_TRAIN && p.state == TensorState::kCompute &&
               p.acquired_stage == PSTAR_STAGE_BACKWARD,
-          PSTAR_ERR_INVALID_STATE,
-          std::string(what) + ": '" + p.name + "' is not acquired for BACKWARD in a TRAIN iteration");
+          PSTAR_ERR_INVALID_STATE, [&] { return std::string(what) + ": '" + p.name + "' is not acquired for BACKWARD in a TRAIN iteration"; });
   return p;
 }
 
@@ -476,9 +458,8 @@ void Engine::grad_write(uint32_t id, const void* grad, uint64_t count, pstar_dty
   require(dtype_valid(dtype), PSTAR_ERR_INVALID_ARGUMENT, "grad_write: unknown dtype");
   require(space == PSTAR_MEM_HOST || space == PSTAR_MEM_DEVICE, PSTAR_ERR_INVALID_ARGUMENT,
           "grad_write: unknown memory space");
-  require(count == p.numel, PSTAR_ERR_INVALID_ARGUMENT,
-          "grad_write: count " + std::to_string(count) + " differs from the element count " +
-              std::to_string(p.numel) + " of '" + p.name + "'");
+  require(count == p.numel, PSTAR_ERR_INVALID_ARGUMENT, [&] { return "grad_write: count " + std::to_string(count) + " differs from the element count " +
+              std::to_string(p.numel) + " of '" + p.name + "'"; });
   require(grad != nullptr || count == 0, PSTAR_ERR_INVALID_ARGUMENT, "grad_write: grad is NULL");
   memory::Stream* s = device_->caller_stream(stream);
   device_->grad_accumulate(s, p.grad_acc, grad, dtype, space, count);
@@ -605,7 +586,7 @@ void Engine::fetch(uint32_t k) {
   c.tier = Tier::kDevice;
   c.ready = done;
   c.last_use = done;
-  lru_.touch(k, ++tick_);  // resident from now on, hence evictable
+  lru_.touch(k);  // resident from now on, hence evictable
   ++stats_.moves_to_device;
   stats_.bytes_host_to_device += c.bytes;
 }
@@ -687,11 +668,9 @@ pstar_step_result Engine::step() {
           "step: no TRAIN iteration in progress");
   for (uint32_t id = 0; id < params_.size(); ++id) {
     const Param& p = params_[id];
-    require(p.state != TensorState::kCompute, PSTAR_ERR_INVALID_STATE,
-            "step: parameter " + std::to_string(id) + " ('" + p.name + "') is still acquired");
-    require(p.backward_uses == 0 || p.backward_uses == p.forward_uses, PSTAR_ERR_INVALID_STATE,
-            "step: parameter " + std::to_string(id) + " ('" + p.name + "') had " + std::to_string(p.backward_uses) +
-                " backward uses for " + std::to_string(p.forward_uses) + " forward uses");
+    require(p.state != TensorState::kCompute, PSTAR_ERR_INVALID_STATE, [&] { return "step: parameter " + std::to_string(id) + " ('" + p.name + "') is still acquired"; });
+    require(p.backward_uses == 0 || p.backward_uses == p.forward_uses, PSTAR_ERR_INVALID_STATE, [&] { return "step: parameter " + std::to_string(id) + " ('" + p.name + "') had " + std::to_string(p.backward_uses) +
+                " backward uses for " + std::to_string(p.forward_uses) + " forward uses"; });
   }
   // Every finalize has been queued; wait for their results.
   device_->synchronize(device_->compute_stream());

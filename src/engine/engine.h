@@ -167,7 +167,6 @@ class Engine {
   std::vector<ChunkState> chunks_;
   std::vector<DeferredFree> deferred_;
   placement::LruPolicy lru_;
-  uint64_t tick_ = 0;
 
   // Device tier accounting; invariant: device_used_ == device_chunk_bytes_ +
   // device_grad_bytes_ + device_deferred_bytes_ + nonmodel_bytes_.

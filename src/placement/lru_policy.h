@@ -1,53 +1,77 @@
 // LruPolicy: chooses which accelerator-resident chunk to evict.
 //
-// Each resident chunk carries the tick of its last use; the victim is the
-// least recently used chunk among those the caller says may move (no tensor
-// in COMPUTE, no export pin).  Ordered set: O(log n) per touch and per
-// eviction when the oldest chunks are movable.  The placement issue adds OPT
-// (Belady) from the warm-up trace behind the same calls.
+// The resident chunks form an intrusive doubly-linked list in order of last
+// use (head: least recently used).  touch() moves a chunk to the tail and
+// remove() unlinks it, both O(1) without allocation (they run on every
+// acquire); victim() walks from the head to the first chunk the caller says
+// may move (no tensor in COMPUTE, no export pin), so it is O(1) unless the
+// oldest chunks are in use.
 #pragma once
 
 #include <cstdint>
-#include <functional>
-#include <set>
-#include <unordered_map>
-#include <utility>
+#include <vector>
 
 namespace pstar::placement {
 
 class LruPolicy {
  public:
-  // Marks `chunk` resident and used at `tick` (ticks increase).
-  void touch(uint32_t chunk, uint64_t tick) {
-    remove(chunk);
-    order_.emplace(tick, chunk);
-    tick_of_[chunk] = tick;
+  // Marks `chunk` resident and most recently used.
+  void touch(uint32_t chunk) {
+    grow(chunk);
+    if (linked_[chunk]) {
+      if (tail_ == chunk) return;
+      unlink(chunk);
+    }
+    prev_[chunk] = tail_;
+    next_[chunk] = kNone;
+    if (tail_ != kNone) next_[tail_] = chunk;
+    tail_ = chunk;
+    if (head_ == kNone) head_ = chunk;
+    linked_[chunk] = 1;
+    ++size_;
   }
 
   // Forgets `chunk` (it left the accelerator).
   void remove(uint32_t chunk) {
-    auto it = tick_of_.find(chunk);
-    if (it == tick_of_.end()) return;
-    order_.erase({it->second, chunk});
-    tick_of_.erase(it);
+    if (chunk < linked_.size() && linked_[chunk]) unlink(chunk);
   }
 
   // The least recently used chunk for which movable(chunk) holds; false if none.
-  bool victim(const std::function<bool(uint32_t)>& movable, uint32_t* out) const {
-    for (const auto& [tick, chunk] : order_) {
-      if (movable(chunk)) {
-        *out = chunk;
+  template <class Movable>
+  bool victim(Movable&& movable, uint32_t* out) const {
+    for (uint32_t c = head_; c != kNone; c = next_[c]) {
+      if (movable(c)) {
+        *out = c;
         return true;
       }
     }
     return false;
   }
 
-  size_t size() const { return order_.size(); }
+  size_t size() const { return size_; }
 
  private:
-  std::set<std::pair<uint64_t, uint32_t>> order_;  // (last-use tick, chunk)
-  std::unordered_map<uint32_t, uint64_t> tick_of_;
+  static constexpr uint32_t kNone = UINT32_MAX;
+
+  void grow(uint32_t chunk) {
+    if (chunk >= linked_.size()) {
+      prev_.resize(chunk + 1, kNone);
+      next_.resize(chunk + 1, kNone);
+      linked_.resize(chunk + 1, 0);
+    }
+  }
+
+  void unlink(uint32_t c) {
+    if (prev_[c] != kNone) next_[prev_[c]] = next_[c]; else head_ = next_[c];
+    if (next_[c] != kNone) prev_[next_[c]] = prev_[c]; else tail_ = prev_[c];
+    linked_[c] = 0;
+    --size_;
+  }
+
+  std::vector<uint32_t> prev_, next_;  // links, valid while linked_[c]
+  std::vector<uint8_t> linked_;        // 1 while the chunk is in the list
+  uint32_t head_ = kNone, tail_ = kNone;
+  size_t size_ = 0;                    // invariant: number of linked chunks
 };
 
 }  // namespace pstar::placement

@@ -5,6 +5,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "pstar/pstar.h"
 
@@ -20,9 +21,16 @@ class Error : public std::runtime_error {
   pstar_status status_;
 };
 
-// Throws Error(status, message) unless `condition` holds.
-inline void require(bool condition, pstar_status status, const std::string& message) {
+// Throws Error(status, message) unless `condition` holds.  The message is a
+// literal, or a callable that builds it: hot paths must not build strings
+// for checks that pass.
+inline void require(bool condition, pstar_status status, const char* message) {
   if (!condition) throw Error(status, message);
+}
+
+template <class MessageFn, class = std::enable_if_t<std::is_invocable_r_v<std::string, MessageFn>>>
+inline void require(bool condition, pstar_status status, MessageFn&& message) {
+  if (!condition) throw Error(status, message());
 }
 
 [[noreturn]] inline void internal_error(const std::string& message) {
