@@ -1,5 +1,6 @@
 // C API shims over pstar::engine::Engine: validate handles and pointers,
 // call the core, translate errors.  Each function is one guarded call.
+#include <cstddef>
 #include <cstring>
 #include <mutex>
 #include <unordered_set>
@@ -41,14 +42,21 @@ void require_out(T* p, const char* what) {
   require(p != nullptr, PSTAR_ERR_INVALID_ARGUMENT, [&] { return std::string(what) + " is NULL"; });
 }
 
-// Output structs carry their size and version; accept any size that covers
-// version 1, so a caller built against an older header still works.
-template <class T>
-void require_struct(const T* s, uint32_t current_version, size_t v1_size, const char* what) {
+// Output structs carry their size and version: a caller built against an
+// older header passes an older version, and its struct must cover the fields
+// of that version (sizes[v - 1]); the library fills no more than `size` bytes.
+template <class T, size_t kVersions>
+void require_struct(const T* s, const size_t (&sizes)[kVersions], const char* what) {
   require(s != nullptr, PSTAR_ERR_INVALID_ARGUMENT, [&] { return std::string(what) + " is NULL"; });
-  require(s->version >= 1 && s->version <= current_version && s->size >= v1_size, PSTAR_ERR_VERSION, [&] { return std::string(what) + ": size " + std::to_string(s->size) + " / version " + std::to_string(s->version) +
-              " not supported; initialise it with its _init() function"; });
+  require(s->version >= 1 && s->version <= kVersions && s->size >= sizes[s->version - 1], PSTAR_ERR_VERSION, [&] {
+    return std::string(what) + ": size " + std::to_string(s->size) + " / version " + std::to_string(s->version) +
+           " not supported; initialise it with its _init() function";
+  });
 }
+
+// Bytes each version of the result structs covers.
+constexpr size_t kStepResultSizes[PSTAR_STEP_RESULT_VERSION] = {sizeof(pstar_step_result)};
+constexpr size_t kStatsSizes[PSTAR_STATS_VERSION] = {offsetof(pstar_stats, trace_fallbacks), sizeof(pstar_stats)};
 
 }  // namespace
 
@@ -210,7 +218,7 @@ pstar_status pstar_step(pstar_engine* engine, pstar_step_result* result) {
   return guarded([&] {
     auto& e = live(engine);
     if (result != nullptr) {
-      require_struct(result, PSTAR_STEP_RESULT_VERSION, sizeof(pstar_step_result), "result");
+      require_struct(result, kStepResultSizes, "result");
     }
     pstar_step_result r = e.step();
     if (result != nullptr) {
@@ -236,7 +244,7 @@ pstar_status pstar_hparam_get(pstar_engine* engine, pstar_hparam which, double* 
 pstar_status pstar_engine_get_stats(pstar_engine* engine, pstar_stats* stats) {
   return guarded([&] {
     auto& e = live(engine);
-    require_struct(stats, PSTAR_STATS_VERSION, sizeof(pstar_stats), "stats");
+    require_struct(stats, kStatsSizes, "stats");
     e.fill_stats(stats);
   });
 }

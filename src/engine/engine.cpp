@@ -32,8 +32,12 @@ pstar_engine_options validate_options(const pstar_engine_options& in) {
   require(in.version >= 1 && in.version <= PSTAR_ENGINE_OPTIONS_VERSION, PSTAR_ERR_VERSION, [&] { return "options: version " + std::to_string(in.version) + " is not supported by this library (knows 1.." +
               std::to_string(PSTAR_ENGINE_OPTIONS_VERSION) + "); initialise with pstar_engine_options_init()"; });
   // Bytes that each version of the struct covers: fields are only appended.
-  const size_t covered = in.version == 1 ? offsetof(pstar_engine_options, loss_scale_min) + sizeof(float)
-                                         : offsetof(pstar_engine_options, grad_accumulation) + sizeof(int32_t);
+  const size_t covered_by_version[PSTAR_ENGINE_OPTIONS_VERSION] = {
+      offsetof(pstar_engine_options, loss_scale_min) + sizeof(float),
+      offsetof(pstar_engine_options, grad_accumulation) + sizeof(int32_t),
+      offsetof(pstar_engine_options, warmup_iterations) + sizeof(uint32_t),
+  };
+  const size_t covered = covered_by_version[in.version - 1];
   require(in.size >= covered, PSTAR_ERR_VERSION, [&] { return "options: size " + std::to_string(in.size) + " is smaller than a version-" + std::to_string(in.version) +
               " struct (" + std::to_string(covered) + " bytes)"; });
   // Fields of later versions than the caller's keep their defaults.
@@ -48,6 +52,11 @@ pstar_engine_options validate_options(const pstar_engine_options& in) {
   require(o.chunk_elems % chunk::kAlignElems == 0, PSTAR_ERR_INVALID_ARGUMENT, [&] { return "options: chunk_elems (" + std::to_string(o.chunk_elems) + ") must be a multiple of " +
               std::to_string(chunk::kAlignElems); });
   require(o.chunk_elems <= kMaxNumel, PSTAR_ERR_INVALID_ARGUMENT, "options: chunk_elems is too large");
+  require(o.placement_policy == PSTAR_POLICY_OPT || o.placement_policy == PSTAR_POLICY_LRU,
+          PSTAR_ERR_INVALID_ARGUMENT, [&] {
+            return "options: unknown placement policy " + std::to_string(static_cast<int>(o.placement_policy));
+          });
+  if (o.warmup_iterations == 0) o.warmup_iterations = 1;
   require(dtype_valid(o.compute_dtype), PSTAR_ERR_INVALID_ARGUMENT, [&] { return "options: unknown compute dtype " + std::to_string(static_cast<int>(o.compute_dtype)); });
   require(finite_in(o.lr, 0.0, 1e30), PSTAR_ERR_INVALID_ARGUMENT, "options: lr must be finite and >= 0");
   require(finite_in(o.beta1, 0.0, 1.0) && o.beta1 < 1.0f, PSTAR_ERR_INVALID_ARGUMENT, "options: beta1 must be in [0, 1)");
@@ -95,6 +104,7 @@ Engine::Engine(const pstar_engine_options& options)
   hyper_.weight_decay = opt_.weight_decay;
   hyper_.adamw = opt_.adamw != 0;
   clip_norm_ = opt_.clip_norm;
+  warmup_left_ = opt_.warmup_iterations;
   adam_isa_ = optim::adam_default_isa();
   pool_ = std::make_unique<ThreadPool>(opt_.threads);
   pstar_stats_init(&stats_);
@@ -324,6 +334,7 @@ void Engine::iteration_begin(pstar_iteration_kind kind) {
   iteration_active_ = true;
   iteration_kind_ = kind;
   ++stats_.iterations;
+  if (kind == PSTAR_ITERATION_TRAIN) trace_iteration_begin();
 }
 
 void Engine::iteration_end() {
@@ -368,6 +379,7 @@ void* Engine::acquire(uint32_t id, pstar_stage stage, void* stream) {
 
   const auto& place = layout_->param(id);
   ChunkState& c = chunks_[place.chunk];
+  if (iteration_kind_ == PSTAR_ITERATION_TRAIN) trace_check(place.chunk);
   if (c.tier == Tier::kHost) fetch(place.chunk);
   const bool needs_acc = ev == TensorEvent::kAcquireBackward && !p.frozen() && p.grad_acc == nullptr;
   if (needs_acc) {
@@ -402,6 +414,7 @@ void* Engine::acquire(uint32_t id, pstar_stage stage, void* stream) {
   if (ev == TensorEvent::kAcquireBackward) ++p.backward_uses;
   ++c.compute_refs;
   lru_.touch(place.chunk);
+  if (iteration_kind_ == PSTAR_ITERATION_TRAIN) trace_note_access(place.chunk);
   return static_cast<char*>(c.device) + place.offset_elems * elem_bytes();
 }
 
@@ -545,12 +558,11 @@ void Engine::make_room(uint64_t bytes, int64_t keep_chunk, const std::string& pu
   while (!device_fits(bytes)) {
     if (reclaim_deferred(true)) continue;
     uint32_t victim;
-    const bool found = lru_.victim(
-        [&](uint32_t k) {
-          const ChunkState& c = chunks_[k];
-          return static_cast<int64_t>(k) != keep_chunk && c.compute_refs == 0 && c.pins == 0;
-        },
-        &victim);
+    auto movable = [&](uint32_t k) {
+      const ChunkState& c = chunks_[k];
+      return static_cast<int64_t>(k) != keep_chunk && c.compute_refs == 0 && c.pins == 0;
+    };
+    const bool found = following_ ? opt_policy_.victim(movable, &victim) : lru_.victim(movable, &victim);
     if (!found) {
       throw Error(PSTAR_ERR_OUT_OF_MEMORY,
                   "device tier: " + purpose + " needs " + bytes_str(bytes) + " but only " +
@@ -608,6 +620,7 @@ void Engine::evict(uint32_t k) {
   c.ready = done;
   c.last_use = done;
   lru_.remove(k);
+  opt_policy_.remove(k);
   ++stats_.evictions;
   stats_.bytes_device_to_host += c.bytes;
 }
@@ -623,6 +636,75 @@ void* Engine::host_view(uint32_t k) {
 
 void Engine::check_ready(const memory::EventPtr& ev, const char* what) const {
   if (!device_->query(ev)) internal_error(std::string(what) + " accessed before the event guarding it completed");
+}
+
+// ---------------------------------------------------------------------------
+// Trace-guided placement
+//
+// TRAIN iterations are recorded (one moment per acquire) until warm-up ends;
+// then each TRAIN iteration follows the trace: every acquire is checked
+// against the recorded chunk, and evictions take the resident chunk whose
+// next use is furthest (OPT).  On the first mismatch the iteration falls back
+// to LRU and is recorded from there on (the matched prefix is the trace's),
+// and at its end that recording becomes the new trace.  EVAL iterations
+// neither record nor check: they use LRU and leave the trace alone.
+
+void Engine::trace_iteration_begin() {
+  moment_ = 0;
+  following_ = false;
+  recording_now_ = false;
+  if (opt_.placement_policy != PSTAR_POLICY_OPT) return;
+  if (warmup_left_ > 0 || !trace_ready_) {
+    recording_now_ = true;
+    recording_.clear();
+    return;
+  }
+  following_ = true;
+  // Resident chunks enter the iteration keyed by their first use in it.
+  opt_policy_.clear();
+  for (uint32_t k = 0; k < chunks_.size(); ++k) {
+    if (chunks_[k].tier != Tier::kDevice) continue;
+    opt_policy_.touch(k, std::min(trace_.first_use(k), placement::AccessTrace::kNever - 1));
+  }
+}
+
+void Engine::diverge(const char* why) {
+  following_ = false;
+  ++stats_.trace_fallbacks;
+  recording_ = trace_;
+  recording_.truncate(moment_);
+  recording_now_ = true;
+  log::info(std::string("placement: access order diverged from the trace at moment ") + std::to_string(moment_) +
+            " (" + why + "); falling back to LRU and re-tracing");
+}
+
+void Engine::trace_check(uint32_t chunk) {
+  if (!following_) return;
+  if (moment_ >= trace_.moments()) {
+    diverge("more acquires than the trace has");
+  } else if (trace_.chunk_at(moment_) != chunk) {
+    diverge("another chunk than the trace's");
+  }
+}
+
+void Engine::trace_note_access(uint32_t chunk) {
+  if (following_) opt_policy_.touch(chunk, trace_.next_use(moment_));
+  if (recording_now_) recording_.record(chunk, nonmodel_bytes_);
+  ++moment_;
+}
+
+void Engine::trace_iteration_end() {
+  if (following_ && moment_ != trace_.moments()) diverge("fewer acquires than the trace has");
+  if (recording_now_) {
+    if (warmup_left_ > 0) --warmup_left_;
+    if (warmup_left_ == 0) {
+      trace_ = recording_;
+      trace_.finalize(static_cast<uint32_t>(chunks_.size()));
+      trace_ready_ = true;
+    }
+  }
+  following_ = false;
+  recording_now_ = false;
 }
 
 // ---------------------------------------------------------------------------
@@ -768,6 +850,7 @@ pstar_step_result Engine::step() {
     p.grad_nonfinite = 0;
   }
   iteration_active_ = false;
+  trace_iteration_end();
   r.step = adam_step_;
   r.next_loss_scale = scaler_.scale();
   return r;
@@ -838,6 +921,7 @@ void Engine::fill_stats(pstar_stats* out) const {
   s.device_bytes = device_used_;
   s.host_bytes = host_->held_bytes();
   s.peak_host_bytes = host_->peak_bytes();
+  s.trace_moments = trace_ready_ ? trace_.moments() : 0;
   if (built()) {
     s.compute_chunks = static_cast<uint32_t>(layout_->chunks().size());
     s.optimizer_chunks = layout_->optimizer_chunk_count();
@@ -849,7 +933,7 @@ void Engine::fill_stats(pstar_stats* out) const {
   // Copy no more than the caller's struct holds.
   const size_t n = std::min<size_t>(out->size, sizeof s);
   s.size = out->size;
-  s.version = PSTAR_STATS_VERSION;
+  s.version = out->version;  // the caller's version: it says which fields it has
   std::memcpy(out, &s, n);
 }
 

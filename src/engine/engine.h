@@ -24,7 +24,9 @@
 #include "optim/adam.h"
 #include "optim/adam_kernel.h"
 #include "optim/loss_scaler.h"
+#include "placement/access_trace.h"
 #include "placement/lru_policy.h"
+#include "placement/opt_policy.h"
 #include "pstar/pstar.h"
 #include "util/thread_pool.h"
 
@@ -155,6 +157,13 @@ class Engine {
   void note_device_peak();
 
   void restore_slot(uint32_t id);
+
+  // Trace-guided placement.
+  void trace_iteration_begin();
+  void trace_check(uint32_t chunk);
+  void trace_note_access(uint32_t chunk);
+  void trace_iteration_end();
+  void diverge(const char* why);
   void fold_gradient(uint32_t id, memory::Stream* s);
   void release_optimizer_buffers(ChunkState& c, uint64_t fp32_bytes);
 
@@ -167,6 +176,15 @@ class Engine {
   std::vector<ChunkState> chunks_;
   std::vector<DeferredFree> deferred_;
   placement::LruPolicy lru_;
+  // OPT: keyed by next use; valid while following_.
+  placement::OptPolicy opt_policy_;
+  placement::AccessTrace trace_;      // guides OPT once trace_ready_
+  placement::AccessTrace recording_;  // the TRAIN iteration being recorded
+  bool trace_ready_ = false;
+  bool recording_now_ = false;  // this TRAIN iteration is recorded
+  bool following_ = false;      // this TRAIN iteration matches trace_ so far
+  uint32_t warmup_left_ = 0;    // TRAIN iterations to record before following
+  uint64_t moment_ = 0;         // acquires so far in this TRAIN iteration
 
   // Device tier accounting; invariant: device_used_ == device_chunk_bytes_ +
   // device_grad_bytes_ + device_deferred_bytes_ + nonmodel_bytes_.

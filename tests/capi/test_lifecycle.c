@@ -1,4 +1,6 @@
 /* Handles, registration, lookup, values (write/read) and statistics. */
+#include <stddef.h>
+
 #include "capi_test_util.h"
 
 /* ------------------------------------------------------------------------ */
@@ -505,6 +507,20 @@ Test(stats, struct_version_and_size_are_checked) {
   T_FAIL(pstar_engine_get_stats(e, &s), PSTAR_ERR_VERSION, "stats");
   s.size = 0;
   T_FAIL(pstar_engine_get_stats(e, &s), PSTAR_ERR_VERSION, "stats");
+
+  /* A caller built against version 1: only the version-1 fields are written. */
+  {
+    pstar_stats v1;
+    memset(&v1, 0xCD, sizeof v1);
+    v1.version = 1;
+    v1.size = (uint32_t)offsetof(pstar_stats, trace_fallbacks);
+    T_OK(pstar_engine_get_stats(e, &v1));
+    cr_assert_eq(v1.version, 1u);
+    cr_assert_eq(v1.compute_chunks, 0u);
+    cr_assert_eq(v1.trace_fallbacks, 0xCDCDCDCDCDCDCDCDull, "a field beyond a version-1 struct was written");
+    v1.size -= 8;
+    T_FAIL(pstar_engine_get_stats(e, &v1), PSTAR_ERR_VERSION, "stats");
+  }
 
   /* A caller with a larger (newer) struct: the known part is filled, the
    * rest is left alone. */

@@ -33,7 +33,7 @@ TRAIN, FORWARD, BACKWARD, HOST = 0, 0, 1, 0
 
 
 class Options(ctypes.Structure):
-    """Mirror of pstar_engine_options (version 2) in pstar.h."""
+    """Mirror of pstar_engine_options (version 3) in pstar.h."""
 
     _fields_ = [
         ("size", ctypes.c_uint32), ("version", ctypes.c_uint32),
@@ -47,6 +47,7 @@ class Options(ctypes.Structure):
         ("loss_scale_growth_factor", ctypes.c_float), ("loss_scale_backoff_factor", ctypes.c_float),
         ("loss_scale_growth_interval", ctypes.c_uint32), ("loss_scale_hysteresis", ctypes.c_uint32),
         ("loss_scale_min", ctypes.c_float), ("grad_accumulation", ctypes.c_int32),
+        ("placement_policy", ctypes.c_int32), ("warmup_iterations", ctypes.c_uint32),
     ]
 
 

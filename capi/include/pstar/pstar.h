@@ -174,6 +174,17 @@ typedef enum pstar_param_flags {
   PSTAR_PARAM_FORCE_32BIT_ = -0x7fffffff - 1
 } pstar_param_flags;
 
+/** Eviction policy of the accelerator tier. */
+typedef enum pstar_policy {
+  /** Belady's OPT from the warm-up trace: evict the chunk used furthest in
+   *  the future; LRU during warm-up and after the access order diverges
+   *  from the trace (which is then recorded anew). */
+  PSTAR_POLICY_OPT = 0,
+  /** Least recently used. */
+  PSTAR_POLICY_LRU = 1,
+  PSTAR_POLICY_FORCE_32BIT_ = -0x7fffffff - 1
+} pstar_policy;
+
 /** Log levels, most verbose first. */
 typedef enum pstar_log_level {
   PSTAR_LOG_DEBUG = 0,
@@ -209,7 +220,7 @@ PSTAR_API void pstar_free(void *ptr);
 /* ------------------------------------------------------------------------ */
 
 /** Current version of pstar_engine_options. */
-#define PSTAR_ENGINE_OPTIONS_VERSION 2
+#define PSTAR_ENGINE_OPTIONS_VERSION 3
 
 /** Options for pstar_engine_create().  A field means what it says (a weight
  *  decay of zero is zero); only sizes and counts use 0 for "choose for me". */
@@ -269,6 +280,12 @@ typedef struct pstar_engine_options {
    *  Zero: a parameter's gradient replaces its weight in the compute-dtype
    *  slot after its backward, so one forward/backward pass per iteration. */
   int32_t grad_accumulation;
+
+  /* Version 3 */
+  /** Eviction policy of the accelerator tier. */
+  pstar_policy placement_policy;
+  /** TRAIN iterations recorded before the trace guides placement; 0 = 1. */
+  uint32_t warmup_iterations;
 } pstar_engine_options;
 
 /** Default elements per chunk. */
@@ -279,7 +296,7 @@ typedef struct pstar_engine_options {
   {                                                                                 \
     sizeof(pstar_engine_options), PSTAR_ENGINE_OPTIONS_VERSION, PSTAR_DEVICE_EMULATED, \
         0, 0, 0, 0, 0, 0, 0, PSTAR_DTYPE_BF16, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, 1,    \
-        0.0f, 65536.0f, 2.0f, 0.5f, 2000u, 2u, 1.0f, 0                               \
+        0.0f, 65536.0f, 2.0f, 0.5f, 2000u, 2u, 1.0f, 0, PSTAR_POLICY_OPT, 0          \
   }
 
 /** Writes the library's defaults into *options (the same as
@@ -468,7 +485,7 @@ PSTAR_API pstar_status pstar_hparam_get(pstar_engine *engine, pstar_hparam which
 /* Statistics                                                                */
 /* ------------------------------------------------------------------------ */
 
-#define PSTAR_STATS_VERSION 1
+#define PSTAR_STATS_VERSION 2
 
 /** Counters since the engine was created. */
 typedef struct pstar_stats {
@@ -502,10 +519,17 @@ typedef struct pstar_stats {
   uint64_t steps;
   uint64_t skipped_steps;
   uint64_t iterations;
+
+  /* Version 2 */
+  /** TRAIN iterations whose access order diverged from the trace (each one
+   *  ran on LRU from the divergence on and was recorded as the new trace). */
+  uint64_t trace_fallbacks;
+  /** Moments (acquires) of the trace guiding placement; 0 before warm-up ends. */
+  uint64_t trace_moments;
 } pstar_stats;
 
 #define PSTAR_STATS_INIT \
-  { sizeof(pstar_stats), PSTAR_STATS_VERSION, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0.0, 0, 0, 0 }
+  { sizeof(pstar_stats), PSTAR_STATS_VERSION, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0.0, 0, 0, 0, 0, 0 }
 
 /** Writes an initialised pstar_stats. */
 PSTAR_API pstar_status pstar_stats_init(pstar_stats *stats);
