@@ -583,6 +583,8 @@ typedef struct {
   uint64_t seed;
   int strict;
   int check;
+  pstar_policy policy;
+  int prefetch;
 } config;
 
 static void usage(FILE *f) {
@@ -603,6 +605,8 @@ static void usage(FILE *f) {
           "  --seed N                 seed of the data, the teacher and the initial weights\n"
           "                           (default %d)\n"
           "  --strict                 the emulated device's strict mode (slow; for tests)\n"
+          "  --policy opt|lru         eviction policy (default opt: from the warm-up trace)\n"
+          "  --no-prefetch            fetch chunks on demand only\n"
           "  --check                  exit non-zero unless the loss fell below half its first\n"
           "                           value, every iteration evicted chunks, and every\n"
           "                           compute-dtype weight equals its fp32 master rounded\n"
@@ -654,6 +658,8 @@ static void parse_args(int argc, char **argv, config *c) {
   c->dtype = PSTAR_DTYPE_BF16;
   c->seed = DEFAULT_SEED;
   c->strict = 0;
+  c->policy = PSTAR_POLICY_OPT;
+  c->prefetch = 1;
   c->check = 0;
   for (i = 1; i < argc; ++i) {
     const char *arg = argv[i];
@@ -671,6 +677,22 @@ static void parse_args(int argc, char **argv, config *c) {
     if (strcmp(opt, "--help") == 0 || strcmp(opt, "-h") == 0) {
       usage(stdout);
       exit(0);
+    }
+    if (strcmp(opt, "--no-prefetch") == 0) {
+      c->prefetch = 0;
+      continue;
+    }
+    if (strcmp(opt, "--policy") == 0 && i + 1 < argc) {
+      const char *v = argv[++i];
+      if (strcmp(v, "opt") == 0) {
+        c->policy = PSTAR_POLICY_OPT;
+      } else if (strcmp(v, "lru") == 0) {
+        c->policy = PSTAR_POLICY_LRU;
+      } else {
+        fprintf(stderr, "pstar-example-mlp: --policy takes opt or lru, not '%s'\n", v);
+        exit(2);
+      }
+      continue;
     }
     if (strcmp(opt, "--strict") == 0) {
       c->strict = 1;
@@ -725,6 +747,8 @@ static void engine_options(const config *c, uint64_t device_capacity, pstar_engi
   o->chunk_elems = c->chunk_elems;
   o->compute_dtype = c->dtype;
   o->strict = c->strict;
+  o->placement_policy = c->policy;
+  o->prefetch = c->prefetch;
   o->strict_seed = c->seed;
   o->lr = (float)c->lr;
   o->weight_decay = 0.01f; /* AdamW; biases are registered without decay */
@@ -986,6 +1010,10 @@ int main(int argc, char **argv) {
          dtype_label(cfg.dtype), (unsigned long long)n.n_elems);
   printf("  host -> device:     %llu bytes in %llu chunk moves\n", (unsigned long long)st.bytes_host_to_device,
          (unsigned long long)st.moves_to_device);
+  printf("  prefetched:         %llu bytes ahead of use; %llu bytes waited for (critical path)\n",
+         (unsigned long long)st.bytes_prefetched, (unsigned long long)st.bytes_critical);
+  printf("  trace:              %llu moments, %llu fallbacks\n", (unsigned long long)st.trace_moments,
+         (unsigned long long)st.trace_fallbacks);
   printf("  device -> host:     %llu bytes in %llu evictions\n", (unsigned long long)st.bytes_device_to_host,
          (unsigned long long)st.evictions);
   printf("  evictions per step: min %llu, max %llu\n", (unsigned long long)evict_min, (unsigned long long)evict_max);

@@ -36,6 +36,10 @@ namespace pstar::engine {
 // multiple of every vector width and of the 128-element parameter alignment.
 constexpr size_t kAdamGrainElems = 1024;
 
+// How many moments ahead of the current one the trace is scanned for chunks
+// to prefetch: two layers' parameters in a typical model.
+constexpr uint64_t kPrefetchMoments = 4;
+
 // Most dimensions a parameter may have.
 constexpr uint32_t kMaxNdim = 16;
 // Largest element count of one parameter (2^48).
@@ -120,6 +124,7 @@ class Engine {
     memory::EventPtr last_use;    // completes when queued work that uses it is done
     uint32_t compute_refs = 0;    // tensors in COMPUTE
     uint32_t pins = 0;            // outstanding exports
+    bool prefetched = false;      // fetched ahead of use, not acquired since
     // fp32 optimizer twins on the host (trainable chunks only).
     float* master = nullptr;
     float* exp_avg = nullptr;
@@ -161,9 +166,10 @@ class Engine {
   // Trace-guided placement.
   void trace_iteration_begin();
   void trace_check(uint32_t chunk);
-  void trace_note_access(uint32_t chunk);
+  void trace_note_access(uint32_t chunk, uint64_t allocated_bytes);
   void trace_iteration_end();
   void diverge(const char* why);
+  void prefetch_ahead();
   void fold_gradient(uint32_t id, memory::Stream* s);
   void release_optimizer_buffers(ChunkState& c, uint64_t fp32_bytes);
 

@@ -38,9 +38,10 @@ static void iteration(pstar_engine *e, const uint32_t *id, int step, int swap) {
   T_OK(pstar_step(e, NULL));
 }
 
-static void run(pstar_policy policy, uint64_t capacity, int strict, int swap_at, run_result *out) {
+static void run_p(pstar_policy policy, int prefetch, uint64_t capacity, int strict, int swap_at, run_result *out) {
   pstar_engine_options o = t_options(PSTAR_DTYPE_BF16, CHUNK);
   o.placement_policy = policy;
+  o.prefetch = prefetch;
   o.device_capacity_bytes = capacity;
   o.strict = strict;
   o.strict_seed = 5;
@@ -65,6 +66,10 @@ static void run(pstar_policy policy, uint64_t capacity, int strict, int swap_at,
   T_OK(pstar_engine_destroy(e));
 }
 
+static void run(pstar_policy policy, uint64_t capacity, int strict, int swap_at, run_result *out) {
+  run_p(policy, 1, capacity, strict, swap_at, out);
+}
+
 /* Capacity for `chunks` bf16 chunks plus two gradient buffers (the tied
  * parameter's accumulator lives from its first backward use to its last). */
 static uint64_t capacity_for(int chunks) { return (uint64_t)chunks * CHUNK * 2 + 2 * N * 4; }
@@ -74,8 +79,11 @@ Test(placement, opt_moves_no_more_than_lru_and_results_are_identical) {
   run(PSTAR_POLICY_OPT, 0, 0, -1, &unlimited);
   int strictly_better = 0;
   for (int chunks = 2; chunks <= 7; ++chunks) {
-    run(PSTAR_POLICY_OPT, capacity_for(chunks), 0, -1, &opt);
+    /* Belady's property holds for on-demand fetching: compare without prefetch. */
+    run_p(PSTAR_POLICY_OPT, 0, capacity_for(chunks), 0, -1, &opt);
     run(PSTAR_POLICY_LRU, capacity_for(chunks), 0, -1, &lru);
+    cr_assert_eq(opt.stats.bytes_prefetched, 0u);
+    cr_assert_eq(opt.stats.bytes_critical, opt.stats.bytes_host_to_device, "every on-demand fetch is waited for");
     cr_assert_eq(memcmp(opt.w, unlimited.w, sizeof opt.w), 0, "OPT at %d chunks changed the results", chunks);
     cr_assert_eq(memcmp(lru.w, unlimited.w, sizeof lru.w), 0, "LRU at %d chunks changed the results", chunks);
     cr_assert_leq(opt.stats.bytes_host_to_device, lru.stats.bytes_host_to_device, "capacity %d chunks", chunks);
@@ -111,4 +119,26 @@ Test(placement, strict_mode_opt_with_warmup_of_two) {
   T_FAIL(pstar_engine_create(&o, &e), PSTAR_ERR_INVALID_ARGUMENT, "policy");
   run(PSTAR_POLICY_OPT, capacity_for(3), 1, -1, &strict);
   cr_assert_eq(memcmp(strict.w, ref.w, sizeof ref.w), 0);
+}
+
+Test(placement, prefetch_moves_ahead_of_use_without_changing_results) {
+  static run_result unlimited, pre, lru;
+  run(PSTAR_POLICY_OPT, 0, 0, -1, &unlimited);
+  int prefetched_somewhere = 0;
+  for (int chunks = 2; chunks <= 7; ++chunks) {
+    run(PSTAR_POLICY_LRU, capacity_for(chunks), 0, -1, &lru);
+    for (int strict = 0; strict <= 1; ++strict) {
+      run_p(PSTAR_POLICY_OPT, 1, capacity_for(chunks), strict, -1, &pre);
+      cr_assert_leq(pre.stats.bytes_host_to_device, lru.stats.bytes_host_to_device,
+                    "OPT with prefetch moved more than LRU at %d chunks", chunks);
+      cr_assert_lt(pre.stats.bytes_critical, lru.stats.bytes_critical, "no fewer bytes waited for at %d chunks",
+                   chunks);
+      cr_assert_eq(memcmp(pre.w, unlimited.w, sizeof pre.w), 0, "prefetch at %d chunks changed the results", chunks);
+      cr_assert_leq(pre.stats.peak_device_bytes, capacity_for(chunks), "capacity %d chunks", chunks);
+      cr_assert_leq(pre.stats.bytes_prefetched, pre.stats.bytes_host_to_device);
+      cr_assert_leq(pre.stats.bytes_critical, pre.stats.bytes_host_to_device);
+      prefetched_somewhere += pre.stats.bytes_prefetched > 0;
+    }
+  }
+  cr_assert_gt(prefetched_somewhere, 0, "nothing was ever prefetched");
 }

@@ -47,7 +47,7 @@ class Options(ctypes.Structure):
         ("loss_scale_growth_factor", ctypes.c_float), ("loss_scale_backoff_factor", ctypes.c_float),
         ("loss_scale_growth_interval", ctypes.c_uint32), ("loss_scale_hysteresis", ctypes.c_uint32),
         ("loss_scale_min", ctypes.c_float), ("grad_accumulation", ctypes.c_int32),
-        ("placement_policy", ctypes.c_int32), ("warmup_iterations", ctypes.c_uint32),
+        ("placement_policy", ctypes.c_int32), ("warmup_iterations", ctypes.c_uint32), ("prefetch", ctypes.c_int32),
     ]
 
 

@@ -286,6 +286,11 @@ typedef struct pstar_engine_options {
   pstar_policy placement_policy;
   /** TRAIN iterations recorded before the trace guides placement; 0 = 1. */
   uint32_t warmup_iterations;
+  /** Nonzero (the default): with PSTAR_POLICY_OPT, copy the chunks of the
+   *  next moments of the trace to the accelerator ahead of their use,
+   *  asynchronously, into room that their use will not take from a chunk
+   *  needed sooner.  Zero: fetch on demand only. */
+  int32_t prefetch;
 } pstar_engine_options;
 
 /** Default elements per chunk. */
@@ -296,7 +301,7 @@ typedef struct pstar_engine_options {
   {                                                                                 \
     sizeof(pstar_engine_options), PSTAR_ENGINE_OPTIONS_VERSION, PSTAR_DEVICE_EMULATED, \
         0, 0, 0, 0, 0, 0, 0, PSTAR_DTYPE_BF16, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, 1,    \
-        0.0f, 65536.0f, 2.0f, 0.5f, 2000u, 2u, 1.0f, 0, PSTAR_POLICY_OPT, 0          \
+        0.0f, 65536.0f, 2.0f, 0.5f, 2000u, 2u, 1.0f, 0, PSTAR_POLICY_OPT, 0, 1       \
   }
 
 /** Writes the library's defaults into *options (the same as
@@ -526,10 +531,16 @@ typedef struct pstar_stats {
   uint64_t trace_fallbacks;
   /** Moments (acquires) of the trace guiding placement; 0 before warm-up ends. */
   uint64_t trace_moments;
+  /** Bytes copied to the accelerator ahead of use (part of
+   *  bytes_host_to_device). */
+  uint64_t bytes_prefetched;
+  /** Bytes an acquire had to wait for: chunks fetched on demand, and
+   *  prefetches still in flight when their chunk was acquired. */
+  uint64_t bytes_critical;
 } pstar_stats;
 
 #define PSTAR_STATS_INIT \
-  { sizeof(pstar_stats), PSTAR_STATS_VERSION, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0.0, 0, 0, 0, 0, 0 }
+  { sizeof(pstar_stats), PSTAR_STATS_VERSION, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0.0, 0, 0, 0, 0, 0, 0, 0 }
 
 /** Writes an initialised pstar_stats. */
 PSTAR_API pstar_status pstar_stats_init(pstar_stats *stats);
