@@ -18,6 +18,13 @@ for d in proc sys dev; do
 done
 trap 'for d in dev sys proc; do umount "$root/$d" 2>/dev/null || true; done' EXIT
 cp /etc/resolv.conf "$root/etc/resolv.conf"
+# A network that inspects TLS needs its CA: give the root the host's trust
+# store and pip's settings (nothing else of the host's).
+if [ -f /etc/ssl/certs/ca-certificates.crt ]; then
+  mkdir -p "$root/etc/ssl/certs"
+  cp /etc/ssl/certs/ca-certificates.crt "$root/etc/ssl/certs/ca-certificates.crt"
+fi
+[ -f /etc/pip.conf ] && cp /etc/pip.conf "$root/etc/pip.conf"
 rm -rf "$root/root/libpstar"
 git clone -q "$repo" "$root/root/libpstar"
 for cmd in demo test; do
