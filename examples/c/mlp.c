@@ -605,7 +605,7 @@ static void usage(FILE *f) {
           "  --seed N                 seed of the data, the teacher and the initial weights\n"
           "                           (default %d)\n"
           "  --strict                 the emulated device's strict mode (slow; for tests)\n"
-          "  --policy opt|lru         eviction policy (default opt: from the warm-up trace)\n"
+          "  --policy opt|lru|static  eviction policy (default opt: from the warm-up trace)\n"
           "  --no-prefetch            fetch chunks on demand only\n"
           "  --check                  exit non-zero unless the loss fell below half its first\n"
           "                           value, every iteration evicted chunks, and every\n"
@@ -688,8 +688,10 @@ static void parse_args(int argc, char **argv, config *c) {
         c->policy = PSTAR_POLICY_OPT;
       } else if (strcmp(v, "lru") == 0) {
         c->policy = PSTAR_POLICY_LRU;
+      } else if (strcmp(v, "static") == 0) {
+        c->policy = PSTAR_POLICY_STATIC;
       } else {
-        fprintf(stderr, "pstar-example-mlp: --policy takes opt or lru, not '%s'\n", v);
+        fprintf(stderr, "pstar-example-mlp: --policy takes opt, lru or static, not '%s'\n", v);
         exit(2);
       }
       continue;

@@ -52,7 +52,8 @@ pstar_engine_options validate_options(const pstar_engine_options& in) {
   require(o.chunk_elems % chunk::kAlignElems == 0, PSTAR_ERR_INVALID_ARGUMENT, [&] { return "options: chunk_elems (" + std::to_string(o.chunk_elems) + ") must be a multiple of " +
               std::to_string(chunk::kAlignElems); });
   require(o.chunk_elems <= kMaxNumel, PSTAR_ERR_INVALID_ARGUMENT, "options: chunk_elems is too large");
-  require(o.placement_policy == PSTAR_POLICY_OPT || o.placement_policy == PSTAR_POLICY_LRU,
+  require(o.placement_policy == PSTAR_POLICY_OPT || o.placement_policy == PSTAR_POLICY_LRU ||
+              o.placement_policy == PSTAR_POLICY_STATIC,
           PSTAR_ERR_INVALID_ARGUMENT, [&] {
             return "options: unknown placement policy " + std::to_string(static_cast<int>(o.placement_policy));
           });
@@ -212,9 +213,28 @@ void Engine::build() {
   }
   layout_ = std::move(layout);
   chunks_ = std::move(chunks);
+  if (opt_.placement_policy == PSTAR_POLICY_STATIC && device_capacity_ != 0) choose_static_chunks();
   for (auto& p : params_) p.state = TensorState::kHold;  // the build transition
   log::info("engine built: " + std::to_string(params_.size()) + " parameters in " +
             std::to_string(chunks_.size()) + " chunks");
+}
+
+// The static policy's resident set: the longest prefix of chunks (layout
+// order, which is first-use order) that fits the capacity less a reserve
+// through which the other chunks stream.
+void Engine::choose_static_chunks() {
+  uint64_t largest_chunk = 0, largest_grad = 0;
+  for (const ChunkState& c : chunks_) largest_chunk = std::max(largest_chunk, c.bytes);
+  for (const Param& p : params_) {
+    if (!p.frozen()) largest_grad = std::max(largest_grad, p.numel * sizeof(float));
+  }
+  const uint64_t reserve = 2 * largest_chunk + 2 * largest_grad;
+  uint64_t used = 0;
+  for (ChunkState& c : chunks_) {
+    if (reserve > device_capacity_ || used + c.bytes > device_capacity_ - reserve) break;
+    used += c.bytes;
+    c.pinned_static = true;
+  }
 }
 
 const chunk::ChunkLayout& Engine::layout() const {
@@ -571,7 +591,15 @@ void Engine::make_room(uint64_t bytes, int64_t keep_chunk, const std::string& pu
       const ChunkState& c = chunks_[k];
       return static_cast<int64_t>(k) != keep_chunk && c.compute_refs == 0 && c.pins == 0;
     };
-    const bool found = following_ ? opt_policy_.victim(movable, &victim) : lru_.victim(movable, &victim);
+    bool found;
+    if (following_) {
+      found = opt_policy_.victim(movable, &victim);
+    } else {
+      // The static policy's resident set goes last, when the streaming
+      // reserve is exhausted (e.g. by non-model memory).
+      found = lru_.victim([&](uint32_t k) { return movable(k) && !chunks_[k].pinned_static; }, &victim) ||
+              lru_.victim(movable, &victim);
+    }
     if (!found) {
       throw Error(PSTAR_ERR_OUT_OF_MEMORY,
                   "device tier: " + purpose + " needs " + bytes_str(bytes) + " but only " +

@@ -125,6 +125,7 @@ class Engine {
     uint32_t compute_refs = 0;    // tensors in COMPUTE
     uint32_t pins = 0;            // outstanding exports
     bool prefetched = false;      // fetched ahead of use, not acquired since
+    bool pinned_static = false;   // static policy: never evicted once fetched
     // fp32 optimizer twins on the host (trainable chunks only).
     float* master = nullptr;
     float* exp_avg = nullptr;
@@ -170,6 +171,7 @@ class Engine {
   void trace_iteration_end();
   void diverge(const char* why);
   void prefetch_ahead();
+  void choose_static_chunks();
   void fold_gradient(uint32_t id, memory::Stream* s);
   void release_optimizer_buffers(ChunkState& c, uint64_t fp32_bytes);
 

@@ -142,3 +142,18 @@ Test(placement, prefetch_moves_ahead_of_use_without_changing_results) {
   }
   cr_assert_gt(prefetched_somewhere, 0, "nothing was ever prefetched");
 }
+
+Test(placement, static_policy_keeps_a_prefix_resident_and_opt_moves_no_more) {
+  static run_result unlimited, st, opt;
+  run(PSTAR_POLICY_OPT, 0, 0, -1, &unlimited);
+  int opt_better = 0;
+  for (int chunks = 4; chunks <= 8; ++chunks) {
+    run_p(PSTAR_POLICY_STATIC, 0, capacity_for(chunks), chunks == 6, -1, &st);
+    run_p(PSTAR_POLICY_OPT, 0, capacity_for(chunks), 0, -1, &opt);
+    cr_assert_eq(memcmp(st.w, unlimited.w, sizeof st.w), 0, "static at %d chunks changed the results", chunks);
+    cr_assert_leq(st.stats.peak_device_bytes, capacity_for(chunks));
+    cr_assert_leq(opt.stats.bytes_host_to_device, st.stats.bytes_host_to_device, "capacity %d chunks", chunks);
+    opt_better += opt.stats.bytes_host_to_device < st.stats.bytes_host_to_device;
+  }
+  cr_assert_gt(opt_better, 0, "OPT never moved fewer bytes than static");
+}

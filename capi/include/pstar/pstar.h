@@ -182,6 +182,13 @@ typedef enum pstar_policy {
   PSTAR_POLICY_OPT = 0,
   /** Least recently used. */
   PSTAR_POLICY_LRU = 1,
+  /** Static (ZeRO-Offload style): the first chunks, in layout order, that
+   *  fit the capacity less a streaming reserve (two of the largest chunks
+   *  and two of the largest gradient buffers) stay on the accelerator once
+   *  fetched; the other chunks stream through the reserve, LRU among them.
+   *  A resident chunk is evicted only when non-model memory leaves no room
+   *  in the reserve. */
+  PSTAR_POLICY_STATIC = 2,
   PSTAR_POLICY_FORCE_32BIT_ = -0x7fffffff - 1
 } pstar_policy;
 
