@@ -4,8 +4,11 @@
 //                    [--dtype fp16|bf16|both] [--isa scalar|avx2|avx512|auto]
 //                    [--ceiling-isa scalar|avx2|avx512|auto] [--hugepages]
 //                    [--samples] [--json]
+//   pstar-bench access [--params 64] [--iters 2000] [--reps 7] [--json]
 //
 // docs/benchmarks.md describes the output, the JSON keys and the ceiling.
+// `access` (bench/access.cpp) times acquire+release of resident parameters
+// through the C ABI of libpstar.so.
 //
 // `adam` times the fused mixed-precision Adam(W) update (optim/adam_kernel.h)
 // over one flat range split across threads, and in the same run, on the same
@@ -24,6 +27,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <iostream>
 #include <stdexcept>
 #include <string>
@@ -344,6 +348,10 @@ int run_adam(const AdamOptions& o) {
 }
 
 }  // namespace
+
+// bench/access.cpp: registers the `access` subcommand.
+CLI::App* add_access_subcommand(CLI::App& app, std::function<int()>* run);
+
 }  // namespace pstar::bench
 
 int main(int argc, char** argv) {
@@ -370,9 +378,13 @@ int main(int argc, char** argv) {
   adam->add_flag("--samples", ao.samples, "also print every rep's times");
   adam->add_flag("--json", ao.json, "one JSON object per line per dtype");
 
+  std::function<int()> run_access;
+  CLI::App* access = pstar::bench::add_access_subcommand(app, &run_access);
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (adam->parsed()) return pstar::bench::run_adam(ao);
+    if (access->parsed()) return run_access();
   } catch (const std::exception& e) {
     std::cerr << "pstar-bench: " << e.what() << "\n";
     return 2;
