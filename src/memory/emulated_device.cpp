@@ -1,5 +1,6 @@
 #include "memory/emulated_device.h"
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -13,26 +14,27 @@ namespace {
 // Allocation alignment: the chunk layout aligns every parameter to 256 bytes.
 constexpr size_t kAlignBytes = 256;
 
+// done_ is atomic so that queries (on every acquire) take no lock; the
+// mutex and condition variable serve waiting only.  complete() stores under
+// the mutex so that a waiter cannot miss the notification.
 class EmulatedEvent final : public Event {
  public:
   void complete() {
     std::lock_guard<std::mutex> lock(mu_);
-    done_ = true;
+    done_.store(true, std::memory_order_release);
     cv_.notify_all();
   }
   void wait() {
+    if (done()) return;
     std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return done_; });
+    cv_.wait(lock, [&] { return done_.load(std::memory_order_acquire); });
   }
-  bool done() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return done_;
-  }
+  bool done() const { return done_.load(std::memory_order_acquire); }
 
  private:
   std::mutex mu_;
   std::condition_variable cv_;
-  bool done_ = false;
+  std::atomic<bool> done_{false};
 };
 
 void* aligned_allocate(size_t bytes) {
@@ -67,16 +69,14 @@ class EmulatedDevice::Queue final : public Stream {
     // seed and the queue order only, not on thread timing.
     const int delay = strict_ ? static_cast<int>(rng_() % (kStrictMaxDelayMicros + 1)) : 0;
     items_.push_back(Item{std::move(work), delay});
-    ++pending_;
+    pending_.fetch_add(1, std::memory_order_relaxed);
     cv_.notify_all();
   }
 
   // True when every item pushed so far has finished.  Only the engine's
   // thread pushes, so an idle queue stays idle until that thread pushes again.
-  bool idle() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return pending_ == 0;
-  }
+  // Lock-free: it runs several times per acquire.
+  bool idle() const { return pending_.load(std::memory_order_acquire) == 0; }
 
  private:
   struct Item {
@@ -96,8 +96,7 @@ class EmulatedDevice::Queue final : public Stream {
       }
       if (item.delay_micros > 0) std::this_thread::sleep_for(std::chrono::microseconds(item.delay_micros));
       item.work();
-      std::lock_guard<std::mutex> lock(mu_);
-      --pending_;
+      pending_.fetch_sub(1, std::memory_order_release);  // publishes the item's effects
     }
   }
 
@@ -106,7 +105,7 @@ class EmulatedDevice::Queue final : public Stream {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Item> items_;
-  uint64_t pending_ = 0;  // pushed and not yet finished
+  std::atomic<uint64_t> pending_{0};  // pushed and not yet finished
   bool stopping_ = false;
   std::thread worker_;
 };
