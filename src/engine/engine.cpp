@@ -698,10 +698,11 @@ void Engine::trace_iteration_begin() {
   }
   following_ = true;
   // Resident chunks enter the iteration keyed by their first use in it.
-  opt_policy_.clear();
+  opt_policy_.reset(2 * trace_.moments() + 1);
   for (uint32_t k = 0; k < chunks_.size(); ++k) {
     if (chunks_[k].tier != Tier::kDevice) continue;
-    opt_policy_.touch(k, std::min(trace_.first_use(k), placement::AccessTrace::kNever - 1));
+    const uint64_t first = trace_.first_use(k);
+    opt_policy_.touch(k, first == placement::AccessTrace::kNever ? placement::OptPolicy::kNeverKey : first);
   }
 }
 

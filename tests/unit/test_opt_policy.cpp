@@ -30,6 +30,7 @@ Test(access_trace, next_use_wraps_into_the_next_iteration) {
 
 Test(opt_policy, victim_is_the_furthest_next_use_among_movable) {
   OptPolicy p;
+  p.reset(64);
   p.touch(0, 10);
   p.touch(1, 30);
   p.touch(2, 20);
@@ -43,8 +44,32 @@ Test(opt_policy, victim_is_the_furthest_next_use_among_movable) {
   cr_assert_eq(v, 0u);
   p.remove(0);
   cr_assert_eq(p.size(), 2u);
+  // Chunks the trace never uses go first; a taken or out-of-range key counts
+  // as never used.
+  p.touch(5, OptPolicy::kNeverKey);
+  p.touch(6, 20);   // key of chunk 2
+  p.touch(7, 999);  // beyond the limit
+  cr_assert_eq(p.size(), 5u);
+  cr_assert(p.victim([](uint32_t k) { return k != 5 && k != 6 && k != 7; }, &v));
+  cr_assert_eq(v, 1u);
+  cr_assert(p.victim([](uint32_t) { return true; }, &v));
+  cr_assert(v == 5 || v == 6 || v == 7);
+  p.remove(5);
+  p.remove(6);
+  p.remove(7);
+  cr_assert(p.victim([](uint32_t) { return true; }, &v));
+  cr_assert_eq(v, 1u);
   p.clear();
   cr_assert(!p.victim([](uint32_t) { return true; }, &v));
+  // Keys across several summary words: the highest wins.
+  p.reset(20000);
+  p.touch(1, 5);
+  p.touch(2, 12345);
+  p.touch(3, 4096);
+  cr_assert(p.victim([](uint32_t) { return true; }, &v));
+  cr_assert_eq(v, 2u);
+  cr_assert(p.victim([](uint32_t k) { return k != 2; }, &v));
+  cr_assert_eq(v, 3u);
 }
 
 namespace {
@@ -56,6 +81,7 @@ size_t simulate(const std::vector<uint32_t>& seq, size_t capacity, int iteration
   for (uint32_t c : seq) t.record(c, 0);
   t.finalize(16);
   OptPolicy o;
+  o.reset(2 * seq.size() + 1);
   LruPolicy l;
   std::vector<bool> resident(16, false);
   size_t count = 0, misses = 0;
