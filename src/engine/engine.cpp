@@ -441,7 +441,7 @@ void* Engine::acquire(uint32_t id, pstar_stage stage, void* stream) {
   ++c.compute_refs;
   lru_.touch(place.chunk);
   if (iteration_kind_ == PSTAR_ITERATION_TRAIN) {
-    trace_note_access(place.chunk, needs_acc ? p.numel * sizeof(float) : 0);
+    trace_note_access(place.chunk);
     if (following_ && opt_.prefetch) prefetch_ahead();
   }
   return static_cast<char*>(c.device) + place.offset_elems * elem_bytes();
@@ -725,9 +725,9 @@ void Engine::trace_check(uint32_t chunk) {
   }
 }
 
-void Engine::trace_note_access(uint32_t chunk, uint64_t allocated_bytes) {
+void Engine::trace_note_access(uint32_t chunk) {
   if (following_) opt_policy_.touch(chunk, trace_.next_use(moment_));
-  if (recording_now_) recording_.record(chunk, nonmodel_bytes_, allocated_bytes);
+  if (recording_now_) recording_.record(chunk, nonmodel_bytes_);
   ++moment_;
 }
 

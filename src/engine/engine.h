@@ -167,7 +167,7 @@ class Engine {
   // Trace-guided placement.
   void trace_iteration_begin();
   void trace_check(uint32_t chunk);
-  void trace_note_access(uint32_t chunk, uint64_t allocated_bytes);
+  void trace_note_access(uint32_t chunk);
   void trace_iteration_end();
   void diverge(const char* why);
   void prefetch_ahead();

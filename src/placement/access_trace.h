@@ -21,17 +21,13 @@ class AccessTrace {
   void clear() {
     chunks_.clear();
     nonmodel_.clear();
-    allocated_.clear();
     next_use_.clear();
     first_use_.clear();
   }
 
-  // `allocated_bytes`: accelerator memory the acquire allocated besides the
-  // chunk (a gradient buffer at a first backward use).
-  void record(uint32_t chunk, uint64_t nonmodel_bytes, uint64_t allocated_bytes = 0) {
+  void record(uint32_t chunk, uint64_t nonmodel_bytes) {
     chunks_.push_back(chunk);
     nonmodel_.push_back(nonmodel_bytes);
-    allocated_.push_back(allocated_bytes);
   }
 
   // Keeps the first `moments` entries only.
@@ -39,7 +35,6 @@ class AccessTrace {
     if (moments < chunks_.size()) {
       chunks_.resize(moments);
       nonmodel_.resize(moments);
-      allocated_.resize(moments);
     }
   }
 
@@ -63,7 +58,6 @@ class AccessTrace {
   bool empty() const { return chunks_.empty(); }
   uint32_t chunk_at(size_t t) const { return chunks_[t]; }
   uint64_t nonmodel_at(size_t t) const { return nonmodel_[t]; }
-  uint64_t allocated_at(size_t t) const { return allocated_[t]; }
   uint64_t next_use(size_t t) const { return next_use_[t]; }
   // First moment that accesses `chunk`, or kNever.
   uint64_t first_use(uint32_t chunk) const { return chunk < first_use_.size() ? first_use_[chunk] : kNever; }
@@ -71,7 +65,6 @@ class AccessTrace {
  private:
   std::vector<uint32_t> chunks_;     // chunk accessed at each moment
   std::vector<uint64_t> nonmodel_;   // non-model bytes reported at each moment
-  std::vector<uint64_t> allocated_;  // gradient-buffer bytes allocated at each moment
   std::vector<uint64_t> next_use_;   // see next_use()
   std::vector<uint64_t> first_use_;  // per chunk
 };
