@@ -289,15 +289,17 @@ bool Engine::chunk_on_device(uint32_t chunk) const {
   return chunks_[chunk].tier == Tier::kDevice;
 }
 
-void Engine::apply(Param& p, uint32_t id, TensorEvent ev) {
+TensorState Engine::checked_transition(const Param& p, uint32_t id, TensorEvent ev) const {
   TensorState next;
   if (!chunk::transition(p.state, ev, &next)) {
     throw Error(PSTAR_ERR_INVALID_STATE, std::string(chunk::event_name(ev)) + " of parameter " + std::to_string(id) +
                                              " ('" + p.name + "') is illegal in state " +
                                              chunk::state_name(p.state));
   }
-  p.state = next;
+  return next;
 }
+
+void Engine::apply(Param& p, uint32_t id, TensorEvent ev) { p.state = checked_transition(p, id, ev); }
 
 // ---------------------------------------------------------------------------
 // Values
@@ -394,8 +396,8 @@ void* Engine::acquire(uint32_t id, pstar_stage stage, void* stream) {
                 " backward uses already match its " + std::to_string(p.forward_uses) + " forward uses"; });
     ev = TensorEvent::kAcquireBackward;
   }
-  TensorState next = p.state;
-  if (!chunk::transition(p.state, ev, &next)) apply(p, id, ev);  // throws with the message
+  // Checked now, applied once the placement work below has succeeded.
+  const TensorState next = checked_transition(p, id, ev);
 
   const auto& place = layout_->param(id);
   ChunkState& c = chunks_[place.chunk];

@@ -146,6 +146,7 @@ class Engine {
   void require_built(const char* what) const;
   Param& value_access(const char* what, uint32_t id, const void* buf, uint64_t count, pstar_dtype dtype);
   Param& backward_param(const char* what, uint32_t id);
+  chunk::TensorState checked_transition(const Param& p, uint32_t id, chunk::TensorEvent ev) const;
   void apply(Param& p, uint32_t id, chunk::TensorEvent ev);
   size_t elem_bytes() const;
 
