@@ -237,11 +237,6 @@ void Engine::choose_static_chunks() {
   }
 }
 
-const chunk::ChunkLayout& Engine::layout() const {
-  require_built("layout");
-  return *layout_;
-}
-
 void Engine::require_built(const char* what) const {
   require(built(), PSTAR_ERR_INVALID_STATE, [&] { return std::string(what) + ": the engine is not built (call pstar_engine_build)"; });
 }
@@ -277,16 +272,6 @@ void Engine::set_weight_decay(uint32_t id, bool enabled) {
   require(!(iteration_active_ && iteration_kind_ == PSTAR_ITERATION_TRAIN), PSTAR_ERR_INVALID_STATE,
           "param_set_weight_decay: not legal inside a TRAIN iteration");
   p.weight_decay = enabled;
-}
-
-TensorState Engine::state(uint32_t id) const { return param_checked(id).state; }
-
-bool Engine::slot_holds_gradient(uint32_t id) const { return param_checked(id).slot_is_grad; }
-
-bool Engine::chunk_on_device(uint32_t chunk) const {
-  require_built("chunk_on_device");
-  require(chunk < chunks_.size(), PSTAR_ERR_NOT_FOUND, [&] { return "no chunk " + std::to_string(chunk); });
-  return chunks_[chunk].tier == Tier::kDevice;
 }
 
 TensorState Engine::checked_transition(const Param& p, uint32_t id, TensorEvent ev) const {

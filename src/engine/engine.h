@@ -86,12 +86,6 @@ class Engine {
 
   void fill_stats(pstar_stats* out) const;
 
-  // For tests of the internals.
-  const chunk::ChunkLayout& layout() const;
-  chunk::TensorState state(uint32_t id) const;
-  bool slot_holds_gradient(uint32_t id) const;
-  bool chunk_on_device(uint32_t chunk) const;
-
  private:
   enum class Tier { kHost, kDevice };
 
