@@ -227,7 +227,7 @@ PSTAR_API void pstar_free(void *ptr);
 /* ------------------------------------------------------------------------ */
 
 /** Current version of pstar_engine_options. */
-#define PSTAR_ENGINE_OPTIONS_VERSION 3
+#define PSTAR_ENGINE_OPTIONS_VERSION 4
 
 /** Options for pstar_engine_create().  A field means what it says (a weight
  *  decay of zero is zero); only sizes and counts use 0 for "choose for me". */
@@ -298,7 +298,38 @@ typedef struct pstar_engine_options {
    *  asynchronously, into room that their use will not take from a chunk
    *  needed sooner.  Zero: fetch on demand only. */
   int32_t prefetch;
+
+  /* Version 4 */
+  /** Emulated device only.  Nonzero: the device runs on a modelled clock
+   *  instead of wall time, so that overlap and waiting figures do not depend
+   *  on the machine: queued work runs at once, in queue order, on the calling
+   *  thread; a copy occupies its stream for bytes / bandwidth modelled
+   *  seconds; the caller's compute advances the clock through
+   *  pstar_clock_advance().  Strict mode needs the wall clock. */
+  int32_t virtual_clock;
+  /** Nonzero: dry run (implies virtual_clock): the same placement runtime
+   *  with no payloads.  Nothing is allocated for chunks, copies move no
+   *  bytes, the optimizer computes nothing; bytes moved, moves, evictions,
+   *  per-tier peaks and the modelled clock are counted as in a run with
+   *  payloads.  pstar_param_acquire() yields NULL, pstar_grad_write() takes
+   *  a NULL gradient, pstar_param_write()/read() and
+   *  pstar_grad_slot_acquire() return PSTAR_ERR_UNSUPPORTED. */
+  int32_t dry_run;
+  /** Modelled copy bandwidths of the virtual clock, bytes per second;
+   *  0 = PSTAR_DEFAULT_LINK_BYTES_PER_S. */
+  double h2d_bytes_per_s;
+  double d2h_bytes_per_s;
+  /** Bytes of the accelerator tier that placement keeps free of chunks
+   *  (headroom for allocations the caller does not report). */
+  uint64_t device_margin_bytes;
+  /** Nonzero: keep a timeline of moves and per-moment memory for
+   *  pstar_trace_export() (grows with every moment; for analysis runs). */
+  int32_t record_timeline;
 } pstar_engine_options;
+
+/** Default modelled bandwidth of a host<->accelerator link: 12 GB/s, what a
+ *  PCIe 3.0 x16 link delivers from pinned memory. */
+#define PSTAR_DEFAULT_LINK_BYTES_PER_S 12e9
 
 /** Default elements per chunk. */
 #define PSTAR_DEFAULT_CHUNK_ELEMS (1u << 22)
@@ -308,7 +339,8 @@ typedef struct pstar_engine_options {
   {                                                                                 \
     sizeof(pstar_engine_options), PSTAR_ENGINE_OPTIONS_VERSION, PSTAR_DEVICE_EMULATED, \
         0, 0, 0, 0, 0, 0, 0, PSTAR_DTYPE_BF16, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, 1,    \
-        0.0f, 65536.0f, 2.0f, 0.5f, 2000u, 2u, 1.0f, 0, PSTAR_POLICY_OPT, 0, 1       \
+        0.0f, 65536.0f, 2.0f, 0.5f, 2000u, 2u, 1.0f, 0, PSTAR_POLICY_OPT, 0, 1, 0, 0,  \
+        0.0, 0.0, 0, 0                                                              \
   }
 
 /** Writes the library's defaults into *options (the same as
@@ -424,6 +456,24 @@ PSTAR_API pstar_status pstar_grad_write(pstar_engine *engine, uint32_t id, const
 PSTAR_API pstar_status pstar_grad_slot_acquire(pstar_engine *engine, uint32_t id, void *stream,
                                                float **out_ptr);
 
+/** Virtual clock only: advances the modelled clock by `seconds` of the
+ *  caller's compute (queued copies progress meanwhile).  PSTAR_ERR_UNSUPPORTED
+ *  on a wall clock. */
+PSTAR_API pstar_status pstar_clock_advance(pstar_engine *engine, double seconds);
+
+/** Seconds on the engine's clock since it was created: modelled seconds with
+ *  options.virtual_clock, wall seconds otherwise. */
+PSTAR_API pstar_status pstar_clock_now(pstar_engine *engine, double *out_seconds);
+
+/** Writes the timeline kept with options.record_timeline as a Chrome trace
+ *  (JSON, opens in Perfetto or chrome://tracing) to the file at `path`:
+ *  every move as a span on its copy stream (modelled duration on the
+ *  virtual clock, issue time only on a wall clock), and per moment the bytes
+ *  per tier (chunks, gradient buffers, non-model on the accelerator; host)
+ *  as counters.  PSTAR_ERR_INVALID_STATE without record_timeline;
+ *  PSTAR_ERR_IO when the file cannot be written. */
+PSTAR_API pstar_status pstar_trace_export(pstar_engine *engine, const char *path);
+
 /** Reports the bytes of non-model memory (activations, workspace) that the
  *  caller holds on the accelerator now.  Counted against the capacity of
  *  the accelerator tier until the next report. */
@@ -497,7 +547,7 @@ PSTAR_API pstar_status pstar_hparam_get(pstar_engine *engine, pstar_hparam which
 /* Statistics                                                                */
 /* ------------------------------------------------------------------------ */
 
-#define PSTAR_STATS_VERSION 2
+#define PSTAR_STATS_VERSION 3
 
 /** Counters since the engine was created. */
 typedef struct pstar_stats {
@@ -544,10 +594,23 @@ typedef struct pstar_stats {
   /** Bytes an acquire had to wait for: chunks fetched on demand, and
    *  prefetches still in flight when their chunk was acquired. */
   uint64_t bytes_critical;
+
+  /* Version 3 */
+  /** Seconds on the engine's clock (see pstar_clock_now()). */
+  double clock_seconds;
+  /** Seconds the caller waited for moves: in acquires, in non-model
+   *  reports, and in the step for chunks leaving the accelerator. */
+  double wait_seconds;
+  /** Peak bytes of chunks alone on the accelerator. */
+  uint64_t peak_device_chunk_bytes;
+  /** Moments at which placement had to exceed its window budget (chunks in
+   *  use and gradient buffers alone left no room): 0 in a well-sized run. */
+  uint64_t budget_overruns;
 } pstar_stats;
 
 #define PSTAR_STATS_INIT \
-  { sizeof(pstar_stats), PSTAR_STATS_VERSION, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0.0, 0, 0, 0, 0, 0, 0, 0 }
+  { sizeof(pstar_stats), PSTAR_STATS_VERSION, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0.0, 0, 0, 0, 0, 0, 0, 0, \
+    0.0, 0.0, 0, 0 }
 
 /** Writes an initialised pstar_stats. */
 PSTAR_API pstar_status pstar_stats_init(pstar_stats *stats);
