@@ -56,7 +56,8 @@ void require_struct(const T* s, const size_t (&sizes)[kVersions], const char* wh
 
 // Bytes each version of the result structs covers.
 constexpr size_t kStepResultSizes[PSTAR_STEP_RESULT_VERSION] = {sizeof(pstar_step_result)};
-constexpr size_t kStatsSizes[PSTAR_STATS_VERSION] = {offsetof(pstar_stats, trace_fallbacks), sizeof(pstar_stats)};
+constexpr size_t kStatsSizes[PSTAR_STATS_VERSION] = {offsetof(pstar_stats, trace_fallbacks),
+                                                     offsetof(pstar_stats, clock_seconds), sizeof(pstar_stats)};
 
 }  // namespace
 
@@ -212,6 +213,21 @@ pstar_status pstar_grad_slot_acquire(pstar_engine* engine, uint32_t id, void* st
 
 pstar_status pstar_nonmodel_report(pstar_engine* engine, uint64_t bytes) {
   return guarded([&] { live(engine).nonmodel_report(bytes); });
+}
+
+pstar_status pstar_clock_advance(pstar_engine* engine, double seconds) {
+  return guarded([&] { live(engine).clock_advance(seconds); });
+}
+
+pstar_status pstar_clock_now(pstar_engine* engine, double* out_seconds) {
+  return guarded([&] {
+    require_out(out_seconds, "out_seconds");
+    *out_seconds = live(engine).clock_now();
+  });
+}
+
+pstar_status pstar_trace_export(pstar_engine* engine, const char* path) {
+  return guarded([&] { live(engine).trace_export(path); });
 }
 
 pstar_status pstar_step(pstar_engine* engine, pstar_step_result* result) {

@@ -36,6 +36,7 @@ pstar_engine_options validate_options(const pstar_engine_options& in) {
       offsetof(pstar_engine_options, loss_scale_min) + sizeof(float),
       offsetof(pstar_engine_options, grad_accumulation) + sizeof(int32_t),
       offsetof(pstar_engine_options, prefetch) + sizeof(int32_t),
+      offsetof(pstar_engine_options, record_timeline) + sizeof(int32_t),
   };
   const size_t covered = covered_by_version[in.version - 1];
   require(in.size >= covered, PSTAR_ERR_VERSION, [&] { return "options: size " + std::to_string(in.size) + " is smaller than a version-" + std::to_string(in.version) +
@@ -48,6 +49,20 @@ pstar_engine_options validate_options(const pstar_engine_options& in) {
   require(o.device == PSTAR_DEVICE_EMULATED || o.device == PSTAR_DEVICE_CUDA, PSTAR_ERR_INVALID_ARGUMENT, [&] { return "options: unknown device kind " + std::to_string(static_cast<int>(o.device)); });
   require(!(o.strict && o.device != PSTAR_DEVICE_EMULATED), PSTAR_ERR_INVALID_ARGUMENT,
           "options: strict mode exists on the emulated device only");
+  if (o.dry_run) o.virtual_clock = 1;
+  require(!(o.virtual_clock && o.device != PSTAR_DEVICE_EMULATED), PSTAR_ERR_INVALID_ARGUMENT,
+          "options: the virtual clock and dry runs exist on the emulated device only");
+  require(!(o.virtual_clock && o.strict), PSTAR_ERR_INVALID_ARGUMENT,
+          "options: strict mode needs the wall clock (its delays are real time); unset virtual_clock or strict");
+  require(finite_in(o.h2d_bytes_per_s, 0.0, 1e18) && finite_in(o.d2h_bytes_per_s, 0.0, 1e18),
+          PSTAR_ERR_INVALID_ARGUMENT, "options: h2d_bytes_per_s and d2h_bytes_per_s must be finite and >= 0");
+  if (o.h2d_bytes_per_s == 0.0) o.h2d_bytes_per_s = PSTAR_DEFAULT_LINK_BYTES_PER_S;
+  if (o.d2h_bytes_per_s == 0.0) o.d2h_bytes_per_s = PSTAR_DEFAULT_LINK_BYTES_PER_S;
+  require(o.device_margin_bytes == 0 || o.device_margin_bytes < o.device_capacity_bytes, PSTAR_ERR_INVALID_ARGUMENT,
+          [&] {
+            return "options: device_margin_bytes (" + std::to_string(o.device_margin_bytes) +
+                   ") must be below a nonzero device_capacity_bytes (" + std::to_string(o.device_capacity_bytes) + ")";
+          });
   if (o.chunk_elems == 0) o.chunk_elems = PSTAR_DEFAULT_CHUNK_ELEMS;
   require(o.chunk_elems % chunk::kAlignElems == 0, PSTAR_ERR_INVALID_ARGUMENT, [&] { return "options: chunk_elems (" + std::to_string(o.chunk_elems) + ") must be a multiple of " +
               std::to_string(chunk::kAlignElems); });
@@ -97,7 +112,9 @@ Engine::Engine(const pstar_engine_options& options)
     : opt_(validate_options(options)), scaler_(scaler_config(opt_)) {
   device_ = memory::make_device(opt_);
   host_ = std::make_unique<memory::HostPool>(device_.get(), opt_.host_capacity_bytes);
-  device_capacity_ = opt_.device_capacity_bytes;
+  // Placement's limit: the margin stays free for what the caller does not report.
+  device_capacity_ = opt_.device_capacity_bytes - opt_.device_margin_bytes;
+  payloads_ = device_->has_payloads();
   hyper_.lr = opt_.lr;
   hyper_.beta1 = opt_.beta1;
   hyper_.beta2 = opt_.beta2;
@@ -194,13 +211,13 @@ void Engine::build() {
       ChunkState& c = chunks[i];
       c.bytes = info.capacity_elems * elem_bytes();
       c.host = host_->acquire(c.bytes);
-      std::memset(c.host, 0, c.bytes);
+      if (payloads_) std::memset(c.host, 0, c.bytes);
       if (!info.frozen) {
         const uint64_t fp32_bytes = info.capacity_elems * sizeof(float);
         for (float** b : {&c.master, &c.exp_avg, &c.exp_avg_sq, &c.grad32}) {
           if (b == &c.grad32 && !opt_.grad_accumulation) continue;
           *b = static_cast<float*>(host_->acquire(fp32_bytes));
-          std::memset(*b, 0, fp32_bytes);
+          if (payloads_) std::memset(*b, 0, fp32_bytes);
         }
       }
     }
@@ -294,6 +311,7 @@ Engine::Param& Engine::value_access(const char* what, uint32_t id, const void* b
                                     pstar_dtype dtype) {
   require_built(what);
   Param& p = param_checked(id);
+  require(payloads_, PSTAR_ERR_UNSUPPORTED, [&] { return std::string(what) + ": a dry run holds no values"; });
   require(!iteration_active_, PSTAR_ERR_INVALID_STATE, [&] { return std::string(what) + ": not legal inside an iteration"; });
   require(dtype_valid(dtype), PSTAR_ERR_INVALID_ARGUMENT, [&] { return std::string(what) + ": unknown dtype"; });
   require(count == p.numel, PSTAR_ERR_INVALID_ARGUMENT, [&] { return std::string(what) + ": count " + std::to_string(count) + " differs from the element count " +
@@ -413,7 +431,7 @@ void* Engine::acquire(uint32_t id, pstar_stage stage, void* stream) {
   device_->stream_wait(s, c.ready);
   if (device_->host_accessible()) {
     // The caller's compute runs on the host: the data must be there now.
-    device_->synchronize(s);
+    host_wait(s, c.ready);
     check_ready(c.ready, "acquired chunk");
   }
   p.state = next;
@@ -426,11 +444,15 @@ void* Engine::acquire(uint32_t id, pstar_stage stage, void* stream) {
   if (ev == TensorEvent::kAcquireForward) ++p.forward_uses;
   if (ev == TensorEvent::kAcquireBackward) ++p.backward_uses;
   ++c.compute_refs;
+  ++acquires_;
   lru_.touch(place.chunk);
   if (iteration_kind_ == PSTAR_ITERATION_TRAIN) {
     trace_note_access(place.chunk);
     if (following_ && opt_.prefetch) prefetch_ahead();
   }
+  if (device_capacity_ != 0 && device_used_ > device_capacity_) ++stats_.budget_overruns;
+  if (opt_.record_timeline) sample_memory();
+  if (!payloads_) return nullptr;
   return static_cast<char*>(c.device) + place.offset_elems * elem_bytes();
 }
 
@@ -489,7 +511,7 @@ void Engine::grad_write(uint32_t id, const void* grad, uint64_t count, pstar_dty
           "grad_write: unknown memory space");
   require(count == p.numel, PSTAR_ERR_INVALID_ARGUMENT, [&] { return "grad_write: count " + std::to_string(count) + " differs from the element count " +
               std::to_string(p.numel) + " of '" + p.name + "'"; });
-  require(grad != nullptr || count == 0, PSTAR_ERR_INVALID_ARGUMENT, "grad_write: grad is NULL");
+  require(grad != nullptr || count == 0 || !payloads_, PSTAR_ERR_INVALID_ARGUMENT, "grad_write: grad is NULL");
   memory::Stream* s = device_->caller_stream(stream);
   device_->grad_accumulate(s, p.grad_acc, grad, dtype, space, count);
   // A host source may be reused as soon as this returns; on the emulated
@@ -499,6 +521,7 @@ void Engine::grad_write(uint32_t id, const void* grad, uint64_t count, pstar_dty
 
 float* Engine::grad_slot_acquire(uint32_t id, void* stream) {
   Param& p = backward_param("grad_slot_acquire", id);
+  require(payloads_, PSTAR_ERR_UNSUPPORTED, "grad_slot_acquire: a dry run has no gradient buffers to write");
   memory::Stream* s = device_->caller_stream(stream);
   if (device_->host_accessible()) device_->synchronize(s);
   return p.grad_acc;
@@ -534,7 +557,88 @@ bool Engine::device_fits(uint64_t bytes) const {
   return device_capacity_ == 0 || (device_used_ <= device_capacity_ && bytes <= device_capacity_ - device_used_);
 }
 
-void Engine::note_device_peak() { stats_.peak_device_bytes = std::max(stats_.peak_device_bytes, device_used_); }
+void Engine::note_device_peak() {
+  stats_.peak_device_bytes = std::max(stats_.peak_device_bytes, device_used_);
+  stats_.peak_device_chunk_bytes = std::max(stats_.peak_device_chunk_bytes, device_chunk_bytes_);
+}
+
+void Engine::host_wait(memory::Stream* stream, const memory::EventPtr& ready) {
+  // Reading the wall clock costs tens of nanoseconds: only when there is
+  // something to wait for (the virtual clock is a field).
+  if (!payloads_ || opt_.virtual_clock || !device_->query(ready)) {
+    const double before = device_->clock_seconds();
+    device_->synchronize(stream);
+    stats_.wait_seconds += device_->clock_seconds() - before;
+  } else {
+    device_->synchronize(stream);
+  }
+}
+
+void Engine::clock_advance(double seconds) { device_->advance_clock(seconds); }
+
+void Engine::sample_memory() {
+  samples_.push_back(MemorySample{acquires_, device_->clock_seconds(), device_chunk_bytes_, device_grad_bytes_,
+                                  nonmodel_bytes_, device_deferred_bytes_, host_->held_bytes()});
+}
+
+void Engine::note_move(bool to_device, uint32_t chunk, const memory::EventPtr& start,
+                       const memory::EventPtr& done) {
+  double t0 = device_->completion_time(start);
+  if (std::isnan(t0)) t0 = device_->clock_seconds();  // wall clock: the issue time
+  moves_.push_back(MoveRecord{to_device, chunk, chunks_[chunk].bytes, t0, device_->completion_time(done)});
+}
+
+namespace {
+// JSON string content for a path-free, ASCII message.
+void json_counter(FILE* f, bool& first, const char* name, double ts_us, const char* args) {
+  std::fprintf(f, "%s\n{\"name\":\"%s\",\"ph\":\"C\",\"ts\":%.3f,\"pid\":1,\"args\":{%s}}", first ? "" : ",", name,
+               ts_us, args);
+  first = false;
+}
+}  // namespace
+
+void Engine::trace_export(const char* path) const {
+  require(path != nullptr && path[0] != '\0', PSTAR_ERR_INVALID_ARGUMENT, "trace_export: path is NULL or empty");
+  require(opt_.record_timeline != 0, PSTAR_ERR_INVALID_STATE,
+          "trace_export: no timeline was kept (set options.record_timeline)");
+  FILE* f = std::fopen(path, "w");
+  require(f != nullptr, PSTAR_ERR_IO, [&] { return std::string("trace_export: cannot open '") + path + "' for writing"; });
+  bool first = true;
+  std::fprintf(f, "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"producer\":\"libpstar " PSTAR_VERSION_STRING "\",\"clock\":\"%s\"},",
+               opt_.virtual_clock ? "virtual" : "wall");
+  std::fprintf(f, "\"traceEvents\":[");
+  std::fprintf(f, "\n{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":1,\"args\":{\"name\":\"libpstar engine\"}}");
+  std::fprintf(f, ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":1,\"args\":{\"name\":\"host to device\"}}");
+  std::fprintf(f, ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":2,\"args\":{\"name\":\"device to host\"}}");
+  first = false;
+  for (const MoveRecord& m : moves_) {
+    const double dur = std::isnan(m.end) ? 0.0 : (m.end - m.start) * 1e6;
+    std::fprintf(f, ",\n{\"name\":\"chunk %u\",\"cat\":\"move\",\"ph\":\"X\",\"ts\":%.3f,\"dur\":%.3f,\"pid\":1,"
+                 "\"tid\":%d,\"args\":{\"bytes\":%llu}}",
+                 m.chunk, m.start * 1e6, dur, m.to_device ? 1 : 2, static_cast<unsigned long long>(m.bytes));
+  }
+  char args[256];
+  for (const MemorySample& m : samples_) {
+    std::snprintf(args, sizeof args, "\"chunks\":%llu,\"gradient buffers\":%llu,\"non-model\":%llu,\"freeing\":%llu",
+                  static_cast<unsigned long long>(m.chunks), static_cast<unsigned long long>(m.grads),
+                  static_cast<unsigned long long>(m.nonmodel), static_cast<unsigned long long>(m.deferred));
+    json_counter(f, first, "accelerator bytes", m.time * 1e6, args);
+    std::snprintf(args, sizeof args, "\"held\":%llu", static_cast<unsigned long long>(m.host));
+    json_counter(f, first, "host bytes", m.time * 1e6, args);
+  }
+  // Per-moment table for scripts (bench/plot_trace.py); viewers ignore it.
+  std::fprintf(f, "\n],\n\"pstarMoments\":{\"columns\":[\"moment\",\"seconds\",\"chunks\",\"gradient_buffers\",\"non_model\",\"freeing\",\"host\"],\"rows\":[");
+  for (size_t i = 0; i < samples_.size(); ++i) {
+    const MemorySample& m = samples_[i];
+    std::fprintf(f, "%s\n[%llu,%.9g,%llu,%llu,%llu,%llu,%llu]", i == 0 ? "" : ",", static_cast<unsigned long long>(m.moment),
+                 m.time, static_cast<unsigned long long>(m.chunks), static_cast<unsigned long long>(m.grads),
+                 static_cast<unsigned long long>(m.nonmodel), static_cast<unsigned long long>(m.deferred),
+                 static_cast<unsigned long long>(m.host));
+  }
+  std::fprintf(f, "\n]}}\n");
+  const bool ok = std::ferror(f) == 0;
+  require(std::fclose(f) == 0 && ok, PSTAR_ERR_IO, [&] { return std::string("trace_export: writing '") + path + "' failed"; });
+}
 
 void Engine::defer_free(memory::EventPtr after, void* ptr, size_t bytes, Tier tier) {
   if (tier == Tier::kDevice) {
@@ -572,7 +676,10 @@ bool Engine::reclaim_deferred(bool wait_for_one) {
 void Engine::make_room(uint64_t bytes, int64_t keep_chunk, const std::string& purpose) {
   reclaim_deferred(false);
   while (!device_fits(bytes)) {
-    if (reclaim_deferred(true)) continue;
+    const double before = device_->clock_seconds();
+    const bool reclaimed = reclaim_deferred(true);
+    stats_.wait_seconds += device_->clock_seconds() - before;
+    if (reclaimed) continue;
     uint32_t victim;
     auto movable = [&](uint32_t k) {
       const ChunkState& c = chunks_[k];
@@ -614,8 +721,10 @@ void Engine::fetch(uint32_t k) {
   memory::Stream* s = device_->h2d_stream();
   device_->stream_wait(s, c.ready);
   device_->stream_wait(s, c.last_use);
+  memory::EventPtr start = opt_.record_timeline ? device_->record(s) : nullptr;
   device_->copy_async(s, dst, c.host, c.bytes, memory::CopyKind::kHostToDevice);
   memory::EventPtr done = device_->record(s);
+  if (opt_.record_timeline) note_move(true, k, start, done);
   defer_free(done, c.host, c.bytes, Tier::kHost);
   c.host = nullptr;
   c.device = dst;
@@ -634,8 +743,10 @@ void Engine::evict(uint32_t k) {
   memory::Stream* s = device_->d2h_stream();
   device_->stream_wait(s, c.ready);
   device_->stream_wait(s, c.last_use);
+  memory::EventPtr start = opt_.record_timeline ? device_->record(s) : nullptr;
   device_->copy_async(s, dst, c.device, c.bytes, memory::CopyKind::kDeviceToHost);
   memory::EventPtr done = device_->record(s);
+  if (opt_.record_timeline) note_move(false, k, start, done);
   device_chunk_bytes_ -= c.bytes;
   defer_free(done, c.device, c.bytes, Tier::kDevice);
   c.device = nullptr;
@@ -652,8 +763,10 @@ void Engine::evict(uint32_t k) {
 void* Engine::host_view(uint32_t k) {
   ChunkState& c = chunks_[k];
   if (c.tier == Tier::kDevice && !device_->host_accessible()) evict(k);
+  const double before = device_->clock_seconds();
   device_->synchronize(c.ready);
   device_->synchronize(c.last_use);
+  stats_.wait_seconds += device_->clock_seconds() - before;
   check_ready(c.ready, "chunk payload");
   return c.tier == Tier::kDevice ? c.device : c.host;
 }
@@ -714,7 +827,7 @@ void Engine::trace_check(uint32_t chunk) {
 
 void Engine::trace_note_access(uint32_t chunk) {
   if (following_) opt_policy_.touch(chunk, trace_.next_use(moment_));
-  if (recording_now_) recording_.record(chunk, nonmodel_bytes_);
+  if (recording_now_) recording_.record(chunk, nonmodel_bytes_ + device_grad_bytes_);
   ++moment_;
 }
 
@@ -729,13 +842,17 @@ void Engine::trace_note_access(uint32_t chunk) {
 // took 83% of them off the critical path.
 void Engine::prefetch_ahead() {
   const uint64_t end = std::min<uint64_t>(trace_.moments(), moment_ + kPrefetchMoments);
-  uint64_t nonmodel_peak = nonmodel_bytes_;
+  // Window budget: a chunk prefetched now for its use at moment t stays
+  // resident over [now, t], so it must fit beside the largest transient
+  // (non-model + gradient buffer) bytes the trace recorded in that window.
+  const uint64_t transient_now = nonmodel_bytes_ + device_grad_bytes_;
+  uint64_t transient_peak = transient_now;
   for (uint64_t t = moment_; t < end; ++t) {
-    nonmodel_peak = std::max(nonmodel_peak, trace_.nonmodel_at(t));
+    transient_peak = std::max(transient_peak, trace_.transient_at(t));
     const uint32_t k = trace_.chunk_at(t);
     ChunkState& c = chunks_[k];
     if (c.tier == Tier::kDevice) continue;
-    const uint64_t need = c.bytes + (nonmodel_peak - nonmodel_bytes_);
+    const uint64_t need = c.bytes + (transient_peak - transient_now);
     reclaim_deferred(false);
     if (!device_fits(need)) return;
     fetch(k);
@@ -764,6 +881,7 @@ void Engine::trace_iteration_end() {
 // Optimizer step
 
 void Engine::restore_slot(uint32_t id) {
+  if (!payloads_) return;
   const auto& place = layout_->param(id);
   ChunkState& c = chunks_[place.chunk];
   void* payload = host_view(place.chunk);
@@ -788,7 +906,9 @@ void Engine::fold_gradient(uint32_t id, memory::Stream* s) {
   }
   device_->synchronize(s);
   float* dst = chunks_[place.chunk].grad32 + place.offset_elems;
-  for (uint64_t i = 0; i < p.numel; ++i) dst[i] += src[i];
+  if (payloads_) {
+    for (uint64_t i = 0; i < p.numel; ++i) dst[i] += src[i];
+  }
   if (staging != nullptr) host_->release(staging, bytes);
   device_->deallocate(p.grad_acc, bytes);
   device_grad_bytes_ -= bytes;
@@ -817,7 +937,7 @@ pstar_step_result Engine::step() {
   for (uint32_t id = 0; id < params_.size(); ++id) {
     Param& p = params_[id];
     if (!p.has_grad) continue;
-    if (opt_.grad_accumulation) {
+    if (opt_.grad_accumulation && payloads_) {
       // The sum over micro-batches is complete only now.
       const auto& place = layout_->param(id);
       memory::host_grad_norm(chunks_[place.chunk].grad32 + place.offset_elems, p.numel, &p.grad_sumsq, &p.grad_nonfinite);
@@ -868,6 +988,7 @@ pstar_step_result Engine::step() {
                             optim::adam_constants(h, adam_step_, grad_mul, params_[id].weight_decay)});
         ++r.params_updated;
       }
+      if (!payloads_) continue;  // a dry run places chunks; it computes nothing
       pool_->parallel_for(info.used_elems, kAdamGrainElems, [&](size_t b, size_t e) {
         for (const Segment& s : segments) {
           const uint64_t lo = std::max<uint64_t>(b, s.begin), hi = std::min<uint64_t>(e, s.end);
@@ -889,7 +1010,7 @@ pstar_step_result Engine::step() {
   }
   for (uint32_t id = 0; id < params_.size(); ++id) {
     Param& p = params_[id];
-    if (p.has_grad && opt_.grad_accumulation) {
+    if (p.has_grad && opt_.grad_accumulation && payloads_) {
       // The accumulated gradient is consumed (or discarded by a skip).
       const auto& place = layout_->param(id);
       std::memset(chunks_[place.chunk].grad32 + place.offset_elems, 0, p.numel * sizeof(float));
@@ -975,6 +1096,7 @@ void Engine::fill_stats(pstar_stats* out) const {
   s.host_bytes = host_->held_bytes();
   s.peak_host_bytes = host_->peak_bytes();
   s.trace_moments = trace_ready_ ? trace_.moments() : 0;
+  s.clock_seconds = device_->clock_seconds();
   if (built()) {
     s.compute_chunks = static_cast<uint32_t>(layout_->chunks().size());
     s.optimizer_chunks = layout_->optimizer_chunk_count();

@@ -79,6 +79,12 @@ class Engine {
   float* grad_slot_acquire(uint32_t id, void* stream);
   void nonmodel_report(uint64_t bytes);
 
+  // The engine's clock (options.virtual_clock: modelled seconds).
+  void clock_advance(double seconds);
+  double clock_now() const { return device_->clock_seconds(); }
+  // Writes the timeline (options.record_timeline) as Chrome-trace JSON.
+  void trace_export(const char* path) const;
+
   pstar_step_result step();
 
   void hparam_set(pstar_hparam which, double value);
@@ -156,6 +162,12 @@ class Engine {
   void* host_view(uint32_t chunk);  // payload readable by host code now
   void check_ready(const memory::EventPtr& ev, const char* what) const;
   void note_device_peak();
+  // The caller waits on the host for `stream`, which waits for `ready`;
+  // the time it takes counts as waiting.
+  void host_wait(memory::Stream* stream, const memory::EventPtr& ready);
+  // Timeline (options.record_timeline).
+  void sample_memory();
+  void note_move(bool to_device, uint32_t chunk, const memory::EventPtr& start, const memory::EventPtr& done);
 
   void restore_slot(uint32_t id);
 
@@ -209,6 +221,26 @@ class Engine {
   std::unique_ptr<ThreadPool> pool_;  // the CPU optimizer's threads
 
   pstar_stats stats_;
+
+  // False in a dry run: buffers are address space only; nothing is read,
+  // written or computed.
+  bool payloads_ = true;
+
+  // Timeline for pstar_trace_export (options.record_timeline).
+  struct MoveRecord {
+    bool to_device;
+    uint32_t chunk;
+    uint64_t bytes;
+    double start, end;  // seconds on the engine's clock; end NaN if unknown
+  };
+  struct MemorySample {
+    uint64_t moment;  // acquires since the engine was created
+    double time;
+    uint64_t chunks, grads, nonmodel, deferred, host;
+  };
+  std::vector<MoveRecord> moves_;
+  std::vector<MemorySample> samples_;
+  uint64_t acquires_ = 0;
 };
 
 }  // namespace pstar::engine

@@ -17,6 +17,7 @@
 //    unmodified until an event recorded after the copy completes.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -84,6 +85,22 @@ class Device {
   virtual void synchronize(Stream* stream) = 0;
   virtual bool query(const EventPtr& event) = 0;
 
+  // ---- clock -------------------------------------------------------------
+
+  // Seconds since the device was created on its clock: wall time, or the
+  // modelled time of a virtual-clock device.
+  virtual double clock_seconds() const;
+  // Virtual clock only: the caller computes for `seconds`; throws
+  // Error(PSTAR_ERR_UNSUPPORTED) on a wall clock.
+  virtual void advance_clock(double seconds);
+  // When `event` completes on the clock, if the device knows it ahead (the
+  // virtual clock does); NaN otherwise.
+  virtual double completion_time(const EventPtr& event) const;
+  // False for a dry run: allocations are address space only, copies and
+  // gradient operations touch no memory, and no caller may dereference a
+  // pointer this device or its host allocator returns.
+  virtual bool has_payloads() const { return true; }
+
   // ---- device-side gradient operations, queued on `stream` ---------------
 
   // acc[i] += src[i] (converted from src_dtype), src in `space`.
@@ -97,6 +114,9 @@ class Device {
   // once `stream` reaches this point; read them after synchronizing.
   virtual void grad_finalize(Stream* stream, const float* acc, void* slot, pstar_dtype dtype, size_t n,
                              double* sumsq, int* nonfinite) = 0;
+
+ private:
+  const std::chrono::steady_clock::time_point created_ = std::chrono::steady_clock::now();
 };
 
 // Elements per fp64 partial of the gradient norm (independent of threads,

@@ -20,21 +20,23 @@ class AccessTrace {
 
   void clear() {
     chunks_.clear();
-    nonmodel_.clear();
+    transient_.clear();
     next_use_.clear();
     first_use_.clear();
   }
 
-  void record(uint32_t chunk, uint64_t nonmodel_bytes) {
+  // `transient_bytes`: accelerator bytes other than chunks at this moment
+  // (non-model memory and gradient buffers).
+  void record(uint32_t chunk, uint64_t transient_bytes) {
     chunks_.push_back(chunk);
-    nonmodel_.push_back(nonmodel_bytes);
+    transient_.push_back(transient_bytes);
   }
 
   // Keeps the first `moments` entries only.
   void truncate(size_t moments) {
     if (moments < chunks_.size()) {
       chunks_.resize(moments);
-      nonmodel_.resize(moments);
+      transient_.resize(moments);
     }
   }
 
@@ -57,14 +59,14 @@ class AccessTrace {
   size_t moments() const { return chunks_.size(); }
   bool empty() const { return chunks_.empty(); }
   uint32_t chunk_at(size_t t) const { return chunks_[t]; }
-  uint64_t nonmodel_at(size_t t) const { return nonmodel_[t]; }
+  uint64_t transient_at(size_t t) const { return transient_[t]; }
   uint64_t next_use(size_t t) const { return next_use_[t]; }
   // First moment that accesses `chunk`, or kNever.
   uint64_t first_use(uint32_t chunk) const { return chunk < first_use_.size() ? first_use_[chunk] : kNever; }
 
  private:
   std::vector<uint32_t> chunks_;     // chunk accessed at each moment
-  std::vector<uint64_t> nonmodel_;   // non-model bytes reported at each moment
+  std::vector<uint64_t> transient_;  // non-chunk accelerator bytes at each moment
   std::vector<uint64_t> next_use_;   // see next_use()
   std::vector<uint64_t> first_use_;  // per chunk
 };

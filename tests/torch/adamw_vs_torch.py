@@ -33,7 +33,7 @@ TRAIN, FORWARD, BACKWARD, HOST = 0, 0, 1, 0
 
 
 class Options(ctypes.Structure):
-    """Mirror of pstar_engine_options (version 3) in pstar.h."""
+    """Mirror of pstar_engine_options (version 4) in pstar.h."""
 
     _fields_ = [
         ("size", ctypes.c_uint32), ("version", ctypes.c_uint32),
@@ -48,6 +48,9 @@ class Options(ctypes.Structure):
         ("loss_scale_growth_interval", ctypes.c_uint32), ("loss_scale_hysteresis", ctypes.c_uint32),
         ("loss_scale_min", ctypes.c_float), ("grad_accumulation", ctypes.c_int32),
         ("placement_policy", ctypes.c_int32), ("warmup_iterations", ctypes.c_uint32), ("prefetch", ctypes.c_int32),
+        ("virtual_clock", ctypes.c_int32), ("dry_run", ctypes.c_int32),
+        ("h2d_bytes_per_s", ctypes.c_double), ("d2h_bytes_per_s", ctypes.c_double),
+        ("device_margin_bytes", ctypes.c_uint64), ("record_timeline", ctypes.c_int32),
     ]
 
 

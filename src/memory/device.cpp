@@ -1,0 +1,19 @@
+#include "memory/device.h"
+
+#include <limits>
+
+#include "util/error.h"
+
+namespace pstar::memory {
+
+double Device::clock_seconds() const {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - created_).count();
+}
+
+void Device::advance_clock(double) {
+  throw Error(PSTAR_ERR_UNSUPPORTED, "clock_advance: the engine runs on the wall clock (set options.virtual_clock)");
+}
+
+double Device::completion_time(const EventPtr&) const { return std::numeric_limits<double>::quiet_NaN(); }
+
+}  // namespace pstar::memory
