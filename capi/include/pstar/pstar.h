@@ -319,8 +319,10 @@ typedef struct pstar_engine_options {
    *  0 = PSTAR_DEFAULT_LINK_BYTES_PER_S. */
   double h2d_bytes_per_s;
   double d2h_bytes_per_s;
-  /** Bytes of the accelerator tier that placement keeps free of chunks
-   *  (headroom for allocations the caller does not report). */
+  /** Bytes of the accelerator tier the engine leaves unused: chunks,
+   *  gradient buffers and reported non-model bytes are kept within
+   *  device_capacity_bytes minus this margin (headroom for allocations the
+   *  caller does not report).  Must be below a nonzero capacity. */
   uint64_t device_margin_bytes;
   /** Nonzero: keep a timeline of moves and per-moment memory for
    *  pstar_trace_export() (grows with every moment; for analysis runs). */
