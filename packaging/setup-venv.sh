@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 
 python=${PSTAR_PYTHON:-/usr/bin/python3}
 venv=${PSTAR_VENV:-$PWD/.venv}
-packages=(numpy torch pytest tqdm)
+packages=(numpy torch pytest tqdm matplotlib)
 
 if [ ! -x "$venv/bin/python" ]; then
   echo "setup-venv: creating $venv with $python"

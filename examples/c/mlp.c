@@ -585,6 +585,7 @@ typedef struct {
   int check;
   pstar_policy policy;
   int prefetch;
+  const char *timeline; /* Chrome-trace file written at the end, or NULL */
 } config;
 
 static void usage(FILE *f) {
@@ -607,6 +608,8 @@ static void usage(FILE *f) {
           "  --strict                 the emulated device's strict mode (slow; for tests)\n"
           "  --policy opt|lru|static  eviction policy (default opt: from the warm-up trace)\n"
           "  --no-prefetch            fetch chunks on demand only\n"
+          "  --timeline FILE          write the engine's timeline of moves and memory per\n"
+          "                           moment as a Chrome trace (bench/plot_trace.py plots it)\n"
           "  --check                  exit non-zero unless the loss fell below half its first\n"
           "                           value, every iteration evicted chunks, and every\n"
           "                           compute-dtype weight equals its fp32 master rounded\n"
@@ -661,6 +664,7 @@ static void parse_args(int argc, char **argv, config *c) {
   c->policy = PSTAR_POLICY_OPT;
   c->prefetch = 1;
   c->check = 0;
+  c->timeline = NULL;
   for (i = 1; i < argc; ++i) {
     const char *arg = argv[i];
     const char *value = NULL;
@@ -694,6 +698,10 @@ static void parse_args(int argc, char **argv, config *c) {
         fprintf(stderr, "pstar-example-mlp: --policy takes opt, lru or static, not '%s'\n", v);
         exit(2);
       }
+      continue;
+    }
+    if (strcmp(opt, "--timeline") == 0 && (value != NULL || i + 1 < argc)) {
+      c->timeline = value != NULL ? value : argv[++i];
       continue;
     }
     if (strcmp(opt, "--strict") == 0) {
@@ -751,6 +759,7 @@ static void engine_options(const config *c, uint64_t device_capacity, pstar_engi
   o->strict = c->strict;
   o->placement_policy = c->policy;
   o->prefetch = c->prefetch;
+  o->record_timeline = c->timeline != NULL;
   o->strict_seed = c->seed;
   o->lr = (float)c->lr;
   o->weight_decay = 0.01f; /* AdamW; biases are registered without decay */
@@ -770,7 +779,12 @@ static void engine_setup(net *n, const config *c, uint64_t device_capacity) {
   CHECK(pstar_engine_compute_stream(n->engine, &n->stream));
 }
 
-static void engine_teardown(net *n) {
+/* timeline: file for the engine's timeline, or NULL. */
+static void engine_teardown(net *n, const char *timeline) {
+  if (timeline != NULL) {
+    CHECK(pstar_trace_export(n->engine, timeline));
+    printf("timeline written to %s\n", timeline);
+  }
   g_engine = NULL;
   CHECK(pstar_engine_destroy(n->engine));
   n->engine = NULL;
@@ -905,7 +919,7 @@ int main(int argc, char **argv) {
    *    chunk bytes that pstar_engine_get_stats() reports after the build. */
   engine_setup(&n, &cfg, 0);
   st = get_stats(n.engine);
-  engine_teardown(&n);
+  engine_teardown(&n, NULL);
   /* What must fit at once: the chunks of one weight and one bias acquired
    * together (a parameter larger than a chunk gets a jumbo chunk of its
    * own), the fp32 gradient accumulators of the current layer plus the
@@ -1045,7 +1059,7 @@ int main(int argc, char **argv) {
   free_buffers(&n);
   dataset_free(&train);
   dataset_free(&held_out);
-  engine_teardown(&n);
+  engine_teardown(&n, cfg.timeline);
   printf("final loss: %.6f (first: %.6f)\n", last_loss, first_loss);
   return ok ? EXIT_SUCCESS : EXIT_FAILURE;
 }
