@@ -1,0 +1,845 @@
+// pstar-plan: how large a GPT-style model fits a machine, how many bytes the
+// engine moves per iteration, and how long a step takes, predicted by running
+// libpstar's own placement runtime in dry-run mode (no payloads, a modelled
+// clock and modelled link bandwidths) on the model's access trace.
+//
+//   pstar-plan --preset v100x8 [--json]
+//   pstar-plan --layers 48 --hidden 4096 --heads 32 --vocab 50257 --seq 2048
+//              --batch 4 --gpu-mem 80GiB --host-mem 1TiB --flops 150T
+//              --gpus-per-node 8 [--search-chunk-size] [--json]
+//
+// docs/planner.md explains the model and its assumptions; the workload
+// (parameters, schedule, activation and FLOP formulas) is described in
+// tools/workload/gpt_workload.h.  Arguments are parsed and JSON is written
+// by hand so that the tool builds wherever the library does.
+#include <algorithm>
+#include <cinttypes>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "gpt_workload.h"
+#include "pstar/pstar.h"
+#include "replay.h"
+
+namespace {
+
+using pstar::workload::GptShape;
+using pstar::workload::ReplayConfig;
+using pstar::workload::ReplayResult;
+using pstar::workload::Workload;
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// ---------------------------------------------------------------------------
+// Inputs
+// ---------------------------------------------------------------------------
+
+struct Hardware {
+  uint32_t gpus_per_node = 1;
+  uint32_t nodes = 1;
+  double gpu_mem = 0;            // bytes per GPU
+  double gpu_reserve = -1;       // bytes per GPU kept from the engine; < 0: 10% of gpu_mem
+  double host_mem = 0;           // bytes per node, shared by its ranks
+  double host_reserve = 4 * kGiB;  // bytes per rank kept from the model data
+  double nvme = 0;               // bytes per node (no NVMe tier yet: reported only)
+  double h2d = PSTAR_DEFAULT_LINK_BYTES_PER_S;  // bytes/s per GPU
+  double d2h = PSTAR_DEFAULT_LINK_BYTES_PER_S;
+  double flops = 0;              // sustained FLOP/s per GPU
+  double host_adam = 100e9;      // bytes/s of the fused Adam pass per node
+
+  uint32_t world() const { return gpus_per_node * nodes; }
+  uint64_t device_capacity() const {
+    const double reserve = gpu_reserve < 0 ? 0.1 * gpu_mem : gpu_reserve;
+    return gpu_mem > reserve ? uint64_t(gpu_mem - reserve) : 0;
+  }
+};
+
+// A published result the preset reproduces the conditions of.
+struct Published {
+  std::string system;
+  double params;       // 0 when the source gives no number
+  std::string note;
+};
+
+struct Preset {
+  std::string name, description;
+  GptShape shape;
+  Hardware hw;
+  std::string shape_source;
+  std::vector<Published> published;
+  std::vector<std::string> assumptions;
+};
+
+// PatrickStar's two single-node experiments (see docs/planner.md for the
+// sources).  Model shapes: PatrickStar's benchmark model table
+// (examples/model_builder.py: GPT3_18B = 90 layers of hidden 4096, 16 heads;
+// GPT_DS_68B = 66 layers of hidden 9216, 16 heads; sequence 1024), built as
+// transformers' BertConfig with its default vocabulary of 30522 tokens, with
+// activation checkpointing on (examples/run_transformers.sh: CKP=1).
+std::vector<Preset> presets() {
+  std::vector<Preset> v;
+  {
+    Preset p;
+    p.name = "v100x8";
+    p.description = "8 x V100-SXM2-32GB, 240 GB host memory (PatrickStar's WeChat data-center node)";
+    p.shape.layers = 90;
+    p.shape.hidden = 4096;
+    p.shape.heads = 16;
+    p.shape.vocab = 30522;
+    p.shape.seq = 1024;
+    p.shape.batch = 8;
+    p.shape.checkpointing = true;
+    p.hw.gpus_per_node = 8;
+    p.hw.gpu_mem = 32 * kGiB;
+    p.hw.host_mem = 240 * kGiB;
+    p.hw.h2d = p.hw.d2h = 6e9;
+    p.hw.flops = 50e12;
+    p.hw.host_adam = 100e9;
+    p.shape_source = "PatrickStar examples/model_builder.py GPT3_18B";
+    p.published = {{"PatrickStar v0.4.3", 18e9, "README: 18B on 8 x V100 with 240 GB host memory"},
+                   {"DeepSpeed v0.4.3", 4e9,
+                    "4B as given in the planner issue; PatrickStar's README says only that PatrickStar's "
+                    "model is over twice as large"}};
+    p.assumptions = {
+        "batch 8 per GPU: PatrickStar's sources do not state the batch of the 18B run",
+        "link 6 GB/s per GPU each way: PCIe 3.0 x16 (12 GB/s) shared by two GPUs per switch when all "
+        "GPUs copy at once",
+        "50 TFLOP/s sustained per GPU: 40% of the V100's 125 TFLOP/s fp16 tensor-core peak",
+        "host Adam 100 GB/s per node: a two-socket Xeon node (the CPU is not published)"};
+    v.push_back(p);
+  }
+  {
+    Preset p;
+    p.name = "a100x8";
+    p.description = "8 x A100-SXM-80GB, 1 TB host memory (a node of NVIDIA's A100 SuperPOD)";
+    p.shape.layers = 66;
+    p.shape.hidden = 9216;
+    p.shape.heads = 16;
+    p.shape.vocab = 30522;
+    p.shape.seq = 1024;
+    p.shape.batch = 8;
+    p.shape.checkpointing = true;
+    p.hw.gpus_per_node = 8;
+    p.hw.gpu_mem = 80 * kGiB;
+    p.hw.host_mem = 1024 * kGiB;
+    p.hw.h2d = p.hw.d2h = 12e9;
+    p.hw.flops = 125e12;
+    p.hw.host_adam = 200e9;
+    p.shape_source = "PatrickStar examples/model_builder.py GPT_DS_68B";
+    p.published = {{"PatrickStar v0.4.3", 68e9, "README: 68B on 8 x A100 with 1 TB host memory"},
+                   {"DeepSpeed v0.5.7", 0, "README: PatrickStar's 68B is over 6x DeepSpeed's largest"}};
+    p.assumptions = {
+        "batch 8 per GPU: PatrickStar's A100 benchmark script sweeps 4, 8 and 16 for its large models",
+        "link 12 GB/s per GPU each way: PCIe 4.0 x16 (24 GB/s) shared by two GPUs per switch",
+        "125 TFLOP/s sustained per GPU: 40% of the A100's 312 TFLOP/s bf16 tensor-core peak",
+        "host Adam 200 GB/s per node: two AMD EPYC 7742 with 8 DDR4-3200 channels each (409 GB/s peak)"};
+    v.push_back(p);
+  }
+  return v;
+}
+
+// "32GiB", "240GB", "1.5T", "12e9", "125T": decimal suffixes k M G T P and
+// binary Ki Mi Gi Ti; a trailing "B", "B/s" or "/s" is ignored.
+double parse_quantity(const std::string& opt, const std::string& text) {
+  const char* s = text.c_str();
+  char* end = nullptr;
+  const double value = std::strtod(s, &end);
+  if (end == s || !std::isfinite(value) || value < 0) throw UsageError(opt + ": not a number: '" + text + "'");
+  std::string suffix(end);
+  for (const char* tail : {"B/s", "/s", "B"}) {
+    const size_t n = std::strlen(tail);
+    if (suffix.size() >= n && suffix.compare(suffix.size() - n, n, tail) == 0) {
+      suffix.erase(suffix.size() - n);
+      break;
+    }
+  }
+  static const std::map<std::string, double> scale = {
+      {"", 1.0},    {"k", 1e3},           {"K", 1e3},           {"M", 1e6},           {"G", 1e9},
+      {"T", 1e12},  {"P", 1e15},          {"Ki", 1024.0},       {"Mi", 1048576.0},    {"Gi", kGiB},
+      {"Ti", kGiB * 1024.0}};
+  const auto it = scale.find(suffix);
+  if (it == scale.end()) throw UsageError(opt + ": unknown unit in '" + text + "'");
+  return value * it->second;
+}
+
+uint32_t parse_count(const std::string& opt, const std::string& text) {
+  const double v = parse_quantity(opt, text);
+  if (v < 1 || v > 4e9 || v != std::floor(v)) throw UsageError(opt + ": expected a positive integer, got '" + text + "'");
+  return uint32_t(v);
+}
+
+bool parse_bool(const std::string& opt, const std::string& text) {
+  if (text == "on" || text == "1" || text == "true" || text == "yes") return true;
+  if (text == "off" || text == "0" || text == "false" || text == "no") return false;
+  throw UsageError(opt + ": expected on or off, got '" + text + "'");
+}
+
+const char* kUsage =
+    "usage: pstar-plan [--preset v100x8|a100x8] [options] [--json]\n"
+    "\n"
+    "Model (GPT-style; a preset fills all of them):\n"
+    "  --layers N --hidden H --heads A --vocab V --seq S --batch B (micro-batch per GPU)\n"
+    "  --checkpointing on|off (default on)   --dtype bf16|f16|f32 (default bf16)\n"
+    "Hardware:\n"
+    "  --gpu-mem BYTES (per GPU)        --gpu-reserve BYTES (default 10% of gpu-mem)\n"
+    "  --host-mem BYTES (per node)      --host-reserve BYTES (per rank, default 4GiB)\n"
+    "  --nvme BYTES (reported only: no NVMe tier yet)\n"
+    "  --h2d BYTES/S --d2h BYTES/S (per GPU, default 12GB/s)\n"
+    "  --flops FLOP/S (sustained per GPU)  --host-adam-bytes-per-s BYTES/S (per node, default 100GB/s)\n"
+    "  --gpus-per-node N (default 1)    --nodes N (default 1)\n"
+    "Search:\n"
+    "  --chunk-elems N                  elements per chunk (default: one layer's parameters)\n"
+    "  --search-chunk-size              pick the chunk size of best fill, then least device memory\n"
+    "  --no-search                      evaluate the given shape only (no largest-model search)\n"
+    "Output:\n"
+    "  --json                           one JSON object on stdout\n"
+    "  --verbose                        every dry run on stderr\n"
+    "Sizes take decimal (k M G T) or binary (Ki Mi Gi Ti) suffixes, optionally followed by B or B/s.\n";
+
+struct Args {
+  std::string preset;
+  GptShape shape;
+  Hardware hw;
+  uint64_t chunk_elems = 0;
+  bool search_chunk = false;
+  bool search = true;
+  bool json = false;
+  bool verbose = false;
+  const Preset* preset_def = nullptr;
+};
+
+Args parse_args(int argc, char** argv, const std::vector<Preset>& known) {
+  Args a;
+  std::vector<std::pair<std::string, std::string>> opts;  // in order, preset applied first
+  std::vector<std::string> flags = {"--search-chunk-size", "--no-search", "--json", "--verbose", "--help", "-h"};
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (std::find(flags.begin(), flags.end(), arg) != flags.end()) {
+      opts.emplace_back(arg, "");
+      continue;
+    }
+    if (arg.rfind("--", 0) != 0) throw UsageError("unexpected argument '" + arg + "'");
+    const size_t eq = arg.find('=');
+    if (eq != std::string::npos) {
+      opts.emplace_back(arg.substr(0, eq), arg.substr(eq + 1));
+    } else {
+      if (i + 1 >= argc) throw UsageError(arg + " needs a value");
+      opts.emplace_back(arg, argv[++i]);
+    }
+  }
+  for (const auto& [k, v] : opts)
+    if (k == "--preset") {
+      const auto it = std::find_if(known.begin(), known.end(), [&](const Preset& p) { return p.name == v; });
+      if (it == known.end()) throw UsageError("--preset: unknown preset '" + v + "' (v100x8, a100x8)");
+      a.preset = v;
+      a.preset_def = &*it;
+      a.shape = it->shape;
+      a.hw = it->hw;
+    }
+  for (const auto& [k, v] : opts) {
+    if (k == "--preset") continue;
+    else if (k == "--help" || k == "-h") {
+      std::fputs(kUsage, stdout);
+      std::exit(0);
+    } else if (k == "--search-chunk-size") a.search_chunk = true;
+    else if (k == "--no-search") a.search = false;
+    else if (k == "--json") a.json = true;
+    else if (k == "--verbose") a.verbose = true;
+    else if (k == "--layers") a.shape.layers = parse_count(k, v);
+    else if (k == "--hidden") a.shape.hidden = parse_count(k, v);
+    else if (k == "--heads") a.shape.heads = parse_count(k, v);
+    else if (k == "--vocab") a.shape.vocab = parse_count(k, v);
+    else if (k == "--seq") a.shape.seq = parse_count(k, v);
+    else if (k == "--batch") a.shape.batch = parse_count(k, v);
+    else if (k == "--checkpointing") a.shape.checkpointing = parse_bool(k, v);
+    else if (k == "--dtype") {
+      if (v == "bf16" || v == "f16" || v == "fp16") a.shape.dtype_bytes = 2;
+      else if (v == "f32" || v == "fp32") a.shape.dtype_bytes = 4;
+      else throw UsageError("--dtype: expected bf16, f16 or f32, got '" + v + "'");
+    } else if (k == "--gpu-mem") a.hw.gpu_mem = parse_quantity(k, v);
+    else if (k == "--gpu-reserve") a.hw.gpu_reserve = parse_quantity(k, v);
+    else if (k == "--host-mem") a.hw.host_mem = parse_quantity(k, v);
+    else if (k == "--host-reserve") a.hw.host_reserve = parse_quantity(k, v);
+    else if (k == "--nvme") a.hw.nvme = parse_quantity(k, v);
+    else if (k == "--h2d") a.hw.h2d = parse_quantity(k, v);
+    else if (k == "--d2h") a.hw.d2h = parse_quantity(k, v);
+    else if (k == "--flops") a.hw.flops = parse_quantity(k, v);
+    else if (k == "--host-adam-bytes-per-s") a.hw.host_adam = parse_quantity(k, v);
+    else if (k == "--gpus-per-node") a.hw.gpus_per_node = parse_count(k, v);
+    else if (k == "--nodes") a.hw.nodes = parse_count(k, v);
+    else if (k == "--chunk-elems") {
+      a.chunk_elems = parse_count(k, v);
+      if (a.chunk_elems % 128 != 0) throw UsageError("--chunk-elems must be a multiple of 128");
+    } else throw UsageError("unknown option '" + k + "'");
+  }
+  std::string missing;
+  auto need = [&](bool ok, const char* name) {
+    if (!ok) missing += std::string(missing.empty() ? "" : ", ") + name;
+  };
+  need(a.shape.layers > 0, "--layers");
+  need(a.shape.hidden > 0, "--hidden");
+  need(a.shape.heads > 0, "--heads");
+  need(a.shape.vocab > 0, "--vocab");
+  need(a.shape.seq > 0, "--seq");
+  need(a.shape.batch > 0, "--batch");
+  need(a.hw.gpu_mem > 0, "--gpu-mem");
+  need(a.hw.host_mem > 0, "--host-mem");
+  need(a.hw.flops > 0, "--flops");
+  if (!missing.empty()) throw UsageError("missing " + missing + " (or a --preset)");
+  const std::string bad = pstar::workload::validate(a.shape);
+  if (!bad.empty()) throw UsageError(bad);
+  if (a.hw.h2d <= 0 || a.hw.d2h <= 0 || a.hw.host_adam <= 0) throw UsageError("bandwidths must be positive");
+  if (a.hw.device_capacity() == 0) throw UsageError("--gpu-reserve leaves no device memory");
+  if (a.search_chunk && a.chunk_elems) throw UsageError("--chunk-elems and --search-chunk-size exclude each other");
+  return a;
+}
+
+// ---------------------------------------------------------------------------
+// One dry run of a shape
+// ---------------------------------------------------------------------------
+
+struct Evaluation {
+  GptShape shape;
+  uint64_t chunk_elems = 0;
+  uint64_t params = 0;
+  double flops = 0;              // per iteration per GPU
+  ReplayResult run;
+  uint64_t device_capacity = 0;
+  bool device_ok = false;
+  // Host model per node: each rank's share of the four lists, the engine's
+  // own host bytes beyond the lists (measured), and the per-rank reserve.
+  uint64_t list_bytes = 0;
+  uint64_t share_per_rank = 0;
+  uint64_t extra_per_rank = 0;
+  uint64_t host_per_node = 0;
+  bool host_ok = false;
+  // The smallest device capacity at which the dry run raises no
+  // out-of-memory (found by bisection; 0 until evaluate_margin()), and the
+  // host need if each rank's margin (capacity - that) held part of its share.
+  uint64_t min_capacity = 0;
+  uint64_t margin_per_rank = 0;
+  uint64_t host_per_node_margin = 0;
+  bool host_ok_margin = false;
+  double adam_s = 0;
+  double step_s = 0;
+
+  bool fits() const { return device_ok && host_ok; }
+  bool fits_with_margin() const { return device_ok && host_ok_margin; }
+};
+
+struct Planner {
+  Args args;
+  uint32_t dry_runs = 0;
+  std::map<std::pair<uint32_t, uint64_t>, Evaluation> cache;  // (layers, chunk) -> result
+
+  pstar_engine_options options(uint64_t chunk_elems) const {
+    pstar_engine_options o;
+    pstar_engine_options_init(&o);
+    o.device = PSTAR_DEVICE_EMULATED;
+    o.dry_run = 1;
+    o.virtual_clock = 1;
+    o.device_capacity_bytes = args.hw.device_capacity();
+    o.host_capacity_bytes = 0;  // the host is checked by the model below, per node
+    o.chunk_elems = chunk_elems;
+    o.threads = 1;
+    o.compute_dtype = pstar::workload::compute_dtype_for(args.shape.dtype_bytes);
+    o.placement_policy = PSTAR_POLICY_OPT;
+    o.prefetch = 1;
+    o.h2d_bytes_per_s = args.hw.h2d;
+    o.d2h_bytes_per_s = args.hw.d2h;
+    return o;
+  }
+
+  [[noreturn]] void engine_failure(const ReplayResult& r, const GptShape& g) const {
+    throw std::runtime_error(r.failed_call + " failed with " + pstar_status_name(r.status) + " (" +
+                             std::to_string(g.layers) + " layers): " + r.message);
+  }
+
+  // Register and build only: layout figures (list bytes, fill ratio, chunks).
+  ReplayResult layout(const Workload& w, uint64_t chunk_elems) {
+    ReplayConfig cfg;
+    cfg.options = options(chunk_elems);
+    cfg.build_only = true;
+    ReplayResult r = pstar::workload::replay(w, cfg);
+    if (!r.ok()) engine_failure(r, w.shape);
+    return r;
+  }
+
+  const Evaluation& evaluate(uint32_t layers, uint64_t chunk_elems) {
+    const auto key = std::make_pair(layers, chunk_elems);
+    const auto hit = cache.find(key);
+    if (hit != cache.end()) return hit->second;
+    const Hardware& hw = args.hw;
+    Evaluation ev;
+    ev.shape = args.shape;
+    ev.shape.layers = layers;
+    ev.chunk_elems = chunk_elems;
+    const Workload w = pstar::workload::make_gpt(ev.shape);
+    ev.params = w.param_elems;
+    ev.flops = w.flops_total();
+
+    // The host Adam pass of a node updates its ranks' shares of the fp32
+    // lists: optimizer elements / nodes, reading the gradient and master,
+    // m, v and writing master, m, v and the weight.
+    const ReplayResult built = layout(w, chunk_elems);
+    const double elems_per_node = double(built.built.optimizer_list_bytes) / 4.0 / hw.nodes;
+    const double adam_bytes_per_elem = 2.0 * args.shape.dtype_bytes + 24.0;
+    ev.adam_s = elems_per_node * adam_bytes_per_elem / hw.host_adam;
+
+    ReplayConfig cfg;
+    cfg.options = options(chunk_elems);
+    cfg.iterations = 2;  // warm-up (records the trace) + one traced iteration
+    cfg.flops_per_s = hw.flops;
+    cfg.optimizer_seconds = ev.adam_s;
+    ev.run = pstar::workload::replay(w, cfg);
+    ++dry_runs;
+    if (!ev.run.ok() && !ev.run.out_of_memory()) engine_failure(ev.run, ev.shape);
+    ev.device_capacity = hw.device_capacity();
+    ev.device_ok = ev.run.ok() && ev.run.final_stats.peak_device_bytes <= ev.device_capacity;
+
+    const uint32_t world = hw.world();
+    ev.list_bytes = ev.run.list_bytes();
+    ev.share_per_rank = (ev.list_bytes + world - 1) / world;
+    const uint64_t peak_host = ev.run.final_stats.peak_host_bytes;
+    ev.extra_per_rank = peak_host > ev.list_bytes ? peak_host - ev.list_bytes : 0;
+    const uint64_t reserve = uint64_t(hw.host_reserve);
+    ev.host_per_node = uint64_t(hw.gpus_per_node) * (ev.share_per_rank + ev.extra_per_rank + reserve);
+    ev.host_ok = double(ev.host_per_node) <= hw.host_mem;
+    ev.step_s = ev.run.last.clock_seconds;
+    if (args.verbose)
+      std::fprintf(stderr,
+                   "pstar-plan: dry run %u: %u layers, %.3fB params, chunk %" PRIu64 ": device %s (peak %.2f GiB of %.2f), "
+                   "host %.1f GiB/node of %.1f, moved %.2f GB, step %.3f s\n",
+                   dry_runs, layers, ev.params / 1e9, chunk_elems,
+                   ev.device_ok ? "ok" : (ev.run.out_of_memory() ? "out of memory" : "over capacity"),
+                   ev.run.final_stats.peak_device_bytes / kGiB, ev.device_capacity / kGiB, ev.host_per_node / kGiB,
+                   hw.host_mem / kGiB, ev.run.last.bytes_moved() / 1e9, ev.step_s);
+    return cache.emplace(key, std::move(ev)).first->second;
+  }
+
+  // evaluate() plus the smallest device capacity that runs without
+  // out-of-memory, by bisection between the activation peak and the
+  // capacity (to 1/256 of the capacity), and the host need if the rest of
+  // the device held model data.
+  const Evaluation& evaluate_margin(uint32_t layers, uint64_t chunk_elems) {
+    evaluate(layers, chunk_elems);
+    Evaluation& ev = cache.at(std::make_pair(layers, chunk_elems));
+    if (ev.min_capacity != 0 || !ev.device_ok) return ev;
+    const Workload w = pstar::workload::make_gpt(ev.shape);
+    uint64_t lo = ev.run.peak_nonmodel_reported, hi = ev.device_capacity;
+    const uint64_t tol = std::max<uint64_t>(hi / 256, 1 << 20);
+    while (hi - lo > tol) {
+      const uint64_t mid = lo + (hi - lo) / 2;
+      ReplayConfig cfg;
+      cfg.options = options(chunk_elems);
+      cfg.options.device_capacity_bytes = mid;
+      cfg.iterations = 2;
+      const ReplayResult r = pstar::workload::replay(w, cfg);
+      ++dry_runs;
+      if (!r.ok() && !r.out_of_memory()) engine_failure(r, ev.shape);
+      if (r.ok() && r.final_stats.peak_device_bytes <= mid) hi = mid;
+      else lo = mid;
+    }
+    ev.min_capacity = hi;
+    ev.margin_per_rank = ev.device_capacity - hi;
+    const uint64_t on_host = ev.share_per_rank > ev.margin_per_rank ? ev.share_per_rank - ev.margin_per_rank : 0;
+    ev.host_per_node_margin =
+        uint64_t(args.hw.gpus_per_node) * (on_host + ev.extra_per_rank + uint64_t(args.hw.host_reserve));
+    ev.host_ok_margin = double(ev.host_per_node_margin) <= args.hw.host_mem;
+    return ev;
+  }
+
+  // Largest layer count in [1, cap] whose evaluation passes `pred`, assuming
+  // monotonicity; 0 if even one layer fails.
+  template <class Pred>
+  uint32_t largest(uint32_t cap, uint64_t chunk_elems, bool margin, Pred pred) {
+    uint32_t lo = 0, hi = cap + 1;  // pred(lo) holds (vacuously for 0), pred(hi) fails
+    while (hi - lo > 1) {
+      const uint32_t mid = lo + (hi - lo) / 2;
+      if (pred(margin ? evaluate_margin(mid, chunk_elems) : evaluate(mid, chunk_elems))) lo = mid;
+      else hi = mid;
+    }
+    return lo;
+  }
+};
+
+uint64_t round_up(uint64_t x, uint64_t m) { return (x + m - 1) / m * m; }
+
+// ---------------------------------------------------------------------------
+// Output
+// ---------------------------------------------------------------------------
+
+std::string jstr(const std::string& s) {
+  std::string o = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') o += '\\', o += c;
+    else if (static_cast<unsigned char>(c) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      o += buf;
+    } else o += c;
+  }
+  return o + "\"";
+}
+
+std::string jnum(double v) {
+  if (!std::isfinite(v)) return "null";
+  char buf[32];
+  if (v == std::floor(v) && std::fabs(v) < 9e15) std::snprintf(buf, sizeof buf, "%.0f", v);
+  else std::snprintf(buf, sizeof buf, "%.6g", v);
+  return buf;
+}
+
+std::string jint(uint64_t v) { return std::to_string(v); }
+
+// Accumulates "key": value pairs of one object.
+struct JObj {
+  std::string body;
+  JObj& add(const std::string& k, const std::string& raw) {
+    body += (body.empty() ? "" : ",") + jstr(k) + ":" + raw;
+    return *this;
+  }
+  std::string str() const { return "{" + body + "}"; }
+};
+
+std::string jarr(const std::vector<std::string>& items) {
+  std::string o = "[";
+  for (size_t i = 0; i < items.size(); ++i) o += (i ? "," : "") + items[i];
+  return o + "]";
+}
+
+std::string shape_json(const GptShape& g) {
+  return JObj()
+      .add("layers", jint(g.layers))
+      .add("hidden", jint(g.hidden))
+      .add("heads", jint(g.heads))
+      .add("vocab", jint(g.vocab))
+      .add("seq", jint(g.seq))
+      .add("batch", jint(g.batch))
+      .add("checkpointing", g.checkpointing ? "true" : "false")
+      .add("dtype_bytes", jint(g.dtype_bytes))
+      .str();
+}
+
+std::string evaluation_json(const Evaluation& e) {
+  const pstar_stats& s = e.run.final_stats;
+  const auto& it = e.run.last;
+  return JObj()
+      .add("shape", shape_json(e.shape))
+      .add("params", jint(e.params))
+      .add("fits", e.fits() ? "true" : "false")
+      .add("device_ok", e.device_ok ? "true" : "false")
+      .add("host_ok", e.host_ok ? "true" : "false")
+      .add("engine_status", jstr(pstar_status_name(e.run.status)))
+      .add("bytes_moved_per_iter", jint(it.bytes_moved()))
+      .add("bytes_h2d_per_iter", jint(it.bytes_host_to_device))
+      .add("bytes_d2h_per_iter", jint(it.bytes_device_to_host))
+      .add("bytes_prefetched_per_iter", jint(it.bytes_prefetched))
+      .add("bytes_critical_per_iter", jint(it.bytes_critical))
+      .add("evictions_per_iter", jint(it.evictions))
+      .add("flops_per_iter", jnum(e.flops))
+      .add("step_s", jnum(e.step_s))
+      .add("compute_s", jnum(e.run.compute_seconds))
+      .add("wait_s", jnum(it.wait_seconds))
+      .add("adam_s", jnum(e.adam_s))
+      .add("peak_device_bytes", jint(s.peak_device_bytes))
+      .add("peak_device_chunk_bytes", jint(s.peak_device_chunk_bytes))
+      .add("peak_nonmodel_bytes", jint(e.run.peak_nonmodel_reported))
+      .add("device_capacity_bytes", jint(e.device_capacity))
+      .add("list_bytes", jint(e.list_bytes))
+      .add("host_share_per_rank_bytes", jint(e.share_per_rank))
+      .add("host_extra_per_rank_bytes", jint(e.extra_per_rank))
+      .add("host_needed_per_node_bytes", jint(e.host_per_node))
+      .add("min_device_capacity_bytes", e.min_capacity ? jint(e.min_capacity) : "null")
+      .add("host_needed_per_node_with_margin_bytes", e.min_capacity ? jint(e.host_per_node_margin) : "null")
+      .add("budget_overruns", jint(it.budget_overruns))
+      .add("trace_fallbacks", jint(it.trace_fallbacks))
+      .str();
+}
+
+std::vector<std::string> common_assumptions(const Args& a) {
+  const Hardware& hw = a.hw;
+  char buf[512];
+  std::vector<std::string> v;
+  v.push_back("GPT-style workload of tools/workload/gpt_workload.h: activations from Korthikanti et al. 2022, "
+              "FLOPs 2 per multiply-add on weight matrices and attention scores, element-wise work not timed");
+  std::snprintf(buf, sizeof buf,
+                "engine: dry run, virtual clock, OPT placement with prefetch, device capacity %.2f GiB per GPU "
+                "(%.2f GiB reserved for the CUDA context, libraries and allocator slack)",
+                hw.device_capacity() / kGiB, (hw.gpu_mem - hw.device_capacity()) / kGiB);
+  v.push_back(buf);
+  v.push_back("each of a node's ranks runs the same device-side trace with the whole model: the engine has no "
+              "ZeRO sharding yet, so bytes moved and the device peak are one rank's with the full model");
+  std::snprintf(buf, sizeof buf,
+                "host per node = ranks x (share of the four chunk lists (14 B/param with a 2-byte dtype, over all "
+                "%u ranks, as ZeRO and PatrickStar divide them) + the engine's host bytes beyond the lists + %.1f GiB "
+                "reserved per rank)",
+                hw.world(), hw.host_reserve / kGiB);
+  v.push_back(buf);
+  v.push_back("step = modelled compute (FLOPs / sustained FLOP/s) + the engine's modelled waiting for moves + "
+              "host Adam time (28 B per element of the node's share at the node's Adam bandwidth), "
+              "one micro-batch per step");
+  if (hw.nvme > 0) v.push_back("NVMe given but unused: the engine has no NVMe tier yet");
+  return v;
+}
+
+std::vector<std::string> not_modelled() {
+  return {"ZeRO all-gather and reduce-scatter traffic and time (no sharding in the engine yet)",
+          "sharing of a PCIe switch or of host memory bandwidth between copies and the Adam pass",
+          "allocator fragmentation on the device (the reserve stands for it)",
+          "kernel efficiency of small or element-wise operations (a fixed sustained FLOP/s)",
+          "overlap of the host Adam pass with transfers (the step is serial after backward)",
+          "CPU contention between ranks, the data loader and the Adam threads",
+          "hybrid optimizer placement (Adam on the device margin) and NVMe offload: not built"};
+}
+
+std::string fmt_bytes(double b) {
+  char buf[64];
+  if (b >= kGiB) std::snprintf(buf, sizeof buf, "%.2f GiB", b / kGiB);
+  else std::snprintf(buf, sizeof buf, "%.2f MiB", b / (1024.0 * 1024.0));
+  return buf;
+}
+
+void print_evaluation(const char* title, const Evaluation& e, const Hardware& hw) {
+  const auto& it = e.run.last;
+  std::printf("%s: %u layers, %.2fB params: %s\n", title, e.shape.layers, e.params / 1e9,
+              e.fits() ? "fits"
+                       : (!e.device_ok ? (e.run.out_of_memory() ? "does not fit: device out of memory"
+                                                                : "does not fit: device peak over capacity")
+                                       : "does not fit: host memory"));
+  if (!e.run.ok()) {
+    std::printf("  engine: %s in %s: %s\n", pstar_status_name(e.run.status), e.run.failed_call.c_str(),
+                e.run.message.c_str());
+    std::printf("  host %s per node of %s\n", fmt_bytes(double(e.host_per_node)).c_str(), fmt_bytes(hw.host_mem).c_str());
+    return;
+  }
+  std::printf("  per GPU per iteration: %.2f GB moved (H2D %.2f, D2H %.2f), %.2f GB waited for\n",
+              it.bytes_moved() / 1e9, it.bytes_host_to_device / 1e9, it.bytes_device_to_host / 1e9,
+              it.bytes_critical / 1e9);
+  std::printf("  step %.3f s = compute %.3f + waiting %.3f + host Adam %.3f\n", e.step_s, e.run.compute_seconds,
+              it.wait_seconds, e.adam_s);
+  std::printf("  device peak %s of %s (activations up to %s)", fmt_bytes(double(e.run.final_stats.peak_device_bytes)).c_str(),
+              fmt_bytes(double(e.device_capacity)).c_str(), fmt_bytes(double(e.run.peak_nonmodel_reported)).c_str());
+  if (e.min_capacity) std::printf("; runs in %s", fmt_bytes(double(e.min_capacity)).c_str());
+  std::printf("\n  host %s per node of %s\n", fmt_bytes(double(e.host_per_node)).c_str(), fmt_bytes(hw.host_mem).c_str());
+}
+
+int run(int argc, char** argv) {
+  const std::vector<Preset> known = presets();
+  Planner pl;
+  pl.args = parse_args(argc, argv, known);
+  const Args& a = pl.args;
+  const Hardware& hw = a.hw;
+  if (!a.verbose) pstar_log_set_callback(nullptr, nullptr, PSTAR_LOG_OFF);
+
+  // Chunk size.  Default: one layer's parameters (each rounded to 128
+  // elements, as the layout aligns them), so that layers fill chunks
+  // without waste and the chunk count stays in the hundreds or thousands.
+  const uint64_t h = a.shape.hidden;
+  uint64_t layer_elems = 0;
+  std::vector<uint64_t> layer_params;  // aligned sizes of one layer's parameters
+  {
+    GptShape one = a.shape;
+    one.layers = 1;
+    const Workload w1 = pstar::workload::make_gpt(one);
+    for (size_t i = 2; i < 14; ++i) layer_params.push_back(round_up(w1.params[i].numel, 128));
+    for (uint64_t n : layer_params) layer_elems += n;
+  }
+  uint64_t chunk = a.chunk_elems ? a.chunk_elems : layer_elems;
+  std::vector<std::string> search_rows;
+  if (a.search_chunk) {
+    // Candidates between the largest layer matrix (4h x h: no layer
+    // parameter gets a jumbo chunk) and two layers: a grid of at most 64
+    // steps, and the size of every run of consecutive layer parameters (the
+    // sizes that layers fill without waste).  Keep those within 0.5% of the
+    // best fill ratio; of those, the one whose dry run needs the least
+    // device memory (smallest capacity without out-of-memory), then the
+    // fewest bytes moved, then the smallest.
+    const uint64_t lo = round_up(4 * h * h, 128), hi = std::max(lo, 2 * layer_elems);
+    const uint64_t step = std::max(round_up(std::max<uint64_t>(h * h / 2, 1), 128), round_up((hi - lo) / 64 + 1, 128));
+    std::vector<uint64_t> sizes;
+    for (uint64_t c = lo; c <= hi; c += step) sizes.push_back(c);
+    const size_t np = layer_params.size();
+    for (size_t i = 0; i < np; ++i) {
+      uint64_t run = 0;
+      for (size_t k = 0; k < 2 * np; ++k) {
+        run += layer_params[(i + k) % np];
+        if (run >= lo && run <= hi) sizes.push_back(run);
+      }
+    }
+    std::sort(sizes.begin(), sizes.end());
+    sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
+    const Workload w = pstar::workload::make_gpt(a.shape);
+    struct Cand {
+      uint64_t chunk;
+      double fill;
+      uint32_t chunks;
+    };
+    std::vector<Cand> cands;
+    for (uint64_t c : sizes) {
+      const ReplayResult r = pl.layout(w, c);
+      cands.push_back({c, r.built.fill_ratio, r.built.compute_chunks});
+    }
+    double best_fill = 0;
+    for (const Cand& c : cands) best_fill = std::max(best_fill, c.fill);
+    uint64_t chosen = 0, best_need = UINT64_MAX, best_moved = UINT64_MAX;
+    for (const Cand& c : cands) {
+      JObj row;
+      row.add("chunk_elems", jint(c.chunk)).add("fill_ratio", jnum(c.fill)).add("chunks", jint(c.chunks));
+      if (c.fill >= best_fill - 0.005) {
+        const Evaluation& e = pl.evaluate_margin(a.shape.layers, c.chunk);
+        const uint64_t need = e.device_ok ? e.min_capacity : UINT64_MAX;
+        const uint64_t moved = e.device_ok ? e.run.last.bytes_moved() : UINT64_MAX;
+        row.add("min_device_capacity_bytes", e.device_ok ? jint(need) : "null")
+            .add("bytes_moved_per_iter", e.device_ok ? jint(moved) : "null");
+        // Candidates come in increasing size: on ties the smaller wins.
+        if (chosen == 0 || need < best_need || (need == best_need && moved < best_moved)) {
+          chosen = c.chunk;
+          best_need = need;
+          best_moved = moved;
+        }
+      }
+      search_rows.push_back(row.str());
+    }
+    chunk = chosen;
+  }
+
+  const Evaluation& requested = pl.evaluate_margin(a.shape.layers, chunk);
+
+  // Largest model: binary search over the layer count at this width.  The
+  // host bounds the search: the four lists (>= 14 B/param) of all ranks'
+  // shares fit in the nodes' host memory (plus, with the margin, their
+  // devices' capacity).
+  const double bytes_per_param = 12.0 + a.shape.dtype_bytes;
+  const double per_layer = 12.0 * double(h) * double(h);
+  const double host_total = hw.host_mem * hw.nodes;
+  const double dev_total = double(hw.device_capacity()) * hw.world();
+  const uint32_t cap = uint32_t(std::min(1e6, host_total / (bytes_per_param * per_layer))) + 1;
+  const uint32_t cap_margin = uint32_t(std::min(1e6, (host_total + dev_total) / (bytes_per_param * per_layer))) + 1;
+  uint32_t best = 0, best_margin = 0;
+  if (a.search) {
+    best = pl.largest(cap, chunk, false, [](const Evaluation& e) { return e.fits(); });
+    best_margin = pl.largest(cap_margin, chunk, true, [](const Evaluation& e) { return e.fits_with_margin(); });
+  }
+  const Evaluation* top = best ? &pl.evaluate_margin(best, chunk) : nullptr;
+  const Evaluation* top_margin = best_margin ? &pl.evaluate_margin(best_margin, chunk) : nullptr;
+  if (!a.search) top = requested.fits() ? &requested : nullptr;
+
+  const std::vector<std::string> assumptions = [&] {
+    std::vector<std::string> v = common_assumptions(a);
+    if (a.preset_def) {
+      v.push_back("model shape: " + a.preset_def->shape_source +
+                  ", vocabulary 30522 (transformers' BertConfig default, as PatrickStar's benchmark models), "
+                  "activation checkpointing on (PatrickStar's benchmark default)");
+      for (const auto& s : a.preset_def->assumptions) v.push_back(s);
+    }
+    return v;
+  }();
+
+  if (a.json) {
+    JObj hwj;
+    hwj.add("gpus_per_node", jint(hw.gpus_per_node))
+        .add("nodes", jint(hw.nodes))
+        .add("gpu_mem_bytes", jnum(hw.gpu_mem))
+        .add("device_capacity_bytes", jint(hw.device_capacity()))
+        .add("host_mem_bytes", jnum(hw.host_mem))
+        .add("host_reserve_per_rank_bytes", jnum(hw.host_reserve))
+        .add("nvme_bytes", jnum(hw.nvme))
+        .add("h2d_bytes_per_s", jnum(hw.h2d))
+        .add("d2h_bytes_per_s", jnum(hw.d2h))
+        .add("flops_per_s", jnum(hw.flops))
+        .add("host_adam_bytes_per_s", jnum(hw.host_adam));
+    JObj o;
+    o.add("planner", jstr("pstar-plan"))
+        .add("version", jstr(pstar_version_string()))
+        .add("preset", a.preset.empty() ? "null" : jstr(a.preset))
+        .add("hardware", hwj.str())
+        .add("chunk_elems", jint(chunk))
+        .add("chunk_count", jint(requested.run.built.compute_chunks))
+        .add("fill_ratio", jnum(requested.run.built.fill_ratio));
+    if (!search_rows.empty()) o.add("chunk_search", jarr(search_rows));
+    o.add("requested", evaluation_json(requested));
+    o.add("max_params", jint(top ? top->params : 0))
+        .add("max_shape", top ? shape_json(top->shape) : "null")
+        .add("bytes_moved_per_iter", jint(top ? top->run.last.bytes_moved() : 0))
+        .add("step_s", top ? jnum(top->step_s) : "null")
+        .add("peak_device_bytes", jint(top ? top->run.final_stats.peak_device_bytes : 0))
+        .add("host_needed_per_node_bytes", jint(top ? top->host_per_node : 0))
+        .add("max", top ? evaluation_json(*top) : "null")
+        .add("max_params_with_device_margin", jint(top_margin ? top_margin->params : 0))
+        .add("max_shape_with_device_margin", top_margin ? shape_json(top_margin->shape) : "null")
+        .add("dry_runs", jint(pl.dry_runs));
+    if (a.preset_def) {
+      std::vector<std::string> pubs;
+      for (const auto& p : a.preset_def->published)
+        pubs.push_back(JObj()
+                           .add("system", jstr(p.system))
+                           .add("max_params", p.params > 0 ? jnum(p.params) : "null")
+                           .add("source", jstr(p.note))
+                           .str());
+      o.add("published", jarr(pubs));
+    }
+    std::vector<std::string> as, nm;
+    for (const auto& s : assumptions) as.push_back(jstr(s));
+    for (const auto& s : not_modelled()) nm.push_back(jstr(s));
+    o.add("assumptions", jarr(as)).add("not_modelled", jarr(nm));
+    std::printf("%s\n", o.str().c_str());
+    return 0;
+  }
+
+  if (a.preset_def) std::printf("pstar-plan: preset %s: %s\n", a.preset.c_str(), a.preset_def->description.c_str());
+  std::printf("model: hidden %u, %u heads, vocabulary %u, sequence %u, batch %u per GPU, checkpointing %s, %u-byte dtype\n",
+              a.shape.hidden, a.shape.heads, a.shape.vocab, a.shape.seq, a.shape.batch,
+              a.shape.checkpointing ? "on" : "off", a.shape.dtype_bytes);
+  std::printf("hardware: %u x %u GPUs, %s per GPU (%s for the engine), host %s per node (%s per rank reserved),\n"
+              "          links %.1f / %.1f GB/s per GPU, %.0f TFLOP/s per GPU, host Adam %.0f GB/s per node\n",
+              hw.nodes, hw.gpus_per_node, fmt_bytes(hw.gpu_mem).c_str(), fmt_bytes(double(hw.device_capacity())).c_str(),
+              fmt_bytes(hw.host_mem).c_str(), fmt_bytes(hw.host_reserve).c_str(), hw.h2d / 1e9, hw.d2h / 1e9,
+              hw.flops / 1e12, hw.host_adam / 1e9);
+  std::printf("chunks: %" PRIu64 " elements (%u chunks, fill ratio %.3f)%s\n", chunk, requested.run.built.compute_chunks,
+              requested.run.built.fill_ratio, a.search_chunk ? ", chosen by --search-chunk-size" : "");
+  print_evaluation("requested", requested, hw);
+  if (a.search) {
+    if (top) print_evaluation("largest that fits", *top, hw);
+    else std::printf("largest that fits: none (not even one layer)\n");
+    if (top_margin)
+      std::printf("if each GPU's free device memory held part of its rank's model data (hybrid placement and ZeRO "
+                  "sharding, not built yet): %u layers, %.2fB params\n",
+                  top_margin->shape.layers, top_margin->params / 1e9);
+  }
+  if (a.preset_def)
+    for (const auto& p : a.preset_def->published)
+      std::printf("published: %s: %s (%s)\n", p.system.c_str(),
+                  p.params > 0 ? (std::to_string(int(p.params / 1e9 + 0.5)) + "B").c_str() : "-", p.note.c_str());
+  std::printf("assumptions:\n");
+  for (const auto& s : assumptions) std::printf("  - %s\n", s.c_str());
+  std::printf("not modelled:\n");
+  for (const auto& s : not_modelled()) std::printf("  - %s\n", s.c_str());
+  std::printf("%u dry runs\n", pl.dry_runs);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "pstar-plan: %s\n\n%s", e.what(), kUsage);
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "pstar-plan: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,71 @@
+// Drives a Workload through libpstar's C API: one engine, the workload's
+// parameters registered in order, then TRAIN iterations following its
+// schedule.  Per use: report the use's non-model bytes, acquire its
+// parameters (one moment each), advance the virtual clock by its compute
+// time, write each gradient in backward, release.  Before each step the
+// clock advances by the host optimizer's modelled time.
+//
+// With options.dry_run the engine holds no payloads (acquire yields NULL,
+// gradients are written as NULL); otherwise gradients are zeros from a host
+// buffer (F32), so a run with payloads and the same options moves the same
+// chunks.  The clock calls are made only when options.virtual_clock or
+// options.dry_run is set.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "gpt_workload.h"
+#include "pstar/pstar.h"
+
+namespace pstar::workload {
+
+struct ReplayConfig {
+  pstar_engine_options options;    // used as given
+  uint32_t iterations = 2;         // TRAIN iterations (the first is the warm-up)
+  double flops_per_s = 0.0;        // > 0: a use's compute takes flops / flops_per_s
+  double optimizer_seconds = 0.0;  // > 0: clock advance before each pstar_step
+  bool build_only = false;         // register and build, run nothing
+  ReplayConfig();                  // options = the library's defaults
+};
+
+// Counter deltas over one TRAIN iteration (begin to the end of its step).
+struct IterationFigures {
+  uint64_t bytes_host_to_device = 0;
+  uint64_t bytes_device_to_host = 0;
+  uint64_t bytes_prefetched = 0;
+  uint64_t bytes_critical = 0;
+  uint64_t moves_to_device = 0;
+  uint64_t evictions = 0;
+  uint64_t trace_fallbacks = 0;
+  uint64_t budget_overruns = 0;
+  double clock_seconds = 0.0;      // modelled on a virtual clock
+  double wait_seconds = 0.0;
+  uint64_t bytes_moved() const { return bytes_host_to_device + bytes_device_to_host; }
+};
+
+struct ReplayResult {
+  // PSTAR_OK, or the status of the first call that failed (the replay stops
+  // there), with the call and the library's message.
+  pstar_status status = PSTAR_OK;
+  std::string failed_call;
+  std::string message;
+  uint32_t iterations_done = 0;
+  pstar_stats built;               // right after pstar_engine_build
+  pstar_stats final_stats;         // at the end (or at the failure)
+  IterationFigures last;           // the last completed iteration
+  double compute_seconds = 0.0;    // per iteration: sum of flops / flops_per_s
+  uint64_t peak_nonmodel_reported = 0;
+
+  bool ok() const { return status == PSTAR_OK; }
+  bool out_of_memory() const { return status == PSTAR_ERR_OUT_OF_MEMORY; }
+  // The four chunk lists as the layout packed them (compute + master, m, v).
+  uint64_t list_bytes() const { return built.compute_list_bytes + 3 * built.optimizer_list_bytes; }
+};
+
+ReplayResult replay(const Workload& workload, const ReplayConfig& config);
+
+// Library dtype of a compute dtype size: 2 -> BF16, 4 -> F32.
+pstar_dtype compute_dtype_for(uint32_t dtype_bytes);
+
+}  // namespace pstar::workload
