@@ -48,15 +48,15 @@ struct UsageError : std::runtime_error {
 struct Hardware {
   uint32_t gpus_per_node = 1;
   uint32_t nodes = 1;
-  double gpu_mem = 0;            // bytes per GPU
-  double gpu_reserve = -1;       // bytes per GPU kept from the engine; < 0: 10% of gpu_mem
-  double host_mem = 0;           // bytes per node, shared by its ranks
-  double host_reserve = 4 * kGiB;  // bytes per rank kept from the model data
-  double nvme = 0;               // bytes per node (no NVMe tier yet: reported only)
+  double gpu_mem = 0;                           // bytes per GPU
+  double gpu_reserve = -1;                      // bytes per GPU kept from the engine; < 0: 10% of gpu_mem
+  double host_mem = 0;                          // bytes per node, shared by its ranks
+  double host_reserve = 4 * kGiB;               // bytes per rank kept from the model data
+  double nvme = 0;                              // bytes per node (no NVMe tier yet: reported only)
   double h2d = PSTAR_DEFAULT_LINK_BYTES_PER_S;  // bytes/s per GPU
   double d2h = PSTAR_DEFAULT_LINK_BYTES_PER_S;
-  double flops = 0;              // sustained FLOP/s per GPU
-  double host_adam = 100e9;      // bytes/s of the fused Adam pass per node
+  double flops = 0;          // sustained FLOP/s per GPU
+  double host_adam = 100e9;  // bytes/s of the fused Adam pass per node
 
   uint32_t world() const { return gpus_per_node * nodes; }
   uint64_t device_capacity() const {
@@ -68,7 +68,7 @@ struct Hardware {
 // A published result the preset reproduces the conditions of.
 struct Published {
   std::string system;
-  double params;       // 0 when the source gives no number
+  double params;  // 0 when the source gives no number
   std::string note;
 };
 
@@ -111,12 +111,11 @@ std::vector<Preset> presets() {
                    {"DeepSpeed v0.4.3", 4e9,
                     "4B as given in the planner issue; PatrickStar's README says only that PatrickStar's "
                     "model is over twice as large"}};
-    p.assumptions = {
-        "batch 8 per GPU: PatrickStar's sources do not state the batch of the 18B run",
-        "link 6 GB/s per GPU each way: PCIe 3.0 x16 (12 GB/s) shared by two GPUs per switch when all "
-        "GPUs copy at once",
-        "50 TFLOP/s sustained per GPU: 40% of the V100's 125 TFLOP/s fp16 tensor-core peak",
-        "host Adam 100 GB/s per node: a two-socket Xeon node (the CPU is not published)"};
+    p.assumptions = {"batch 8 per GPU: PatrickStar's sources do not state the batch of the 18B run",
+                     "link 6 GB/s per GPU each way: PCIe 3.0 x16 (12 GB/s) shared by two GPUs per switch when all "
+                     "GPUs copy at once",
+                     "50 TFLOP/s sustained per GPU: 40% of the V100's 125 TFLOP/s fp16 tensor-core peak",
+                     "host Adam 100 GB/s per node: a two-socket Xeon node (the CPU is not published)"};
     v.push_back(p);
   }
   {
@@ -139,11 +138,10 @@ std::vector<Preset> presets() {
     p.shape_source = "PatrickStar examples/model_builder.py GPT_DS_68B";
     p.published = {{"PatrickStar v0.4.3", 68e9, "README: 68B on 8 x A100 with 1 TB host memory"},
                    {"DeepSpeed v0.5.7", 0, "README: PatrickStar's 68B is over 6x DeepSpeed's largest"}};
-    p.assumptions = {
-        "batch 8 per GPU: PatrickStar's A100 benchmark script sweeps 4, 8 and 16 for its large models",
-        "link 12 GB/s per GPU each way: PCIe 4.0 x16 (24 GB/s) shared by two GPUs per switch",
-        "125 TFLOP/s sustained per GPU: 40% of the A100's 312 TFLOP/s bf16 tensor-core peak",
-        "host Adam 200 GB/s per node: two AMD EPYC 7742 with 8 DDR4-3200 channels each (409 GB/s peak)"};
+    p.assumptions = {"batch 8 per GPU: PatrickStar's A100 benchmark script sweeps 4, 8 and 16 for its large models",
+                     "link 12 GB/s per GPU each way: PCIe 4.0 x16 (24 GB/s) shared by two GPUs per switch",
+                     "125 TFLOP/s sustained per GPU: 40% of the A100's 312 TFLOP/s bf16 tensor-core peak",
+                     "host Adam 200 GB/s per node: two AMD EPYC 7742 with 8 DDR4-3200 channels each (409 GB/s peak)"};
     v.push_back(p);
   }
   return v;
@@ -165,9 +163,8 @@ double parse_quantity(const std::string& opt, const std::string& text) {
     }
   }
   static const std::map<std::string, double> scale = {
-      {"", 1.0},    {"k", 1e3},           {"K", 1e3},           {"M", 1e6},           {"G", 1e9},
-      {"T", 1e12},  {"P", 1e15},          {"Ki", 1024.0},       {"Mi", 1048576.0},    {"Gi", kGiB},
-      {"Ti", kGiB * 1024.0}};
+      {"", 1.0},   {"k", 1e3},     {"K", 1e3},        {"M", 1e6},   {"G", 1e9},           {"T", 1e12},
+      {"P", 1e15}, {"Ki", 1024.0}, {"Mi", 1048576.0}, {"Gi", kGiB}, {"Ti", kGiB * 1024.0}};
   const auto it = scale.find(suffix);
   if (it == scale.end()) throw UsageError(opt + ": unknown unit in '" + text + "'");
   return value * it->second;
@@ -175,7 +172,8 @@ double parse_quantity(const std::string& opt, const std::string& text) {
 
 uint32_t parse_count(const std::string& opt, const std::string& text) {
   const double v = parse_quantity(opt, text);
-  if (v < 1 || v > 4e9 || v != std::floor(v)) throw UsageError(opt + ": expected a positive integer, got '" + text + "'");
+  if (v < 1 || v > 4e9 || v != std::floor(v))
+    throw UsageError(opt + ": expected a positive integer, got '" + text + "'");
   return uint32_t(v);
 }
 
@@ -248,40 +246,67 @@ Args parse_args(int argc, char** argv, const std::vector<Preset>& known) {
       a.hw = it->hw;
     }
   for (const auto& [k, v] : opts) {
-    if (k == "--preset") continue;
+    if (k == "--preset")
+      continue;
     else if (k == "--help" || k == "-h") {
       std::fputs(kUsage, stdout);
       std::exit(0);
-    } else if (k == "--search-chunk-size") a.search_chunk = true;
-    else if (k == "--no-search") a.search = false;
-    else if (k == "--json") a.json = true;
-    else if (k == "--verbose") a.verbose = true;
-    else if (k == "--layers") a.shape.layers = parse_count(k, v);
-    else if (k == "--hidden") a.shape.hidden = parse_count(k, v);
-    else if (k == "--heads") a.shape.heads = parse_count(k, v);
-    else if (k == "--vocab") a.shape.vocab = parse_count(k, v);
-    else if (k == "--seq") a.shape.seq = parse_count(k, v);
-    else if (k == "--batch") a.shape.batch = parse_count(k, v);
-    else if (k == "--checkpointing") a.shape.checkpointing = parse_bool(k, v);
+    } else if (k == "--search-chunk-size")
+      a.search_chunk = true;
+    else if (k == "--no-search")
+      a.search = false;
+    else if (k == "--json")
+      a.json = true;
+    else if (k == "--verbose")
+      a.verbose = true;
+    else if (k == "--layers")
+      a.shape.layers = parse_count(k, v);
+    else if (k == "--hidden")
+      a.shape.hidden = parse_count(k, v);
+    else if (k == "--heads")
+      a.shape.heads = parse_count(k, v);
+    else if (k == "--vocab")
+      a.shape.vocab = parse_count(k, v);
+    else if (k == "--seq")
+      a.shape.seq = parse_count(k, v);
+    else if (k == "--batch")
+      a.shape.batch = parse_count(k, v);
+    else if (k == "--checkpointing")
+      a.shape.checkpointing = parse_bool(k, v);
     else if (k == "--dtype") {
-      if (v == "bf16" || v == "f16" || v == "fp16") a.shape.dtype_bytes = 2;
-      else if (v == "f32" || v == "fp32") a.shape.dtype_bytes = 4;
-      else throw UsageError("--dtype: expected bf16, f16 or f32, got '" + v + "'");
-    } else if (k == "--gpu-mem") a.hw.gpu_mem = parse_quantity(k, v);
-    else if (k == "--gpu-reserve") a.hw.gpu_reserve = parse_quantity(k, v);
-    else if (k == "--host-mem") a.hw.host_mem = parse_quantity(k, v);
-    else if (k == "--host-reserve") a.hw.host_reserve = parse_quantity(k, v);
-    else if (k == "--nvme") a.hw.nvme = parse_quantity(k, v);
-    else if (k == "--h2d") a.hw.h2d = parse_quantity(k, v);
-    else if (k == "--d2h") a.hw.d2h = parse_quantity(k, v);
-    else if (k == "--flops") a.hw.flops = parse_quantity(k, v);
-    else if (k == "--host-adam-bytes-per-s") a.hw.host_adam = parse_quantity(k, v);
-    else if (k == "--gpus-per-node") a.hw.gpus_per_node = parse_count(k, v);
-    else if (k == "--nodes") a.hw.nodes = parse_count(k, v);
+      if (v == "bf16" || v == "f16" || v == "fp16")
+        a.shape.dtype_bytes = 2;
+      else if (v == "f32" || v == "fp32")
+        a.shape.dtype_bytes = 4;
+      else
+        throw UsageError("--dtype: expected bf16, f16 or f32, got '" + v + "'");
+    } else if (k == "--gpu-mem")
+      a.hw.gpu_mem = parse_quantity(k, v);
+    else if (k == "--gpu-reserve")
+      a.hw.gpu_reserve = parse_quantity(k, v);
+    else if (k == "--host-mem")
+      a.hw.host_mem = parse_quantity(k, v);
+    else if (k == "--host-reserve")
+      a.hw.host_reserve = parse_quantity(k, v);
+    else if (k == "--nvme")
+      a.hw.nvme = parse_quantity(k, v);
+    else if (k == "--h2d")
+      a.hw.h2d = parse_quantity(k, v);
+    else if (k == "--d2h")
+      a.hw.d2h = parse_quantity(k, v);
+    else if (k == "--flops")
+      a.hw.flops = parse_quantity(k, v);
+    else if (k == "--host-adam-bytes-per-s")
+      a.hw.host_adam = parse_quantity(k, v);
+    else if (k == "--gpus-per-node")
+      a.hw.gpus_per_node = parse_count(k, v);
+    else if (k == "--nodes")
+      a.hw.nodes = parse_count(k, v);
     else if (k == "--chunk-elems") {
       a.chunk_elems = parse_count(k, v);
       if (a.chunk_elems % 128 != 0) throw UsageError("--chunk-elems must be a multiple of 128");
-    } else throw UsageError("unknown option '" + k + "'");
+    } else
+      throw UsageError("unknown option '" + k + "'");
   }
   std::string missing;
   auto need = [&](bool ok, const char* name) {
@@ -313,7 +338,7 @@ struct Evaluation {
   GptShape shape;
   uint64_t chunk_elems = 0;
   uint64_t params = 0;
-  double flops = 0;              // per iteration per GPU
+  double flops = 0;  // per iteration per GPU
   ReplayResult run;
   uint64_t device_capacity = 0;
   bool device_ok = false;
@@ -419,7 +444,8 @@ struct Planner {
     ev.step_s = ev.run.last.clock_seconds;
     if (args.verbose)
       std::fprintf(stderr,
-                   "pstar-plan: dry run %u: %u layers, %.3fB params, chunk %" PRIu64 ": device %s (peak %.2f GiB of %.2f), "
+                   "pstar-plan: dry run %u: %u layers, %.3fB params, chunk %" PRIu64
+                   ": device %s (peak %.2f GiB of %.2f), "
                    "host %.1f GiB/node of %.1f, moved %.2f GB, step %.3f s\n",
                    dry_runs, layers, ev.params / 1e9, chunk_elems,
                    ev.device_ok ? "ok" : (ev.run.out_of_memory() ? "out of memory" : "over capacity"),
@@ -448,8 +474,10 @@ struct Planner {
       const ReplayResult r = pstar::workload::replay(w, cfg);
       ++dry_runs;
       if (!r.ok() && !r.out_of_memory()) engine_failure(r, ev.shape);
-      if (r.ok() && r.final_stats.peak_device_bytes <= mid) hi = mid;
-      else lo = mid;
+      if (r.ok() && r.final_stats.peak_device_bytes <= mid)
+        hi = mid;
+      else
+        lo = mid;
     }
     ev.min_capacity = hi;
     ev.margin_per_rank = ev.device_capacity - hi;
@@ -467,8 +495,10 @@ struct Planner {
     uint32_t lo = 0, hi = cap + 1;  // pred(lo) holds (vacuously for 0), pred(hi) fails
     while (hi - lo > 1) {
       const uint32_t mid = lo + (hi - lo) / 2;
-      if (pred(margin ? evaluate_margin(mid, chunk_elems) : evaluate(mid, chunk_elems))) lo = mid;
-      else hi = mid;
+      if (pred(margin ? evaluate_margin(mid, chunk_elems) : evaluate(mid, chunk_elems)))
+        lo = mid;
+      else
+        hi = mid;
     }
     return lo;
   }
@@ -483,12 +513,14 @@ uint64_t round_up(uint64_t x, uint64_t m) { return (x + m - 1) / m * m; }
 std::string jstr(const std::string& s) {
   std::string o = "\"";
   for (char c : s) {
-    if (c == '"' || c == '\\') o += '\\', o += c;
+    if (c == '"' || c == '\\')
+      o += '\\', o += c;
     else if (static_cast<unsigned char>(c) < 0x20) {
       char buf[8];
       std::snprintf(buf, sizeof buf, "\\u%04x", c);
       o += buf;
-    } else o += c;
+    } else
+      o += c;
   }
   return o + "\"";
 }
@@ -496,8 +528,10 @@ std::string jstr(const std::string& s) {
 std::string jnum(double v) {
   if (!std::isfinite(v)) return "null";
   char buf[32];
-  if (v == std::floor(v) && std::fabs(v) < 9e15) std::snprintf(buf, sizeof buf, "%.0f", v);
-  else std::snprintf(buf, sizeof buf, "%.6g", v);
+  if (v == std::floor(v) && std::fabs(v) < 9e15)
+    std::snprintf(buf, sizeof buf, "%.0f", v);
+  else
+    std::snprintf(buf, sizeof buf, "%.6g", v);
   return buf;
 }
 
@@ -572,24 +606,27 @@ std::vector<std::string> common_assumptions(const Args& a) {
   const Hardware& hw = a.hw;
   char buf[512];
   std::vector<std::string> v;
-  v.push_back("GPT-style workload of tools/workload/gpt_workload.h: activations from Korthikanti et al. 2022, "
-              "FLOPs 2 per multiply-add on weight matrices and attention scores, element-wise work not timed");
+  v.push_back(
+      "GPT-style workload of tools/workload/gpt_workload.h: activations from Korthikanti et al. 2022, "
+      "FLOPs 2 per multiply-add on weight matrices and attention scores, element-wise work not timed");
   std::snprintf(buf, sizeof buf,
                 "engine: dry run, virtual clock, OPT placement with prefetch, device capacity %.2f GiB per GPU "
                 "(%.2f GiB reserved for the CUDA context, libraries and allocator slack)",
                 hw.device_capacity() / kGiB, (hw.gpu_mem - hw.device_capacity()) / kGiB);
   v.push_back(buf);
-  v.push_back("each of a node's ranks runs the same device-side trace with the whole model: the engine has no "
-              "ZeRO sharding yet, so bytes moved and the device peak are one rank's with the full model");
+  v.push_back(
+      "each of a node's ranks runs the same device-side trace with the whole model: the engine has no "
+      "ZeRO sharding yet, so bytes moved and the device peak are one rank's with the full model");
   std::snprintf(buf, sizeof buf,
                 "host per node = ranks x (share of the four chunk lists (14 B/param with a 2-byte dtype, over all "
                 "%u ranks, as ZeRO and PatrickStar divide them) + the engine's host bytes beyond the lists + %.1f GiB "
                 "reserved per rank)",
                 hw.world(), hw.host_reserve / kGiB);
   v.push_back(buf);
-  v.push_back("step = modelled compute (FLOPs / sustained FLOP/s) + the engine's modelled waiting for moves + "
-              "host Adam time (28 B per element of the node's share at the node's Adam bandwidth), "
-              "one micro-batch per step");
+  v.push_back(
+      "step = modelled compute (FLOPs / sustained FLOP/s) + the engine's modelled waiting for moves + "
+      "host Adam time (28 B per element of the node's share at the node's Adam bandwidth), "
+      "one micro-batch per step");
   if (hw.nvme > 0) v.push_back("NVMe given but unused: the engine has no NVMe tier yet");
   return v;
 }
@@ -606,8 +643,10 @@ std::vector<std::string> not_modelled() {
 
 std::string fmt_bytes(double b) {
   char buf[64];
-  if (b >= kGiB) std::snprintf(buf, sizeof buf, "%.2f GiB", b / kGiB);
-  else std::snprintf(buf, sizeof buf, "%.2f MiB", b / (1024.0 * 1024.0));
+  if (b >= kGiB)
+    std::snprintf(buf, sizeof buf, "%.2f GiB", b / kGiB);
+  else
+    std::snprintf(buf, sizeof buf, "%.2f MiB", b / (1024.0 * 1024.0));
   return buf;
 }
 
@@ -621,7 +660,8 @@ void print_evaluation(const char* title, const Evaluation& e, const Hardware& hw
   if (!e.run.ok()) {
     std::printf("  engine: %s in %s: %s\n", pstar_status_name(e.run.status), e.run.failed_call.c_str(),
                 e.run.message.c_str());
-    std::printf("  host %s per node of %s\n", fmt_bytes(double(e.host_per_node)).c_str(), fmt_bytes(hw.host_mem).c_str());
+    std::printf("  host %s per node of %s\n", fmt_bytes(double(e.host_per_node)).c_str(),
+                fmt_bytes(hw.host_mem).c_str());
     return;
   }
   std::printf("  per GPU per iteration: %.2f GB moved (H2D %.2f, D2H %.2f), %.2f GB waited for\n",
@@ -629,10 +669,12 @@ void print_evaluation(const char* title, const Evaluation& e, const Hardware& hw
               it.bytes_critical / 1e9);
   std::printf("  step %.3f s = compute %.3f + waiting %.3f + host Adam %.3f\n", e.step_s, e.run.compute_seconds,
               it.wait_seconds, e.adam_s);
-  std::printf("  device peak %s of %s (activations up to %s)", fmt_bytes(double(e.run.final_stats.peak_device_bytes)).c_str(),
+  std::printf("  device peak %s of %s (activations up to %s)",
+              fmt_bytes(double(e.run.final_stats.peak_device_bytes)).c_str(),
               fmt_bytes(double(e.device_capacity)).c_str(), fmt_bytes(double(e.run.peak_nonmodel_reported)).c_str());
   if (e.min_capacity) std::printf("; runs in %s", fmt_bytes(double(e.min_capacity)).c_str());
-  std::printf("\n  host %s per node of %s\n", fmt_bytes(double(e.host_per_node)).c_str(), fmt_bytes(hw.host_mem).c_str());
+  std::printf("\n  host %s per node of %s\n", fmt_bytes(double(e.host_per_node)).c_str(),
+              fmt_bytes(hw.host_mem).c_str());
 }
 
 int run(int argc, char** argv) {
@@ -643,12 +685,19 @@ int run(int argc, char** argv) {
   const Hardware& hw = a.hw;
   if (!a.verbose) pstar_log_set_callback(nullptr, nullptr, PSTAR_LOG_OFF);
 
-  // Chunk size.  Default: one layer's parameters (each rounded to 128
-  // elements, as the layout aligns them), so that layers fill chunks
-  // without waste and the chunk count stays in the hundreds or thousands.
+  // Chunk size.  Candidates lie between the largest layer matrix (4h x h:
+  // no layer parameter gets a jumbo chunk) and one layer (the default) or,
+  // with --search-chunk-size, two layers: the size of every run of
+  // consecutive layer parameters (each rounded to 128 elements as the layout
+  // aligns them: the sizes that layers fill without waste), and with the
+  // search also a grid of at most 64 steps.  Default: the best fill ratio
+  // of a layout (build only, no dry run), the smallest on ties.  The search
+  // keeps the candidates within 0.5% of the best fill ratio and takes the
+  // one whose dry run needs the least device memory (smallest capacity
+  // without out-of-memory), then the fewest bytes moved, then the smallest.
   const uint64_t h = a.shape.hidden;
-  uint64_t layer_elems = 0;
   std::vector<uint64_t> layer_params;  // aligned sizes of one layer's parameters
+  uint64_t layer_elems = 0;
   {
     GptShape one = a.shape;
     one.layers = 1;
@@ -656,20 +705,17 @@ int run(int argc, char** argv) {
     for (size_t i = 2; i < 14; ++i) layer_params.push_back(round_up(w1.params[i].numel, 128));
     for (uint64_t n : layer_params) layer_elems += n;
   }
-  uint64_t chunk = a.chunk_elems ? a.chunk_elems : layer_elems;
+  uint64_t chunk = a.chunk_elems;
   std::vector<std::string> search_rows;
-  if (a.search_chunk) {
-    // Candidates between the largest layer matrix (4h x h: no layer
-    // parameter gets a jumbo chunk) and two layers: a grid of at most 64
-    // steps, and the size of every run of consecutive layer parameters (the
-    // sizes that layers fill without waste).  Keep those within 0.5% of the
-    // best fill ratio; of those, the one whose dry run needs the least
-    // device memory (smallest capacity without out-of-memory), then the
-    // fewest bytes moved, then the smallest.
-    const uint64_t lo = round_up(4 * h * h, 128), hi = std::max(lo, 2 * layer_elems);
-    const uint64_t step = std::max(round_up(std::max<uint64_t>(h * h / 2, 1), 128), round_up((hi - lo) / 64 + 1, 128));
+  if (!a.chunk_elems) {
+    const uint64_t lo = round_up(4 * h * h, 128);
+    const uint64_t hi = std::max(lo, (a.search_chunk ? 2 : 1) * layer_elems);
     std::vector<uint64_t> sizes;
-    for (uint64_t c = lo; c <= hi; c += step) sizes.push_back(c);
+    if (a.search_chunk) {
+      const uint64_t step =
+          std::max(round_up(std::max<uint64_t>(h * h / 2, 1), 128), round_up((hi - lo) / 64 + 1, 128));
+      for (uint64_t c = lo; c <= hi; c += step) sizes.push_back(c);
+    }
     const size_t np = layer_params.size();
     for (size_t i = 0; i < np; ++i) {
       uint64_t run = 0;
@@ -678,6 +724,7 @@ int run(int argc, char** argv) {
         if (run >= lo && run <= hi) sizes.push_back(run);
       }
     }
+    if (sizes.empty()) sizes.push_back(layer_elems);
     std::sort(sizes.begin(), sizes.end());
     sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
     const Workload w = pstar::workload::make_gpt(a.shape);
@@ -691,28 +738,35 @@ int run(int argc, char** argv) {
       const ReplayResult r = pl.layout(w, c);
       cands.push_back({c, r.built.fill_ratio, r.built.compute_chunks});
     }
-    double best_fill = 0;
-    for (const Cand& c : cands) best_fill = std::max(best_fill, c.fill);
-    uint64_t chosen = 0, best_need = UINT64_MAX, best_moved = UINT64_MAX;
-    for (const Cand& c : cands) {
-      JObj row;
-      row.add("chunk_elems", jint(c.chunk)).add("fill_ratio", jnum(c.fill)).add("chunks", jint(c.chunks));
-      if (c.fill >= best_fill - 0.005) {
-        const Evaluation& e = pl.evaluate_margin(a.shape.layers, c.chunk);
-        const uint64_t need = e.device_ok ? e.min_capacity : UINT64_MAX;
-        const uint64_t moved = e.device_ok ? e.run.last.bytes_moved() : UINT64_MAX;
-        row.add("min_device_capacity_bytes", e.device_ok ? jint(need) : "null")
-            .add("bytes_moved_per_iter", e.device_ok ? jint(moved) : "null");
-        // Candidates come in increasing size: on ties the smaller wins.
-        if (chosen == 0 || need < best_need || (need == best_need && moved < best_moved)) {
-          chosen = c.chunk;
-          best_need = need;
-          best_moved = moved;
+    if (!a.search_chunk) {
+      Cand best = cands.front();
+      for (const Cand& c : cands)
+        if (c.fill > best.fill) best = c;
+      chunk = best.chunk;
+    } else {
+      double best_fill = 0;
+      for (const Cand& c : cands) best_fill = std::max(best_fill, c.fill);
+      uint64_t chosen = 0, best_need = UINT64_MAX, best_moved = UINT64_MAX;
+      for (const Cand& c : cands) {
+        JObj row;
+        row.add("chunk_elems", jint(c.chunk)).add("fill_ratio", jnum(c.fill)).add("chunks", jint(c.chunks));
+        if (c.fill >= best_fill - 0.005) {
+          const Evaluation& e = pl.evaluate_margin(a.shape.layers, c.chunk);
+          const uint64_t need = e.device_ok ? e.min_capacity : UINT64_MAX;
+          const uint64_t moved = e.device_ok ? e.run.last.bytes_moved() : UINT64_MAX;
+          row.add("min_device_capacity_bytes", e.device_ok ? jint(need) : "null")
+              .add("bytes_moved_per_iter", e.device_ok ? jint(moved) : "null");
+          // Candidates come in increasing size: on ties the smaller wins.
+          if (chosen == 0 || need < best_need || (need == best_need && moved < best_moved)) {
+            chosen = c.chunk;
+            best_need = need;
+            best_moved = moved;
+          }
         }
+        search_rows.push_back(row.str());
       }
-      search_rows.push_back(row.str());
+      chunk = chosen;
     }
-    chunk = chosen;
   }
 
   const Evaluation& requested = pl.evaluate_margin(a.shape.layers, chunk);
@@ -799,24 +853,30 @@ int run(int argc, char** argv) {
   }
 
   if (a.preset_def) std::printf("pstar-plan: preset %s: %s\n", a.preset.c_str(), a.preset_def->description.c_str());
-  std::printf("model: hidden %u, %u heads, vocabulary %u, sequence %u, batch %u per GPU, checkpointing %s, %u-byte dtype\n",
-              a.shape.hidden, a.shape.heads, a.shape.vocab, a.shape.seq, a.shape.batch,
-              a.shape.checkpointing ? "on" : "off", a.shape.dtype_bytes);
-  std::printf("hardware: %u x %u GPUs, %s per GPU (%s for the engine), host %s per node (%s per rank reserved),\n"
-              "          links %.1f / %.1f GB/s per GPU, %.0f TFLOP/s per GPU, host Adam %.0f GB/s per node\n",
-              hw.nodes, hw.gpus_per_node, fmt_bytes(hw.gpu_mem).c_str(), fmt_bytes(double(hw.device_capacity())).c_str(),
-              fmt_bytes(hw.host_mem).c_str(), fmt_bytes(hw.host_reserve).c_str(), hw.h2d / 1e9, hw.d2h / 1e9,
-              hw.flops / 1e12, hw.host_adam / 1e9);
-  std::printf("chunks: %" PRIu64 " elements (%u chunks, fill ratio %.3f)%s\n", chunk, requested.run.built.compute_chunks,
-              requested.run.built.fill_ratio, a.search_chunk ? ", chosen by --search-chunk-size" : "");
+  std::printf(
+      "model: hidden %u, %u heads, vocabulary %u, sequence %u, batch %u per GPU, checkpointing %s, %u-byte dtype\n",
+      a.shape.hidden, a.shape.heads, a.shape.vocab, a.shape.seq, a.shape.batch, a.shape.checkpointing ? "on" : "off",
+      a.shape.dtype_bytes);
+  std::printf(
+      "hardware: %u x %u GPUs, %s per GPU (%s for the engine), host %s per node (%s per rank reserved),\n"
+      "          links %.1f / %.1f GB/s per GPU, %.0f TFLOP/s per GPU, host Adam %.0f GB/s per node\n",
+      hw.nodes, hw.gpus_per_node, fmt_bytes(hw.gpu_mem).c_str(), fmt_bytes(double(hw.device_capacity())).c_str(),
+      fmt_bytes(hw.host_mem).c_str(), fmt_bytes(hw.host_reserve).c_str(), hw.h2d / 1e9, hw.d2h / 1e9, hw.flops / 1e12,
+      hw.host_adam / 1e9);
+  std::printf("chunks: %" PRIu64 " elements (%u chunks, fill ratio %.3f)%s\n", chunk,
+              requested.run.built.compute_chunks, requested.run.built.fill_ratio,
+              a.search_chunk ? ", chosen by --search-chunk-size" : "");
   print_evaluation("requested", requested, hw);
   if (a.search) {
-    if (top) print_evaluation("largest that fits", *top, hw);
-    else std::printf("largest that fits: none (not even one layer)\n");
+    if (top)
+      print_evaluation("largest that fits", *top, hw);
+    else
+      std::printf("largest that fits: none (not even one layer)\n");
     if (top_margin)
-      std::printf("if each GPU's free device memory held part of its rank's model data (hybrid placement and ZeRO "
-                  "sharding, not built yet): %u layers, %.2fB params\n",
-                  top_margin->shape.layers, top_margin->params / 1e9);
+      std::printf(
+          "if each GPU's free device memory held part of its rank's model data (hybrid placement and ZeRO "
+          "sharding, not built yet): %u layers, %.2fB params\n",
+          top_margin->shape.layers, top_margin->params / 1e9);
   }
   if (a.preset_def)
     for (const auto& p : a.preset_def->published)

@@ -160,8 +160,7 @@ Workload make_gpt(const GptShape& g) {
     if (g.checkpointing) {
       // The layer's input is its checkpoint (already stored): ln1 saves
       // nothing new; the other modules save what they saved in forward.
-      for (int k = 0; k < 6; ++k)
-        fwd({m[k].weight, m[k].bias}, Stage::Recompute, m[k].flops, k == 0 ? 0 : m[k].saved);
+      for (int k = 0; k < 6; ++k) fwd({m[k].weight, m[k].bias}, Stage::Recompute, m[k].flops, k == 0 ? 0 : m[k].saved);
     }
     for (int k = 6; k-- > 0;) bwd({m[k].weight, m[k].bias}, 2.0 * m[k].flops, m[k].saved);
   }

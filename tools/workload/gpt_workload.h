@@ -81,10 +81,10 @@ struct GptShape {
   uint32_t heads = 0;
   uint32_t vocab = 0;
   uint32_t seq = 0;
-  uint32_t batch = 0;             // micro-batch per rank
-  bool checkpointing = true;      // full activation checkpointing per layer
-  uint32_t dtype_bytes = 2;       // compute dtype and activations: 2 or 4
-  uint32_t logits_bytes = 4;      // bytes per logit kept for the loss
+  uint32_t batch = 0;         // micro-batch per rank
+  bool checkpointing = true;  // full activation checkpointing per layer
+  uint32_t dtype_bytes = 2;   // compute dtype and activations: 2 or 4
+  uint32_t logits_bytes = 4;  // bytes per logit kept for the loss
 };
 
 // Empty when the shape is usable; otherwise what is wrong with it.
@@ -100,23 +100,23 @@ struct Param {
 };
 
 struct Use {
-  std::vector<uint32_t> params;   // indices into Workload::params, acquired together
+  std::vector<uint32_t> params;  // indices into Workload::params, acquired together
   Stage stage = Stage::Forward;
   double flops = 0.0;
-  uint64_t nonmodel_bytes = 0;    // activations + workspace held during the use
-  bool grad_write = false;        // backward: one gradient per parameter before release
+  uint64_t nonmodel_bytes = 0;  // activations + workspace held during the use
+  bool grad_write = false;      // backward: one gradient per parameter before release
 };
 
 struct Workload {
   GptShape shape;
-  std::vector<Param> params;      // registration order = first-use order
-  std::vector<Use> schedule;      // one TRAIN iteration
-  uint64_t param_elems = 0;       // sum of numel (the tied wte once)
-  double flops_forward = 0.0;     // per iteration, per rank
+  std::vector<Param> params;   // registration order = first-use order
+  std::vector<Use> schedule;   // one TRAIN iteration
+  uint64_t param_elems = 0;    // sum of numel (the tied wte once)
+  double flops_forward = 0.0;  // per iteration, per rank
   double flops_backward = 0.0;
   double flops_recompute = 0.0;
   uint64_t peak_nonmodel_bytes = 0;
-  uint64_t moments = 0;           // acquires per iteration
+  uint64_t moments = 0;  // acquires per iteration
 
   double flops_total() const { return flops_forward + flops_backward + flops_recompute; }
 };

@@ -8,9 +8,7 @@ namespace pstar::workload {
 
 ReplayConfig::ReplayConfig() { pstar_engine_options_init(&options); }
 
-pstar_dtype compute_dtype_for(uint32_t dtype_bytes) {
-  return dtype_bytes == 4 ? PSTAR_DTYPE_F32 : PSTAR_DTYPE_BF16;
-}
+pstar_dtype compute_dtype_for(uint32_t dtype_bytes) { return dtype_bytes == 4 ? PSTAR_DTYPE_F32 : PSTAR_DTYPE_BF16; }
 
 namespace {
 
@@ -49,9 +47,12 @@ IterationFigures delta(const pstar_stats& a, const pstar_stats& b) {
 
 pstar_stage stage_of(Stage s) {
   switch (s) {
-    case Stage::Forward: return PSTAR_STAGE_FORWARD;
-    case Stage::Backward: return PSTAR_STAGE_BACKWARD;
-    case Stage::Recompute: return PSTAR_STAGE_RECOMPUTE;
+    case Stage::Forward:
+      return PSTAR_STAGE_FORWARD;
+    case Stage::Backward:
+      return PSTAR_STAGE_BACKWARD;
+    case Stage::Recompute:
+      return PSTAR_STAGE_RECOMPUTE;
   }
   return PSTAR_STAGE_FORWARD;
 }

@@ -39,7 +39,7 @@ struct IterationFigures {
   uint64_t evictions = 0;
   uint64_t trace_fallbacks = 0;
   uint64_t budget_overruns = 0;
-  double clock_seconds = 0.0;      // modelled on a virtual clock
+  double clock_seconds = 0.0;  // modelled on a virtual clock
   double wait_seconds = 0.0;
   uint64_t bytes_moved() const { return bytes_host_to_device + bytes_device_to_host; }
 };
@@ -51,10 +51,10 @@ struct ReplayResult {
   std::string failed_call;
   std::string message;
   uint32_t iterations_done = 0;
-  pstar_stats built;               // right after pstar_engine_build
-  pstar_stats final_stats;         // at the end (or at the failure)
-  IterationFigures last;           // the last completed iteration
-  double compute_seconds = 0.0;    // per iteration: sum of flops / flops_per_s
+  pstar_stats built;             // right after pstar_engine_build
+  pstar_stats final_stats;       // at the end (or at the failure)
+  IterationFigures last;         // the last completed iteration
+  double compute_seconds = 0.0;  // per iteration: sum of flops / flops_per_s
   uint64_t peak_nonmodel_reported = 0;
 
   bool ok() const { return status == PSTAR_OK; }

@@ -36,7 +36,8 @@ void expect_eq(T a, T b, const std::string& what) {
 }
 
 void expect_near(double a, double b, const std::string& what) {
-  expect(std::fabs(a - b) <= 1e-9 * std::max(1.0, std::fabs(b)), what + ": " + std::to_string(a) + " != " + std::to_string(b));
+  expect(std::fabs(a - b) <= 1e-9 * std::max(1.0, std::fabs(b)),
+         what + ": " + std::to_string(a) + " != " + std::to_string(b));
 }
 
 // Closed forms of the workload: parameter count, FLOPs (Narayanan et al.
@@ -96,7 +97,7 @@ void compare(const GptShape& g, uint64_t chunk_elems) {
   cfg.options.threads = 1;
   cfg.options.h2d_bytes_per_s = 1e9;
   cfg.options.d2h_bytes_per_s = 0.8e9;
-  cfg.iterations = 3;          // warm-up, then two traced iterations
+  cfg.iterations = 3;  // warm-up, then two traced iterations
   cfg.flops_per_s = 1e12;
   cfg.optimizer_seconds = 1e-4;
 
@@ -132,7 +133,8 @@ void compare(const GptShape& g, uint64_t chunk_elems) {
   expect_eq(p.last.evictions, r.last.evictions, tag + "evictions");
   expect_eq(p.final_stats.bytes_host_to_device, r.final_stats.bytes_host_to_device, tag + "total bytes to device");
   expect_eq(p.final_stats.peak_device_bytes, r.final_stats.peak_device_bytes, tag + "peak device bytes");
-  expect_eq(p.final_stats.peak_device_chunk_bytes, r.final_stats.peak_device_chunk_bytes, tag + "peak device chunk bytes");
+  expect_eq(p.final_stats.peak_device_chunk_bytes, r.final_stats.peak_device_chunk_bytes,
+            tag + "peak device chunk bytes");
   expect_eq(p.final_stats.peak_host_bytes, r.final_stats.peak_host_bytes, tag + "peak host bytes");
   expect_near(p.last.clock_seconds, r.last.clock_seconds, tag + "modelled iteration seconds");
   expect_near(p.last.wait_seconds, r.last.wait_seconds, tag + "modelled wait seconds");
@@ -142,8 +144,7 @@ void compare(const GptShape& g, uint64_t chunk_elems) {
          tag + "iteration time covers compute and the optimizer");
   std::printf("%smoved %llu bytes per iteration (%llu evictions), device peak %llu of %llu, iteration %.6f s\n",
               tag.c_str(), (unsigned long long)p.last.bytes_moved(), (unsigned long long)p.last.evictions,
-              (unsigned long long)p.final_stats.peak_device_bytes, (unsigned long long)capacity,
-              p.last.clock_seconds);
+              (unsigned long long)p.final_stats.peak_device_bytes, (unsigned long long)capacity, p.last.clock_seconds);
 }
 
 }  // namespace
