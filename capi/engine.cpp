@@ -1,5 +1,6 @@
 // C API shims over pstar::engine::Engine: validate handles and pointers,
 // call the core, translate errors.  Each function is one guarded call.
+#include <atomic>
 #include <cstddef>
 #include <cstring>
 #include <mutex>
@@ -30,10 +31,23 @@ std::unordered_set<pstar_engine*>& registry() {
   return live;
 }
 
+// Bumped (under the registry mutex) by every destroy: a thread's cached
+// "this handle was live" answer holds while the generation it saw is current.
+// Creating an engine leaves it: a new engine cannot make a cached handle dead.
+std::atomic<uint64_t> g_registry_generation{0};
+thread_local pstar_engine* t_live_engine = nullptr;
+thread_local uint64_t t_live_generation = 0;
+
 pstar::engine::Engine& live(pstar_engine* e) {
   require(e != nullptr, PSTAR_ERR_INVALID_HANDLE, "engine handle is NULL");
+  // Fast path (acquire/release run millions of times per step): the same
+  // engine as this thread's last call, and no engine destroyed since.
+  const uint64_t gen = g_registry_generation.load(std::memory_order_acquire);
+  if (e == t_live_engine && gen == t_live_generation) return e->impl;
   std::lock_guard<std::mutex> lock(registry_mutex());
   require(registry().count(e) != 0, PSTAR_ERR_INVALID_HANDLE, "engine handle is not a live engine (destroyed?)");
+  t_live_engine = e;
+  t_live_generation = g_registry_generation.load(std::memory_order_relaxed);
   return e->impl;
 }
 
@@ -110,6 +124,7 @@ pstar_status pstar_engine_destroy(pstar_engine* engine) {
       std::lock_guard<std::mutex> lock(registry_mutex());
       require(registry().erase(engine) != 0, PSTAR_ERR_INVALID_HANDLE,
               "engine_destroy: handle is not a live engine (destroyed twice?)");
+      g_registry_generation.fetch_add(1, std::memory_order_acq_rel);
     }
     delete engine;
   });

@@ -151,21 +151,16 @@ Stream* EmulatedDevice::caller_stream(void* handle) {
 void* EmulatedDevice::compute_stream_handle() { return compute_.get(); }
 
 EmulatedDevice::Queue* EmulatedDevice::queue_of(Stream* stream) {
-  auto* q = dynamic_cast<Queue*>(stream);
-  if (q == nullptr) internal_error("stream of another device");
-  return q;
+  // Every Stream this device sees comes from caller_stream() or its own
+  // accessors (the engine never mixes devices), so no dynamic_cast on the
+  // acquire path.
+  if (stream != compute_.get() && stream != h2d_.get() && stream != d2h_.get()) {
+    internal_error("stream of another device");
+  }
+  return static_cast<Queue*>(stream);
 }
 
 void EmulatedDevice::enqueue(Stream* stream, std::function<void()> work) { queue_of(stream)->push(std::move(work)); }
-
-EventPtr EmulatedDevice::completed_event() {
-  static const EventPtr done = [] {
-    auto ev = std::make_shared<EmulatedEvent>();
-    ev->complete();
-    return ev;
-  }();
-  return done;
-}
 
 void EmulatedDevice::copy_async(Stream* stream, void* dst, const void* src, size_t bytes, CopyKind) {
   if (strict_) std::memset(dst, kPoisonByte, bytes);
@@ -179,17 +174,17 @@ void EmulatedDevice::memset_async(Stream* stream, void* dst, int value, size_t b
 
 EventPtr EmulatedDevice::record(Stream* stream) {
   // On an idle queue the event would complete at once: skip the round trip
-  // through the worker (this keeps acquire/release cheap on resident data).
-  if (queue_of(stream)->idle()) return completed_event();
+  // through the worker and return the null event, which counts as complete
+  // and costs no reference counting (acquire/release on resident data).
+  if (queue_of(stream)->idle()) return EventPtr();
   auto ev = std::make_shared<EmulatedEvent>();
   enqueue(stream, [ev] { ev->complete(); });
   return ev;
 }
 
 void EmulatedDevice::stream_wait(Stream* stream, const EventPtr& event) {
-  if (!event) return;
+  if (!event || static_cast<EmulatedEvent*>(event.get())->done()) return;
   auto ev = std::static_pointer_cast<EmulatedEvent>(event);
-  if (ev->done()) return;
   enqueue(stream, [ev] { ev->wait(); });
 }
 

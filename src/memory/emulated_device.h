@@ -70,7 +70,6 @@ class EmulatedDevice final : public Device {
  private:
   Queue* queue_of(Stream* stream);
   void enqueue(Stream* stream, std::function<void()> work);
-  static EventPtr completed_event();
 
   bool strict_;
   std::unique_ptr<Queue> compute_;
