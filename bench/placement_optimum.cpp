@@ -155,7 +155,7 @@ uint64_t furthest_next_use(const PlacementProblem& p, bool whole) {
   for (size_t t = 0; t < p.chunk_at.size(); ++t) {
     const uint32_t c = p.chunk_at[t];
     if (key[c] != kNever) by_next.erase({key[c], c});
-    fetched += p.bytes[c] - held[c];
+    if (t >= p.free_moments) fetched += p.bytes[c] - held[c];
     total += p.bytes[c] - held[c];
     held[c] = p.bytes[c];
     while (total > p.budget_at[t]) {
@@ -318,8 +318,9 @@ bool exhaustive_optimum(const PlacementProblem& p, size_t state_limit, uint64_t*
     });
     for (const auto& [set, cost] : states) {
       if (++work > state_limit) return false;
-      const uint64_t paid = cost + ((set & cbit) ? 0 : size[c]);
-      if (paid + bytes_of(live_after[t] & ~set & ~cbit) > upper) continue;
+      const uint64_t paid = cost + ((set & cbit) || t < p.free_moments ? 0 : size[c]);
+      // (Within the free prefix, chunks still to come cost nothing: no bound.)
+      if (t + 1 >= p.free_moments && paid + bytes_of(live_after[t] & ~set & ~cbit) > upper) continue;
       const uint64_t all = set | cbit;
       if (bytes_of(all) <= p.budget_at[t]) {
         next.emplace_back(all & keep, paid);
@@ -366,6 +367,31 @@ bool exhaustive_optimum(const PlacementProblem& p, size_t state_limit, uint64_t*
   // survives the bound, so states is never empty.
   *out = best;
   return true;
+}
+
+PlacementProblem steady_state_problem(const std::vector<uint32_t>& chunk_at, const std::vector<uint64_t>& budget_at,
+                                      const std::vector<uint64_t>& bytes, size_t repetitions) {
+  PlacementProblem p;
+  p.bytes = bytes;
+  if (chunk_at.empty()) return p;
+  uint64_t largest = 0;
+  std::vector<bool> seen(bytes.size(), false);
+  for (uint32_t c : chunk_at) {
+    if (c >= bytes.size()) break;  // validate_problem() reports it
+    largest = std::max(largest, bytes[c]);
+    if (seen[c]) continue;
+    seen[c] = true;
+    p.chunk_at.push_back(c);
+  }
+  const uint64_t prefix_budget =
+      budget_at.empty() ? 0 : budget_at[0] + std::min(largest, std::numeric_limits<uint64_t>::max() - budget_at[0]);
+  p.free_moments = p.chunk_at.size();
+  p.budget_at.assign(p.free_moments, prefix_budget);
+  for (size_t r = 0; r < repetitions; ++r) {
+    p.chunk_at.insert(p.chunk_at.end(), chunk_at.begin(), chunk_at.end());
+    p.budget_at.insert(p.budget_at.end(), budget_at.begin(), budget_at.end());
+  }
+  return p;
 }
 
 PlacementOptimum placement_optimum(const PlacementProblem& p, size_t exact_state_limit) {

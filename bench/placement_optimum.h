@@ -23,7 +23,25 @@ struct PlacementProblem {
   std::vector<uint64_t> budget_at;           // bytes available for chunks at each moment
   std::vector<uint64_t> bytes;               // size of each chunk (indexed by chunk id)
   std::vector<uint32_t> initially_resident;  // chunk ids resident before moment 0
+  // Fetches at moments < free_moments cost nothing.  A prefix of free
+  // moments that visits every chunk (in first-use order, with a budget of
+  // budget_at[0] plus the largest chunk) lets the schedule start from any
+  // resident set that fits: the optimum of a steady-state iteration whose
+  // starting content is the best possible (see steady_state_problem()).
+  size_t free_moments = 0;
 };
+
+// The problem of `repetitions` back-to-back iterations of `chunk_at` that may
+// start with any resident set fitting budget_at[0]: a free prefix visits each
+// chunk in first-use order, with room for one more chunk than budget_at[0] so
+// that every set that fits is reachable (the extra is evicted, free, at
+// moment 0).  Its optimum divided by `repetitions` is a lower bound on the
+// bytes per iteration of any schedule that repeats every iteration (a steady
+// state: repeated `repetitions` times it is one of the schedules searched),
+// and it grows towards the best such schedule as `repetitions` grows.  With
+// one repetition it bounds a single iteration from any starting content.
+PlacementProblem steady_state_problem(const std::vector<uint32_t>& chunk_at, const std::vector<uint64_t>& budget_at,
+                                      const std::vector<uint64_t>& bytes, size_t repetitions = 1);
 
 struct PlacementOptimum {
   uint64_t bytes_fetched = 0;  // exact minimum when exact == true, else a lower bound

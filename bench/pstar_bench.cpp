@@ -351,6 +351,8 @@ int run_adam(const AdamOptions& o) {
 
 // bench/access.cpp: registers the `access` subcommand.
 CLI::App* add_access_subcommand(CLI::App& app, std::function<int()>* run);
+// bench/placement.cpp: registers the `placement` subcommand.
+CLI::App* add_placement_subcommand(CLI::App& app, std::function<int()>* run);
 
 }  // namespace pstar::bench
 
@@ -381,10 +383,14 @@ int main(int argc, char** argv) {
   std::function<int()> run_access;
   CLI::App* access = pstar::bench::add_access_subcommand(app, &run_access);
 
+  std::function<int()> run_placement;
+  CLI::App* placement = pstar::bench::add_placement_subcommand(app, &run_placement);
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (adam->parsed()) return pstar::bench::run_adam(ao);
     if (access->parsed()) return run_access();
+    if (placement->parsed()) return run_placement();
   } catch (const std::exception& e) {
     std::cerr << "pstar-bench: " << e.what() << "\n";
     return 2;

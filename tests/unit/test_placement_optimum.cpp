@@ -394,3 +394,50 @@ Test(placement_optimum, large_trace_uses_the_lower_bound) {
   cr_assert_leq(ru.bytes_fetched, lru(u));
   cr_assert_leq(fractional_lower_bound(u), ru.bytes_fetched);
 }
+
+// Steady state: a b c a b c in two slots of one byte.  From empty: a, b, c
+// (evicting b), a hits, b (evicting a), c hits: 4.  From the best start {a,
+// b}: a, b hit, c (evicting b: next use 4 after a's 3), a hits, b (evicting
+// a), c hits: 2.
+Test(placement_optimum, steady_state_starts_from_the_best_resident_set) {
+  const std::vector<uint32_t> trace = {0, 1, 2, 0, 1, 2};
+  const std::vector<uint64_t> budget(trace.size(), 2);
+  const std::vector<uint64_t> bytes = {1, 1, 1};
+  cr_assert_eq(placement_optimum(constant_budget(trace, 2, bytes)).bytes_fetched, 4u);
+  const PlacementProblem s = steady_state_problem(trace, budget, bytes);
+  cr_assert_eq(s.free_moments, 3u);
+  cr_assert_eq(s.chunk_at.size(), 9u);
+  const PlacementOptimum r = placement_optimum(s);
+  cr_assert(r.exact);
+  cr_assert_eq(r.bytes_fetched, 2u);
+  cr_assert_eq(fractional_lower_bound(s), 2u);
+}
+
+// The steady-state optimum equals the best cold optimum over every starting
+// set that fits budget_at[0] (found by enumerating the sets), for uniform and
+// mixed sizes on random traces.
+Test(placement_optimum, steady_state_equals_the_best_start) {
+  std::mt19937_64 rng(23);
+  for (int round = 0; round < 300; ++round) {
+    const bool uniform = round % 2 == 0;
+    PlacementProblem p = random_problem(rng, 6, 5 + rng() % 20, 8, uniform, round % 3 == 0, 3);
+    p.initially_resident.clear();
+    if (placement_optimum(p).feasible == false) continue;
+    uint64_t best = kInf;
+    for (uint32_t mask = 0; mask < (1u << 6); ++mask) {
+      PlacementProblem q = p;
+      uint64_t held = 0;
+      for (uint32_t c = 0; c < 6; ++c)
+        if (mask >> c & 1) {
+          q.initially_resident.push_back(c);
+          held += p.bytes[c];
+        }
+      if (held > p.budget_at[0]) continue;
+      best = std::min(best, exhaustive(q));
+    }
+    const PlacementProblem s = steady_state_problem(p.chunk_at, p.budget_at, p.bytes);
+    cr_assert_eq(exhaustive(s), best, "round %d", round);
+    cr_assert_leq(fractional_lower_bound(s), best, "round %d", round);
+    if (uniform) cr_assert_eq(belady_uniform(s), best, "round %d", round);
+  }
+}

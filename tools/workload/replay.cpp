@@ -120,6 +120,7 @@ ReplayResult replay(const Workload& w, const ReplayConfig& cfg) {
       r.iterations_done = it + 1;
     }
     r.final_stats = stats_of(e);
+    if (!cfg.timeline_path.empty()) check(pstar_trace_export(e, cfg.timeline_path.c_str()), "pstar_trace_export");
   } catch (const Failure& f) {
     r.status = f.status;
     r.failed_call = f.call;

@@ -26,6 +26,8 @@ struct ReplayConfig {
   double flops_per_s = 0.0;        // > 0: a use's compute takes flops / flops_per_s
   double optimizer_seconds = 0.0;  // > 0: clock advance before each pstar_step
   bool build_only = false;         // register and build, run nothing
+  // Non-empty (with options.record_timeline): pstar_trace_export() there at the end.
+  std::string timeline_path;
   ReplayConfig();                  // options = the library's defaults
 };
 

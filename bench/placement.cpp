@@ -1,0 +1,324 @@
+// pstar-bench placement: bytes moved by each placement policy on GPT traces,
+// against an optimum computed independently of the runtime.
+//
+//   pstar-bench placement [--models tiny,small,medium] [--fractions 0.1,...]
+//                         [--iterations 4] [--tflops 20] [--h2d-gbps 12] [--json]
+//
+// For each GPT shape (tools/workload/gpt_workload.h) and each device capacity
+// (budget_fraction f: the chunks may use f x the compute-dtype chunk bytes
+// at the moment when activations and gradient buffers take the most; the
+// capacity is that plus this peak), the schedule of TRAIN iterations is
+// replayed through the C API on the dry-run engine (virtual clock: a copy
+// takes bytes / the modelled bandwidth, a use's compute takes its FLOPs /
+// --tflops) under each policy: opt (trace-guided, with prefetch),
+// opt_noprefetch, lru and static.  Reported per iteration, from the last
+// (steady-state) iteration of --iterations:
+//   bytes_moved     host-to-device bytes (what placement decides; the bytes
+//                   going back are reported apart as bytes_d2h)
+//   critical_bytes  bytes an acquire waited for
+//   lower_bound_bytes  the least host-to-device bytes any schedule can move
+//                   in one iteration that starts from the best resident set
+//                   (bench/placement_optimum.h: exact by Belady or exhaustive
+//                   search where possible, else the fractional relaxation).
+//                   It is computed from the workload, the chunk layout and
+//                   the per-moment budget (capacity - activations - live
+//                   gradient buffers), never from the runtime's decisions.
+//                   Parameters acquired together are treated as successive
+//                   moments (a relaxation), so it stays a lower bound.
+// A row whose capacity cannot hold the chunks a moment needs reports
+// "feasible": false and no figures.
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstdint>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "chunk/layout.h"
+#include "gpt_workload.h"
+#include "placement_optimum.h"
+#include "replay.h"
+
+namespace pstar::bench {
+namespace {
+
+using workload::GptShape;
+using workload::Stage;
+using workload::Workload;
+
+struct ModelPreset {
+  std::string name;
+  GptShape shape;
+  uint64_t chunk_elems;
+};
+
+// Three GPT shapes: small enough to replay in seconds, chunked so that the
+// two smaller ones have few enough chunks for an exact optimum.
+std::vector<ModelPreset> model_presets() {
+  auto shape = [](uint32_t layers, uint32_t hidden, uint32_t heads, uint32_t vocab, uint32_t seq, uint32_t batch) {
+    GptShape s;
+    s.layers = layers;
+    s.hidden = hidden;
+    s.heads = heads;
+    s.vocab = vocab;
+    s.seq = seq;
+    s.batch = batch;
+    s.checkpointing = true;
+    return s;
+  };
+  // Chunks hold at least the largest layer matrix (4 h^2), as PatrickStar
+  // sizes them, so only the token embedding is a jumbo chunk.
+  return {{"gpt-4l-256h", shape(4, 256, 4, 2048, 128, 4), uint64_t{1} << 18},
+          {"gpt-8l-512h", shape(8, 512, 8, 8192, 256, 4), uint64_t{1} << 20},
+          {"gpt-24l-768h", shape(24, 768, 12, 16384, 512, 2), uint64_t{3} << 20}};
+}
+
+struct PlacementOptions {
+  std::string models = "all";
+  std::string fractions = "0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9";
+  uint32_t iterations = 4;
+  double tflops = 20.0;
+  double h2d_gbps = 12.0;
+  uint32_t bound_repetitions = 4;
+  bool json = false;
+};
+
+// Moments of one iteration as the optimum sees them: the chunk each acquire
+// needs and the transient bytes (activations + live gradient buffers) then.
+struct MomentModel {
+  std::vector<uint32_t> chunk_at;
+  std::vector<uint64_t> transient_at;
+  std::vector<uint64_t> chunk_bytes;
+  uint64_t compute_chunk_bytes = 0;
+  uint64_t peak_transient = 0;
+};
+
+MomentModel moment_model(const Workload& w, uint64_t chunk_elems, size_t elem_bytes) {
+  std::vector<uint64_t> numels;
+  std::vector<bool> frozen;
+  for (const auto& p : w.params) {
+    numels.push_back(p.numel);
+    frozen.push_back(false);
+  }
+  const chunk::ChunkLayout layout(numels, frozen, chunk_elems);
+  MomentModel m;
+  for (const auto& c : layout.chunks()) m.chunk_bytes.push_back(c.capacity_elems * elem_bytes);
+  for (uint64_t b : m.chunk_bytes) m.compute_chunk_bytes += b;
+  // A gradient buffer (fp32) lives from a parameter's first backward acquire
+  // to the release that makes its backward uses equal its forward uses.
+  std::vector<uint32_t> forward_uses(w.params.size(), 0), backward_uses(w.params.size(), 0);
+  for (const auto& u : w.schedule)
+    if (u.stage == Stage::Forward)
+      for (uint32_t p : u.params) ++forward_uses[p];
+  std::vector<bool> live(w.params.size(), false);
+  uint64_t grads = 0;
+  for (const auto& u : w.schedule) {
+    for (uint32_t p : u.params) {
+      if (u.stage == Stage::Backward && !live[p]) {
+        live[p] = true;
+        grads += w.params[p].numel * sizeof(float);
+      }
+      m.chunk_at.push_back(layout.param(p).chunk);
+      m.transient_at.push_back(u.nonmodel_bytes + grads);
+      m.peak_transient = std::max(m.peak_transient, u.nonmodel_bytes + grads);
+    }
+    if (u.stage != Stage::Backward) continue;
+    for (uint32_t p : u.params) {
+      if (++backward_uses[p] == forward_uses[p]) {
+        live[p] = false;
+        grads -= w.params[p].numel * sizeof(float);
+      }
+    }
+  }
+  return m;
+}
+
+struct PolicyRun {
+  const char* name;
+  pstar_policy policy;
+  bool prefetch;
+};
+
+constexpr PolicyRun kPolicies[] = {{"opt", PSTAR_POLICY_OPT, true},
+                                   {"opt_noprefetch", PSTAR_POLICY_OPT, false},
+                                   {"lru", PSTAR_POLICY_LRU, false},
+                                   {"static", PSTAR_POLICY_STATIC, false}};
+
+std::vector<double> parse_fractions(const std::string& s) {
+  std::vector<double> out;
+  std::stringstream in(s);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    const double f = std::stod(item);
+    if (!(f > 0.0 && f <= 1.0)) throw std::invalid_argument("--fractions: each must be in (0, 1]");
+    out.push_back(f);
+  }
+  return out;
+}
+
+int run_placement(const PlacementOptions& o) {
+  const std::vector<double> fractions = parse_fractions(o.fractions);
+  std::vector<ModelPreset> models;
+  for (const auto& m : model_presets()) {
+    if (o.models == "all" || ("," + o.models + ",").find("," + m.name + ",") != std::string::npos) {
+      models.push_back(m);
+    }
+  }
+  if (models.empty()) throw std::invalid_argument("--models: none of the names matched (see --help)");
+  if (o.iterations < 2) throw std::invalid_argument("--iterations must be >= 2 (warm-up + measured)");
+  int failures = 0;
+  for (const auto& model : models) {
+    const Workload w = workload::make_gpt(model.shape);
+    const MomentModel mm = moment_model(w, model.chunk_elems, model.shape.dtype_bytes);
+    struct Row {
+      double fraction;
+      std::map<std::string, uint64_t> moved;
+      uint64_t bound;
+      double critical_fraction_opt;
+    };
+    std::vector<Row> rows;
+    for (double f : fractions) {
+      const uint64_t capacity =
+          mm.peak_transient + static_cast<uint64_t>(f * static_cast<double>(mm.compute_chunk_bytes));
+      std::vector<uint64_t> budget_at;
+      for (uint64_t t : mm.transient_at) budget_at.push_back(capacity > t ? capacity - t : 0);
+      PlacementOptimum best =
+          placement_optimum(steady_state_problem(mm.chunk_at, budget_at, mm.chunk_bytes, o.bound_repetitions));
+      // Per iteration, rounded up: a steady state moves whole bytes.
+      best.bytes_fetched = (best.bytes_fetched + o.bound_repetitions - 1) / o.bound_repetitions;
+      Row row{f, {}, best.bytes_fetched, 0.0};
+      if (const char* dir = std::getenv("PSTAR_BENCH_TIMELINES")) {
+        nlohmann::json d;
+        d["chunk_at"] = mm.chunk_at;
+        d["budget_at"] = budget_at;
+        d["chunk_bytes"] = mm.chunk_bytes;
+        std::ofstream(std::string(dir) + "/" + model.name + "-" + std::to_string(f) + "-problem.json") << d.dump();
+      }
+      for (const PolicyRun& pr : kPolicies) {
+        nlohmann::ordered_json j;
+        j["bench"] = "placement";
+        j["model"] = model.name;
+        j["budget_fraction"] = f;
+        j["policy"] = pr.name;
+        j["params"] = w.param_elems;
+        j["chunk_elems"] = model.chunk_elems;
+        j["chunks"] = mm.chunk_bytes.size();
+        j["compute_chunk_bytes"] = mm.compute_chunk_bytes;
+        j["device_capacity"] = capacity;
+        j["moments"] = mm.chunk_at.size();
+        workload::ReplayConfig cfg;
+        cfg.options.dry_run = 1;
+        cfg.options.compute_dtype = workload::compute_dtype_for(model.shape.dtype_bytes);
+        cfg.options.chunk_elems = model.chunk_elems;
+        cfg.options.device_capacity_bytes = capacity;
+        cfg.options.placement_policy = pr.policy;
+        cfg.options.prefetch = pr.prefetch ? 1 : 0;
+        cfg.options.h2d_bytes_per_s = o.h2d_gbps * 1e9;
+        cfg.options.d2h_bytes_per_s = o.h2d_gbps * 1e9;
+        cfg.iterations = o.iterations;
+        cfg.flops_per_s = o.tflops * 1e12;
+        if (const char* dir = std::getenv("PSTAR_BENCH_TIMELINES")) {
+          // Debugging aid: one Chrome trace per row.
+          cfg.options.record_timeline = 1;
+          cfg.timeline_path = std::string(dir) + "/" + model.name + "-" + std::to_string(f) + "-" + pr.name + ".json";
+        }
+        const workload::ReplayResult r = workload::replay(w, cfg);
+        const bool feasible = best.feasible && r.ok();
+        j["feasible"] = feasible;
+        if (!feasible) {
+          j["reason"] = !best.feasible ? "a moment's chunk exceeds its budget" : r.failed_call + ": " + r.message;
+          std::cout << (o.json ? j.dump() : j.dump(1)) << "\n";
+          continue;
+        }
+        const auto& it = r.last;
+        j["bytes_moved"] = it.bytes_host_to_device;
+        j["bytes_d2h"] = it.bytes_device_to_host;
+        j["critical_bytes"] = it.bytes_critical;
+        j["prefetched_bytes"] = it.bytes_prefetched;
+        j["lower_bound_bytes"] = best.bytes_fetched;
+        j["lower_bound_exact"] = best.exact;
+        j["lower_bound_method"] = best.method;
+        j["ratio_to_lower_bound"] =
+            best.bytes_fetched > 0 ? static_cast<double>(it.bytes_host_to_device) / static_cast<double>(best.bytes_fetched)
+                                   : (it.bytes_host_to_device == 0 ? 1.0 : -1.0);
+        j["critical_fraction"] = it.bytes_host_to_device > 0 ? static_cast<double>(it.bytes_critical) /
+                                                                   static_cast<double>(it.bytes_host_to_device)
+                                                             : 0.0;
+        j["iteration_seconds"] = it.clock_seconds;
+        j["wait_seconds"] = it.wait_seconds;
+        j["compute_seconds"] = r.compute_seconds;
+        j["trace_fallbacks"] = it.trace_fallbacks;
+        j["budget_overruns"] = it.budget_overruns;
+        j["peak_device_bytes"] = r.final_stats.peak_device_bytes;
+        if (it.bytes_host_to_device < best.bytes_fetched) {
+          // Nothing can beat a true lower bound: a bug in one of the two.
+          std::cerr << "pstar-bench placement: " << model.name << " at " << f << ", " << pr.name
+                    << " moved fewer bytes than the lower bound\n";
+          ++failures;
+        }
+        row.moved[pr.name] = it.bytes_host_to_device;
+        if (std::string(pr.name) == "opt") row.critical_fraction_opt = j["critical_fraction"].get<double>();
+        std::cout << (o.json ? j.dump() : j.dump(1)) << "\n";
+      }
+      if (row.moved.size() == 4) rows.push_back(row);
+    }
+    // The targets, evaluated on this run (reported, not asserted).
+    double worst_ratio = 0.0, worst_critical = 0.0;
+    bool never_above = true, below_lru = false, below_static = false;
+    for (const Row& row : rows) {
+      const uint64_t opt = row.moved.at("opt");
+      if (row.bound > 0) worst_ratio = std::max(worst_ratio, static_cast<double>(opt) / static_cast<double>(row.bound));
+      never_above = never_above && opt <= row.moved.at("lru") && opt <= row.moved.at("static");
+      below_lru = below_lru || opt < row.moved.at("lru");
+      below_static = below_static || opt < row.moved.at("static");
+      worst_critical = std::max(worst_critical, row.critical_fraction_opt);
+    }
+    nlohmann::ordered_json s;
+    s["bench"] = "placement_summary";
+    s["model"] = model.name;
+    s["feasible_fractions"] = rows.size();
+    s["opt_worst_ratio_to_lower_bound"] = worst_ratio;
+    s["opt_never_above_lru_or_static"] = never_above;
+    s["opt_strictly_below_lru_somewhere"] = below_lru;
+    s["opt_strictly_below_static_somewhere"] = below_static;
+    s["opt_worst_critical_fraction"] = worst_critical;
+    std::cout << (o.json ? s.dump() : s.dump(1)) << "\n";
+  }
+  return failures == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+// Registers the `placement` subcommand on `app`; *run runs it once parsed.
+CLI::App* add_placement_subcommand(CLI::App& app, std::function<int()>* run) {
+  auto o = std::make_shared<PlacementOptions>();
+  std::string names;
+  for (const auto& m : model_presets()) names += (names.empty() ? "" : ", ") + m.name;
+  CLI::App* sub = app.add_subcommand(
+      "placement", "bytes moved per policy on GPT traces (dry run, virtual clock) vs an independent optimum");
+  sub->add_option("--models", o->models, "comma-separated model names, or all (" + names + ")")
+      ->capture_default_str();
+  sub->add_option("--fractions", o->fractions, "budgets as fractions of the compute-dtype chunk bytes")
+      ->capture_default_str();
+  sub->add_option("--iterations", o->iterations, "TRAIN iterations replayed (the last is reported)")
+      ->capture_default_str();
+  sub->add_option("--tflops", o->tflops, "modelled compute throughput, TFLOP/s")->capture_default_str();
+  sub->add_option("--h2d-gbps", o->h2d_gbps, "modelled link bandwidth each way, GB/s")->capture_default_str();
+  sub->add_option("--bound-repetitions", o->bound_repetitions,
+                  "iterations the lower bound spans (its per-iteration figure grows towards the best steady state)")
+      ->capture_default_str()
+      ->check(CLI::Range(1u, 64u));
+  sub->add_flag("--json", o->json, "one JSON object per line");
+  *run = [o] { return run_placement(*o); };
+  return sub;
+}
+
+}  // namespace pstar::bench
