@@ -2,7 +2,7 @@
 // against an optimum computed independently of the runtime.
 //
 //   pstar-bench placement [--models tiny,small,medium] [--fractions 0.1,...]
-//                         [--iterations 4] [--tflops 20] [--h2d-gbps 12] [--json]
+//                         [--iterations 4] [--tflops 20] [--h2d-gbps 25] [--json]
 //
 // For each GPT shape (tools/workload/gpt_workload.h) and each device capacity
 // (budget_fraction f: the chunks may use f x the compute-dtype chunk bytes
@@ -86,7 +86,9 @@ struct PlacementOptions {
   std::string fractions = "0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9";
   uint32_t iterations = 4;
   double tflops = 20.0;
-  double h2d_gbps = 12.0;
+  // PCIe 4.0 x16 from pinned memory (~25 GB/s each way): a link that leaves
+  // room, next to --tflops of compute, for the shapes here.
+  double h2d_gbps = 25.0;
   uint32_t bound_repetitions = 4;
   bool json = false;
 };
@@ -253,6 +255,10 @@ int run_placement(const PlacementOptions& o) {
                                                                    static_cast<double>(it.bytes_host_to_device)
                                                              : 0.0;
         j["iteration_seconds"] = it.clock_seconds;
+        // Share of the iteration the host-to-device link was busy.
+        j["link_busy_fraction"] = it.clock_seconds > 0.0 ? static_cast<double>(it.bytes_host_to_device) /
+                                                               (o.h2d_gbps * 1e9) / it.clock_seconds
+                                                         : 0.0;
         j["wait_seconds"] = it.wait_seconds;
         j["compute_seconds"] = r.compute_seconds;
         j["trace_fallbacks"] = it.trace_fallbacks;

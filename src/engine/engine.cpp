@@ -718,7 +718,15 @@ void Engine::fetch(uint32_t k) {
   device_chunk_bytes_ += c.bytes;
   device_used_ += c.bytes;
   note_device_peak();
+  copy_in(k, dst, nullptr);
+}
+
+// Queues chunk k's copy from the host into `dst` on the H2D stream, after
+// `after` (the copy out of a previous occupant of dst, or null).
+void Engine::copy_in(uint32_t k, void* dst, const memory::EventPtr& after) {
+  ChunkState& c = chunks_[k];
   memory::Stream* s = device_->h2d_stream();
+  device_->stream_wait(s, after);
   device_->stream_wait(s, c.ready);
   device_->stream_wait(s, c.last_use);
   memory::EventPtr start = opt_.record_timeline ? device_->record(s) : nullptr;
@@ -738,6 +746,17 @@ void Engine::fetch(uint32_t k) {
 
 void Engine::evict(uint32_t k) {
   ChunkState& c = chunks_[k];
+  void* buffer = c.device;
+  const memory::EventPtr done = copy_out(k);
+  device_chunk_bytes_ -= c.bytes;
+  defer_free(done, buffer, c.bytes, Tier::kDevice);
+}
+
+// Queues chunk k's copy to a new host buffer on the D2H stream and makes the
+// host its tier.  Its device buffer is the caller's to free or reuse once the
+// returned event completes.
+memory::EventPtr Engine::copy_out(uint32_t k) {
+  ChunkState& c = chunks_[k];
   if (c.compute_refs != 0 || c.pins != 0) internal_error("evicting a chunk in use");
   void* dst = host_->acquire(c.bytes);
   memory::Stream* s = device_->d2h_stream();
@@ -747,17 +766,20 @@ void Engine::evict(uint32_t k) {
   device_->copy_async(s, dst, c.device, c.bytes, memory::CopyKind::kDeviceToHost);
   memory::EventPtr done = device_->record(s);
   if (opt_.record_timeline) note_move(false, k, start, done);
-  device_chunk_bytes_ -= c.bytes;
-  defer_free(done, c.device, c.bytes, Tier::kDevice);
   c.device = nullptr;
   c.host = dst;
   c.tier = Tier::kHost;
   c.ready = done;
   c.last_use = done;
   lru_.remove(k);
+  // A chunk leaving before a use that prefetch has already passed: scan from
+  // that use again.
+  const uint64_t next = opt_policy_.key(k);
+  if (next < prefetch_frontier_) prefetch_frontier_ = next;
   opt_policy_.remove(k);
   ++stats_.evictions;
   stats_.bytes_device_to_host += c.bytes;
+  return done;
 }
 
 void* Engine::host_view(uint32_t k) {
@@ -797,6 +819,7 @@ void Engine::trace_iteration_begin() {
     return;
   }
   following_ = true;
+  prefetch_frontier_ = 0;
   // Resident chunks enter the iteration keyed by their first use in it.
   opt_policy_.reset(2 * trace_.moments() + 1);
   for (uint32_t k = 0; k < chunks_.size(); ++k) {
@@ -832,35 +855,89 @@ void Engine::trace_note_access(uint32_t chunk) {
 }
 
 // Fetches the chunks of the next kPrefetchMoments moments ahead of their use,
-// in trace order, into free room only, stopping at the first that does not
-// fit.  Room is kept for the growth of non-model memory that the trace
-// recorded up to that use.  Prefetch never evicts: variants that evicted a
-// chunk used after the prefetched one (Cao et al.'s rule), or that reserved
-// the gradient buffers of the window, moved more bytes than on-demand OPT
-// (up to 45% more on the C example, more than LRU in the placement test),
-// while free-room prefetch moved the same bytes as on-demand OPT there and
-// took 83% of them off the critical path.
+// in trace order, stopping at the first that cannot be placed:
+//  - into free room when it fits beside the largest transient (non-model +
+//    gradient buffer) bytes the trace recorded up to that use (the window
+//    budget), counting as room the chunks OPT would evict before it (those
+//    used after it);
+//  - otherwise in place of the resident chunk OPT would evict next (the
+//    furthest next use), if that use comes after the prefetched chunk's and
+//    the two are the same size: the chunk going out is copied to the host and
+//    the one coming in is copied into its buffer once that copy is done,
+//    both on the copy streams, without the host waiting.  Evicting exactly
+//    the chunk on-demand OPT would evict when the prefetched chunk is needed,
+//    for a chunk needed before it, is Cao et al.'s "do no harm" rule: the
+//    bytes moved stay those of on-demand OPT, only earlier.
 void Engine::prefetch_ahead() {
   const uint64_t end = std::min<uint64_t>(trace_.moments(), moment_ + kPrefetchMoments);
-  // Window budget: a chunk prefetched now for its use at moment t stays
-  // resident over [now, t], so it must fit beside the largest transient
-  // (non-model + gradient buffer) bytes the trace recorded in that window.
+  // Moments before prefetch_frontier_ were placed by earlier calls (an
+  // eviction moves the frontier back to the evicted chunk's next use), so
+  // each acquire scans about one new moment, not the whole window.
+  const uint64_t begin = std::max(moment_, prefetch_frontier_);
   const uint64_t transient_now = nonmodel_bytes_ + device_grad_bytes_;
   uint64_t transient_peak = transient_now;
-  for (uint64_t t = moment_; t < end; ++t) {
+  auto movable = [&](uint32_t j) {
+    const ChunkState& cj = chunks_[j];
+    return cj.compute_refs == 0 && cj.pins == 0 && !cj.pinned_static;
+  };
+  // True if resident chunks other than `except`, each used after moment t,
+  // hold `bytes`: OPT evicts those before a chunk used at t, so transient
+  // growth before t can take their room and the prefetched chunk stays.
+  auto covered_after = [&](uint64_t bytes, uint64_t t, int64_t except) {
+    uint64_t sum = 0;
+    bool ok = false;
+    uint32_t unused;
+    opt_policy_.victim(
+        [&](uint32_t j) {
+          if (opt_policy_.key(j) <= t) return true;  // nearer uses from here on: stop
+          if (static_cast<int64_t>(j) != except && movable(j)) sum += chunks_[j].bytes;
+          ok = sum >= bytes;
+          return ok;
+        },
+        &unused);
+    return ok;
+  };
+  // Evicting for a prefetch (directly, or through transient growth while it
+  // waits) is harmless only if on-demand OPT would evict at its use too: at
+  // moment t the recorded transient bytes leave no room beside today's
+  // chunks.  Budgets shrink as well as grow (gradient buffers and
+  // activations are freed through backward), and evicting now for room that
+  // is free by then moves bytes on-demand OPT does not.
+  auto demand_would_evict = [&](uint64_t t, uint64_t bytes) {
+    return device_capacity_ != 0 && device_chunk_bytes_ + trace_.transient_at(t) + bytes > device_capacity_;
+  };
+  for (uint64_t t = moment_; t < begin; ++t) transient_peak = std::max(transient_peak, trace_.transient_at(t));
+  for (uint64_t t = begin; t < end; ++t) {
+    prefetch_frontier_ = t;
     transient_peak = std::max(transient_peak, trace_.transient_at(t));
     const uint32_t k = trace_.chunk_at(t);
     ChunkState& c = chunks_[k];
     if (c.tier == Tier::kDevice) continue;
-    const uint64_t need = c.bytes + (transient_peak - transient_now);
+    const uint64_t growth = transient_peak - transient_now;
     reclaim_deferred(false);
-    if (!device_fits(need)) return;
-    fetch(k);
+    const uint64_t free = device_free();
+    if (c.bytes <= free) {
+      const uint64_t need = c.bytes + growth;
+      if (need > free && (!demand_would_evict(t, c.bytes) || !covered_after(need - free, t, -1))) return;
+      fetch(k);
+    } else {
+      uint32_t victim;
+      const bool found = opt_policy_.victim(movable, &victim);
+      // The key of a chunk used again in this iteration is that moment; in
+      // the next one, moments() + its first use; never, kNeverKey.
+      if (!found || chunks_[victim].bytes != c.bytes || opt_policy_.key(victim) <= t) return;
+      if (!demand_would_evict(t, c.bytes)) return;
+      if (growth > free && !covered_after(growth - free, t, victim)) return;
+      void* buffer = chunks_[victim].device;
+      const memory::EventPtr out = copy_out(victim);
+      copy_in(k, buffer, out);
+    }
     c.prefetched = true;
     stats_.bytes_prefetched += c.bytes;
     // Keyed by its coming use, so that it is not the next victim.
     opt_policy_.touch(k, t);
   }
+  prefetch_frontier_ = end;
 }
 
 void Engine::trace_iteration_end() {

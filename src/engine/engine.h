@@ -38,7 +38,7 @@ constexpr size_t kAdamGrainElems = 1024;
 
 // How many moments ahead of the current one the trace is scanned for chunks
 // to prefetch: two layers' parameters in a typical model.
-constexpr uint64_t kPrefetchMoments = 4;
+constexpr uint64_t kPrefetchMoments = 32;
 
 // Most dimensions a parameter may have.
 constexpr uint32_t kMaxNdim = 16;
@@ -158,7 +158,9 @@ class Engine {
   void defer_free(memory::EventPtr after, void* ptr, size_t bytes, Tier tier);
   void* device_alloc(uint64_t bytes, int64_t keep_chunk, const std::string& purpose);
   void fetch(uint32_t chunk);
+  void copy_in(uint32_t chunk, void* dst, const memory::EventPtr& after);
   void evict(uint32_t chunk);
+  memory::EventPtr copy_out(uint32_t chunk);
   void* host_view(uint32_t chunk);  // payload readable by host code now
   void check_ready(const memory::EventPtr& ev, const char* what) const;
   void note_device_peak();
@@ -200,6 +202,7 @@ class Engine {
   bool following_ = false;      // this TRAIN iteration matches trace_ so far
   uint32_t warmup_left_ = 0;    // TRAIN iterations to record before following
   uint64_t moment_ = 0;         // acquires so far in this TRAIN iteration
+  uint64_t prefetch_frontier_ = 0;  // first moment prefetch_ahead() has not placed
 
   // Device tier accounting; invariant: device_used_ == device_chunk_bytes_ +
   // device_grad_bytes_ + device_deferred_bytes_ + nonmodel_bytes_.

@@ -163,7 +163,16 @@ EmulatedDevice::Queue* EmulatedDevice::queue_of(Stream* stream) {
 void EmulatedDevice::enqueue(Stream* stream, std::function<void()> work) { queue_of(stream)->push(std::move(work)); }
 
 void EmulatedDevice::copy_async(Stream* stream, void* dst, const void* src, size_t bytes, CopyKind) {
-  if (strict_) std::memset(dst, kPoisonByte, bytes);
+  if (!strict_) {
+    enqueue(stream, [dst, src, bytes] { std::memcpy(dst, src, bytes); });
+    return;
+  }
+  // Strict: the destination is undefined from the moment the copy starts on
+  // its stream (not when it is queued: earlier work on this stream, or that
+  // it waits for, may still read the old content, e.g. a chunk copied out of
+  // the buffer this copy fills).  Poison, then a seeded pause in which a
+  // reader that did not wait for the copy's event sees NaNs, then the data.
+  enqueue(stream, [dst, bytes] { std::memset(dst, kPoisonByte, bytes); });
   enqueue(stream, [dst, src, bytes] { std::memcpy(dst, src, bytes); });
 }
 

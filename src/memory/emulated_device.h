@@ -7,10 +7,11 @@
 // it is exercised like on CUDA).
 //
 // Strict mode, for tests, makes ordering bugs visible on a machine without a
-// GPU: a queued copy or memset first poison-fills its destination at enqueue
-// time (0xFF bytes: NaN in every float format), every queue item is preceded
-// by a seeded random delay, and the engine checks with query() that the event
-// guarding data has completed before it touches the data.
+// GPU: a copy poison-fills its destination (0xFF bytes: NaN in every float
+// format) when it starts on its stream, a memset or gradient finalize when it
+// is queued; every queue item is preceded by a seeded random delay; and the
+// engine checks with query() that the event guarding data has completed
+// before it touches the data.
 #pragma once
 
 #include <condition_variable>

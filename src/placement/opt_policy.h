@@ -24,6 +24,7 @@ namespace pstar::placement {
 class OptPolicy {
  public:
   static constexpr uint64_t kNeverKey = UINT64_MAX - 1;
+  static constexpr uint64_t kAbsent = UINT64_MAX;
 
   // Forgets every chunk; keys from now on are below `key_limit`.
   void reset(uint64_t key_limit) {
@@ -74,6 +75,9 @@ class OptPolicy {
   }
 
   // The movable chunk whose next use is furthest away; false if none.
+  // The chunk's key (its next use), kNeverKey, or kAbsent if not resident.
+  uint64_t key(uint32_t chunk) const { return chunk < key_.size() ? key_[chunk] : kAbsent; }
+
   template <class Movable>
   bool victim(Movable&& movable, uint32_t* out) const {
     for (uint32_t c : never_) {
@@ -104,7 +108,6 @@ class OptPolicy {
   size_t size() const { return size_; }
 
  private:
-  static constexpr uint64_t kAbsent = UINT64_MAX;
 
   bool test(uint64_t k) const { return (bits_[k / 64] >> (k % 64)) & 1u; }
 
