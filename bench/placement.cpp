@@ -60,8 +60,8 @@ struct ModelPreset {
   uint64_t chunk_elems;
 };
 
-// Three GPT shapes: small enough to replay in seconds, chunked so that the
-// two smaller ones have few enough chunks for an exact optimum.
+// Four GPT shapes: small enough to replay in seconds; the three smaller ones
+// have few enough chunks (<= 64) for an exact optimum.
 std::vector<ModelPreset> model_presets() {
   auto shape = [](uint32_t layers, uint32_t hidden, uint32_t heads, uint32_t vocab, uint32_t seq, uint32_t batch) {
     GptShape s;
@@ -78,7 +78,9 @@ std::vector<ModelPreset> model_presets() {
   // sizes them, so only the token embedding is a jumbo chunk.
   return {{"gpt-4l-256h", shape(4, 256, 4, 2048, 128, 4), uint64_t{1} << 18},
           {"gpt-8l-512h", shape(8, 512, 8, 8192, 256, 4), uint64_t{1} << 20},
-          {"gpt-24l-768h", shape(24, 768, 12, 16384, 512, 2), uint64_t{3} << 20}};
+          {"gpt-24l-768h", shape(24, 768, 12, 16384, 512, 2), uint64_t{4} << 20},
+          // Over 64 chunks: the fractional lower bound.
+          {"gpt-48l-1024h", shape(48, 1024, 16, 32768, 512, 2), uint64_t{4} << 20}};
 }
 
 struct PlacementOptions {
@@ -89,7 +91,7 @@ struct PlacementOptions {
   // PCIe 4.0 x16 from pinned memory (~25 GB/s each way): a link that leaves
   // room, next to --tflops of compute, for the shapes here.
   double h2d_gbps = 25.0;
-  uint32_t bound_repetitions = 4;
+  uint32_t bound_repetitions = 16;
   bool json = false;
 };
 

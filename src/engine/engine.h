@@ -37,7 +37,10 @@ namespace pstar::engine {
 constexpr size_t kAdamGrainElems = 1024;
 
 // How many moments ahead of the current one the trace is scanned for chunks
-// to prefetch: two layers' parameters in a typical model.
+// to prefetch: about three GPT layers with activation checkpointing (12
+// parameters per layer).  Measured with `pstar-bench placement`: 4 or 8
+// moments left 30-70% of the moved bytes on the critical path, 32 under 10%
+// wherever the link has room, with the same bytes moved.
 constexpr uint64_t kPrefetchMoments = 32;
 
 // Most dimensions a parameter may have.
