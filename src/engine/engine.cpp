@@ -921,11 +921,15 @@ void Engine::prefetch_ahead() {
       if (need > free && (!demand_would_evict(t, c.bytes) || !covered_after(need - free, t, -1))) return;
       fetch(k);
     } else {
+      // The victim on-demand OPT would take: the furthest next use among all
+      // resident chunks, in use or not.  If that one is in use now (say the
+      // chunk just acquired), taking the next furthest instead would evict a
+      // chunk on-demand OPT keeps: stop.
       uint32_t victim;
-      const bool found = opt_policy_.victim(movable, &victim);
+      const bool found = opt_policy_.victim([](uint32_t) { return true; }, &victim);
       // The key of a chunk used again in this iteration is that moment; in
       // the next one, moments() + its first use; never, kNeverKey.
-      if (!found || chunks_[victim].bytes != c.bytes || opt_policy_.key(victim) <= t) return;
+      if (!found || !movable(victim) || chunks_[victim].bytes != c.bytes || opt_policy_.key(victim) <= t) return;
       if (!demand_would_evict(t, c.bytes)) return;
       if (growth > free && !covered_after(growth - free, t, victim)) return;
       void* buffer = chunks_[victim].device;
