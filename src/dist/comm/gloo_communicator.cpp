@@ -1,0 +1,169 @@
+#include "dist/comm/gloo_communicator.h"
+
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/math.h>
+#include <gloo/reduce_scatter.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/prefix_store.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+
+#include <cstring>
+#include <exception>
+#include <vector>
+
+#include "util/error.h"
+#include "util/log.h"
+
+namespace pstar::dist {
+namespace {
+
+class GlooCommunicator final : public Communicator {
+ public:
+  GlooCommunicator(const GlooConfig& config, std::shared_ptr<gloo::rendezvous::Store> store)
+      : config_(config), store_(std::move(store)) {
+    require(config.size >= 1 && config.rank >= 0 && config.rank < config.size, PSTAR_ERR_INVALID_ARGUMENT, [&] {
+      return "gloo: rank " + std::to_string(config.rank) + " is not in a group of " + std::to_string(config.size);
+    });
+    require(store_ != nullptr, PSTAR_ERR_INVALID_ARGUMENT, "gloo: no rendezvous store");
+    guarded("connect", [&] {
+      gloo::transport::tcp::attr attr;
+      attr.hostname = config.hostname;
+      device_ = gloo::transport::tcp::CreateDevice(attr);
+      auto context = std::make_shared<gloo::rendezvous::Context>(config.rank, config.size);
+      context->setTimeout(config.timeout);
+      gloo::rendezvous::PrefixStore prefixed(config.prefix, *store_);
+      context->connectFullMesh(prefixed, device_);
+      context_ = context;
+    });
+    log::debug("gloo: rank " + std::to_string(config.rank) + " of " + std::to_string(config.size) + " connected");
+  }
+
+  int rank() const override { return config_.rank; }
+  int size() const override { return config_.size; }
+  const char* backend() const override { return "gloo"; }
+  bool failed() const override { return failed_; }
+
+  void all_gather(const void* shard, void* out, size_t shard_bytes) override {
+    guarded("all_gather", [&] {
+      auto* base = static_cast<char*>(out);
+      char* mine = base + static_cast<size_t>(config_.rank) * shard_bytes;
+      if (shard != mine) std::memcpy(mine, shard, shard_bytes);
+      if (config_.size == 1) return;
+      gloo::AllgatherOptions opts(context_);
+      opts.setOutput(base, shard_bytes * static_cast<size_t>(config_.size));
+      opts.setTimeout(config_.timeout);
+      gloo::allgather(opts);
+    });
+  }
+
+  void reduce_scatter_sum(float* data, float* out, size_t block_elems) override {
+    guarded("reduce_scatter", [&] {
+      if (config_.size == 1) {
+        std::memcpy(out, data, block_elems * sizeof(float));
+        return;
+      }
+      const size_t total = block_elems * static_cast<size_t>(config_.size);
+      require(total <= static_cast<size_t>(std::numeric_limits<int>::max()), PSTAR_ERR_INVALID_ARGUMENT,
+              "gloo: reduce_scatter of more than 2^31 elements");
+      if (rs_ == nullptr || rs_data_ != data || rs_block_ != block_elems) {
+        rs_.reset();
+        std::vector<int> recv(static_cast<size_t>(config_.size), static_cast<int>(block_elems));
+        rs_ = std::make_unique<gloo::ReduceScatterHalvingDoubling<float>>(
+            context_, std::vector<float*>{data}, static_cast<int>(total), recv);
+        rs_data_ = data;
+        rs_block_ = block_elems;
+      }
+      rs_->run();
+      // Gloo leaves this rank's reduced block at the front of the buffer
+      // (its distribution phase packs the received pieces from offset 0).
+      std::memcpy(out, data, block_elems * sizeof(float));
+    });
+  }
+
+  void all_reduce_sum(double* values, size_t n) override {
+    guarded("all_reduce_sum", [&] {
+      if (config_.size == 1 || n == 0) return;
+      gloo::AllreduceOptions opts(context_);
+      opts.setOutput(values, n);
+      opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<double>));
+      opts.setTimeout(config_.timeout);
+      gloo::allreduce(opts);
+    });
+  }
+
+  void all_reduce_max(int64_t* values, size_t n) override {
+    guarded("all_reduce_max", [&] {
+      if (config_.size == 1 || n == 0) return;
+      gloo::AllreduceOptions opts(context_);
+      opts.setOutput(values, n);
+      opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::max<int64_t>));
+      opts.setTimeout(config_.timeout);
+      gloo::allreduce(opts);
+    });
+  }
+
+  void broadcast(void* data, size_t bytes, int root) override {
+    guarded("broadcast", [&] {
+      require(root >= 0 && root < config_.size, PSTAR_ERR_INVALID_ARGUMENT, "gloo: broadcast root out of range");
+      if (config_.size == 1 || bytes == 0) return;
+      gloo::BroadcastOptions opts(context_);
+      opts.setOutput(static_cast<char*>(data), bytes);
+      opts.setRoot(root);
+      opts.setTimeout(config_.timeout);
+      gloo::broadcast(opts);
+    });
+  }
+
+  void barrier() override {
+    guarded("barrier", [&] {
+      if (config_.size == 1) return;
+      gloo::BarrierOptions opts(context_);
+      opts.setTimeout(config_.timeout);
+      gloo::barrier(opts);
+    });
+  }
+
+ private:
+  // Runs a Gloo call; any failure marks the communicator failed and becomes
+  // Error(PSTAR_ERR_COMM).  pstar::Error (argument checks) passes through.
+  template <class F>
+  void guarded(const char* op, F&& f) {
+    require(!failed_, PSTAR_ERR_COMM, [&] {
+      return std::string("gloo: ") + op + " on rank " + std::to_string(config_.rank) +
+             ": an earlier collective failed (" + failure_ + "); the group must be rebuilt";
+    });
+    try {
+      f();
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      failed_ = true;
+      failure_ = std::string(op) + ": " + e.what();
+      throw Error(PSTAR_ERR_COMM, "gloo: " + std::string(op) + " failed on rank " + std::to_string(config_.rank) +
+                                      " of " + std::to_string(config_.size) + ": " + e.what());
+    }
+  }
+
+  GlooConfig config_;
+  std::shared_ptr<gloo::rendezvous::Store> store_;
+  std::shared_ptr<gloo::transport::Device> device_;
+  std::shared_ptr<gloo::Context> context_;
+  bool failed_ = false;
+  std::string failure_;
+  std::unique_ptr<gloo::ReduceScatterHalvingDoubling<float>> rs_;
+  float* rs_data_ = nullptr;
+  size_t rs_block_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_gloo_communicator(const GlooConfig& config,
+                                                     std::shared_ptr<gloo::rendezvous::Store> store) {
+  return std::make_unique<GlooCommunicator>(config, std::move(store));
+}
+
+}  // namespace pstar::dist
