@@ -36,7 +36,7 @@ pstar_engine_options validate_options(const pstar_engine_options& in) {
       offsetof(pstar_engine_options, loss_scale_min) + sizeof(float),
       offsetof(pstar_engine_options, grad_accumulation) + sizeof(int32_t),
       offsetof(pstar_engine_options, prefetch) + sizeof(int32_t),
-      offsetof(pstar_engine_options, record_timeline) + sizeof(int32_t),
+      offsetof(pstar_engine_options, hybrid_optimizer) + sizeof(int32_t),
   };
   const size_t covered = covered_by_version[in.version - 1];
   require(in.size >= covered, PSTAR_ERR_VERSION, [&] { return "options: size " + std::to_string(in.size) + " is smaller than a version-" + std::to_string(in.version) +
@@ -63,6 +63,10 @@ pstar_engine_options validate_options(const pstar_engine_options& in) {
             return "options: device_margin_bytes (" + std::to_string(o.device_margin_bytes) +
                    ") must be below a nonzero device_capacity_bytes (" + std::to_string(o.device_capacity_bytes) + ")";
           });
+  require(!(o.hybrid_optimizer && o.device == PSTAR_DEVICE_CUDA && o.device_capacity_bytes == 0),
+          PSTAR_ERR_INVALID_ARGUMENT,
+          "options: hybrid_optimizer on CUDA needs a nonzero device_capacity_bytes (the optimizer state goes into "
+          "what the warm-up leaves free of that capacity)");
   if (o.chunk_elems == 0) o.chunk_elems = PSTAR_DEFAULT_CHUNK_ELEMS;
   require(o.chunk_elems % chunk::kAlignElems == 0, PSTAR_ERR_INVALID_ARGUMENT, [&] { return "options: chunk_elems (" + std::to_string(o.chunk_elems) + ") must be a multiple of " +
               std::to_string(chunk::kAlignElems); });
@@ -154,6 +158,12 @@ Engine::~Engine() {
 }
 
 void Engine::release_optimizer_buffers(ChunkState& c, uint64_t fp32_bytes) {
+  if (c.opt_device != nullptr) {
+    device_->deallocate(c.opt_device, c.opt_device_bytes);
+    c.opt_device = nullptr;
+    c.master = c.exp_avg = c.exp_avg_sq = c.grad32 = nullptr;
+    return;
+  }
   for (float** b : {&c.master, &c.exp_avg, &c.exp_avg_sq, &c.grad32}) {
     host_->release(*b, fp32_bytes);
     *b = nullptr;
@@ -330,7 +340,18 @@ void Engine::write(uint32_t id, const void* src, uint64_t count, pstar_dtype dty
     }
     return;
   }
-  convert_to_f32(src, dtype, chunks_[place.chunk].master + place.offset_elems, count);
+  ChunkState& c = chunks_[place.chunk];
+  if (c.opt_device != nullptr && !device_->host_accessible()) {
+    // The master lives in device memory: stage through the host.
+    sync_optimizer(place.chunk);
+    std::vector<float> staging(count);
+    convert_to_f32(src, dtype, staging.data(), count);
+    copy_sync(c.master + place.offset_elems, staging.data(), count * sizeof(float), memory::CopyKind::kHostToDevice);
+    write_slot_on_device(id, staging.data());
+    return;
+  }
+  if (c.opt_device != nullptr) sync_optimizer(place.chunk);
+  convert_to_f32(src, dtype, c.master + place.offset_elems, count);
   restore_slot(id);
 }
 
@@ -338,7 +359,18 @@ void Engine::read(uint32_t id, void* dst, uint64_t count, pstar_dtype dtype) {
   const Param& p = value_access("param_read", id, dst, count, dtype);
   const auto& place = layout_->param(id);
   if (!p.frozen()) {
-    convert_from_f32(chunks_[place.chunk].master + place.offset_elems, dst, dtype, count);
+    const ChunkState& c = chunks_[place.chunk];
+    const float* master = c.master + place.offset_elems;
+    std::vector<float> staging;
+    if (c.opt_device != nullptr) {
+      sync_optimizer(place.chunk);
+      if (!device_->host_accessible()) {
+        staging.resize(count);
+        copy_sync(staging.data(), master, count * sizeof(float), memory::CopyKind::kDeviceToHost);
+        master = staging.data();
+      }
+    }
+    convert_from_f32(master, dst, dtype, count);
     return;
   }
   const void* payload = host_view(place.chunk);
@@ -445,6 +477,7 @@ void* Engine::acquire(uint32_t id, pstar_stage stage, void* stream) {
   if (ev == TensorEvent::kAcquireBackward) ++p.backward_uses;
   ++c.compute_refs;
   ++acquires_;
+  c.last_acquire = acquires_;
   lru_.touch(place.chunk);
   if (iteration_kind_ == PSTAR_ITERATION_TRAIN) {
     trace_note_access(place.chunk);
@@ -578,7 +611,7 @@ void Engine::clock_advance(double seconds) { device_->advance_clock(seconds); }
 
 void Engine::sample_memory() {
   samples_.push_back(MemorySample{acquires_, device_->clock_seconds(), device_chunk_bytes_, device_grad_bytes_,
-                                  nonmodel_bytes_, device_deferred_bytes_, host_->held_bytes()});
+                                  nonmodel_bytes_, device_deferred_bytes_, host_->held_bytes(), device_opt_bytes_});
 }
 
 void Engine::note_move(bool to_device, uint32_t chunk, const memory::EventPtr& start,
@@ -619,21 +652,25 @@ void Engine::trace_export(const char* path) const {
   }
   char args[256];
   for (const MemorySample& m : samples_) {
-    std::snprintf(args, sizeof args, "\"chunks\":%llu,\"gradient buffers\":%llu,\"non-model\":%llu,\"freeing\":%llu",
+    std::snprintf(args, sizeof args,
+                  "\"chunks\":%llu,\"gradient buffers\":%llu,\"non-model\":%llu,\"freeing\":%llu,"
+                  "\"optimizer state\":%llu",
                   static_cast<unsigned long long>(m.chunks), static_cast<unsigned long long>(m.grads),
-                  static_cast<unsigned long long>(m.nonmodel), static_cast<unsigned long long>(m.deferred));
+                  static_cast<unsigned long long>(m.nonmodel), static_cast<unsigned long long>(m.deferred),
+                  static_cast<unsigned long long>(m.optimizer));
     json_counter(f, first, "accelerator bytes", m.time * 1e6, args);
     std::snprintf(args, sizeof args, "\"held\":%llu", static_cast<unsigned long long>(m.host));
     json_counter(f, first, "host bytes", m.time * 1e6, args);
   }
   // Per-moment table for scripts (bench/plot_trace.py); viewers ignore it.
-  std::fprintf(f, "\n],\n\"pstarMoments\":{\"columns\":[\"moment\",\"seconds\",\"chunks\",\"gradient_buffers\",\"non_model\",\"freeing\",\"host\"],\"rows\":[");
+  std::fprintf(f, "\n],\n\"pstarMoments\":{\"columns\":[\"moment\",\"seconds\",\"chunks\",\"gradient_buffers\",\"non_model\",\"freeing\",\"host\",\"optimizer\"],\"rows\":[");
   for (size_t i = 0; i < samples_.size(); ++i) {
     const MemorySample& m = samples_[i];
-    std::fprintf(f, "%s\n[%llu,%.9g,%llu,%llu,%llu,%llu,%llu]", i == 0 ? "" : ",", static_cast<unsigned long long>(m.moment),
-                 m.time, static_cast<unsigned long long>(m.chunks), static_cast<unsigned long long>(m.grads),
-                 static_cast<unsigned long long>(m.nonmodel), static_cast<unsigned long long>(m.deferred),
-                 static_cast<unsigned long long>(m.host));
+    std::fprintf(f, "%s\n[%llu,%.9g,%llu,%llu,%llu,%llu,%llu,%llu]", i == 0 ? "" : ",",
+                 static_cast<unsigned long long>(m.moment), m.time, static_cast<unsigned long long>(m.chunks),
+                 static_cast<unsigned long long>(m.grads), static_cast<unsigned long long>(m.nonmodel),
+                 static_cast<unsigned long long>(m.deferred), static_cast<unsigned long long>(m.host),
+                 static_cast<unsigned long long>(m.optimizer));
   }
   std::fprintf(f, "\n]}}\n");
   const bool ok = std::ferror(f) == 0;
@@ -683,7 +720,8 @@ void Engine::make_room(uint64_t bytes, int64_t keep_chunk, const std::string& pu
     uint32_t victim;
     auto movable = [&](uint32_t k) {
       const ChunkState& c = chunks_[k];
-      return static_cast<int64_t>(k) != keep_chunk && c.compute_refs == 0 && c.pins == 0;
+      // A chunk with its optimizer state on the device stays (hybrid).
+      return static_cast<int64_t>(k) != keep_chunk && c.compute_refs == 0 && c.pins == 0 && c.opt_device == nullptr;
     };
     bool found;
     if (following_) {
@@ -700,8 +738,8 @@ void Engine::make_room(uint64_t bytes, int64_t keep_chunk, const std::string& pu
                       bytes_str(device_capacity_ > device_used_ ? device_capacity_ - device_used_ : 0) +
                       " are free of a capacity of " + bytes_str(device_capacity_) + " (chunks " +
                       bytes_str(device_chunk_bytes_) + ", gradient buffers " + bytes_str(device_grad_bytes_) +
-                      ", non-model " + bytes_str(nonmodel_bytes_) +
-                      "); every resident chunk is in use, so nothing can be evicted");
+                      ", optimizer state " + bytes_str(device_opt_bytes_) + ", non-model " +
+                      bytes_str(nonmodel_bytes_) + "); every resident chunk is in use, so nothing can be evicted");
     }
     evict(victim);
   }
@@ -758,6 +796,8 @@ void Engine::evict(uint32_t k) {
 memory::EventPtr Engine::copy_out(uint32_t k) {
   ChunkState& c = chunks_[k];
   if (c.compute_refs != 0 || c.pins != 0) internal_error("evicting a chunk in use");
+  if (c.opt_device != nullptr) internal_error("evicting a chunk whose optimizer state is on the device");
+  c.evicted = true;
   void* dst = host_->acquire(c.bytes);
   memory::Stream* s = device_->d2h_stream();
   device_->stream_wait(s, c.ready);
@@ -784,7 +824,10 @@ memory::EventPtr Engine::copy_out(uint32_t k) {
 
 void* Engine::host_view(uint32_t k) {
   ChunkState& c = chunks_[k];
-  if (c.tier == Tier::kDevice && !device_->host_accessible()) evict(k);
+  if (c.tier == Tier::kDevice && !device_->host_accessible()) {
+    if (c.opt_device != nullptr) internal_error("host view of a chunk that stays on the device");
+    evict(k);
+  }
   const double before = device_->clock_seconds();
   device_->synchronize(c.ready);
   device_->synchronize(c.last_use);
@@ -878,7 +921,7 @@ void Engine::prefetch_ahead() {
   uint64_t transient_peak = transient_now;
   auto movable = [&](uint32_t j) {
     const ChunkState& cj = chunks_[j];
-    return cj.compute_refs == 0 && cj.pins == 0 && !cj.pinned_static;
+    return cj.compute_refs == 0 && cj.pins == 0 && !cj.pinned_static && cj.opt_device == nullptr;
   };
   // True if resident chunks other than `except`, each used after moment t,
   // hold `bytes`: OPT evicts those before a chunk used at t, so transient
@@ -904,7 +947,8 @@ void Engine::prefetch_ahead() {
   // activations are freed through backward), and evicting now for room that
   // is free by then moves bytes on-demand OPT does not.
   auto demand_would_evict = [&](uint64_t t, uint64_t bytes) {
-    return device_capacity_ != 0 && device_chunk_bytes_ + trace_.transient_at(t) + bytes > device_capacity_;
+    return device_capacity_ != 0 &&
+           device_chunk_bytes_ + device_opt_bytes_ + trace_.transient_at(t) + bytes > device_capacity_;
   };
   for (uint64_t t = moment_; t < begin; ++t) transient_peak = std::max(transient_peak, trace_.transient_at(t));
   for (uint64_t t = begin; t < end; ++t) {
@@ -965,6 +1009,16 @@ void Engine::restore_slot(uint32_t id) {
   if (!payloads_) return;
   const auto& place = layout_->param(id);
   ChunkState& c = chunks_[place.chunk];
+  if (c.opt_device != nullptr) {
+    sync_optimizer(place.chunk);
+    if (!device_->host_accessible()) {
+      std::vector<float> staging(place.numel);
+      copy_sync(staging.data(), c.master + place.offset_elems, place.numel * sizeof(float),
+                memory::CopyKind::kDeviceToHost);
+      write_slot_on_device(id, staging.data());
+      return;
+    }
+  }
   void* payload = host_view(place.chunk);
   const float* master = c.master + place.offset_elems;
   for (uint64_t i = 0; i < place.numel; ++i) store_as(payload, opt_.compute_dtype, place.offset_elems + i, master[i]);
@@ -978,6 +1032,19 @@ void Engine::fold_gradient(uint32_t id, memory::Stream* s) {
   Param& p = params_[id];
   const auto& place = layout_->param(id);
   const size_t bytes = p.numel * sizeof(float);
+  ChunkState& c = chunks_[place.chunk];
+  if (c.opt_device != nullptr) {
+    // The gradient list is on the device too: add there, asynchronously;
+    // the accumulator is freed once the addition is done.
+    device_->stream_wait(s, c.opt_ready);
+    device_->grad_accumulate(s, c.grad32 + place.offset_elems, p.grad_acc, PSTAR_DTYPE_F32, PSTAR_MEM_DEVICE,
+                             p.numel);
+    defer_free(device_->record(s), p.grad_acc, bytes, Tier::kDevice);
+    device_grad_bytes_ -= bytes;
+    p.grad_acc = nullptr;
+    p.has_grad = true;
+    return;
+  }
   const float* src = p.grad_acc;
   float* staging = nullptr;
   if (!device_->host_accessible()) {
@@ -1015,13 +1082,22 @@ pstar_step_result Engine::step() {
   pstar_step_result_init(&r);
   double sumsq = 0.0;
   bool overflow = false;
+  std::vector<float> staging;  // CUDA: a device-resident gradient list read on the host
   for (uint32_t id = 0; id < params_.size(); ++id) {
     Param& p = params_[id];
     if (!p.has_grad) continue;
     if (opt_.grad_accumulation && payloads_) {
       // The sum over micro-batches is complete only now.
       const auto& place = layout_->param(id);
-      memory::host_grad_norm(chunks_[place.chunk].grad32 + place.offset_elems, p.numel, &p.grad_sumsq, &p.grad_nonfinite);
+      const ChunkState& c = chunks_[place.chunk];
+      const float* grad = c.grad32 + place.offset_elems;
+      if (c.opt_device != nullptr && !device_->host_accessible()) {
+        device_->stream_wait(device_->compute_stream(), c.last_use);
+        staging.resize(p.numel);
+        copy_sync(staging.data(), grad, p.numel * sizeof(float), memory::CopyKind::kDeviceToHost);
+        grad = staging.data();
+      }
+      memory::host_grad_norm(grad, p.numel, &p.grad_sumsq, &p.grad_nonfinite);
     }
     sumsq += p.grad_sumsq;  // parameter order: deterministic
     overflow = overflow || p.grad_nonfinite != 0;
@@ -1045,22 +1121,16 @@ pstar_step_result Engine::step() {
   } else {
     ++adam_step_;
     const double grad_mul = clip_coef / static_cast<double>(scale);
-    for (uint32_t k = 0; k < chunks_.size(); ++k) {
-      const auto& info = layout_->chunks()[k];
-      if (info.frozen) continue;
-      bool any = false;
-      for (uint32_t id : info.params) any = any || params_[id].has_grad;
-      if (!any) continue;
-      ChunkState& c = chunks_[k];
-      void* payload = host_view(k);
-      // The chunk's parameters with a gradient, each with its own constants
-      // (parameter groups), updated by one parallel pass over the chunk.
-      struct Segment {
-        uint64_t begin, end;
-        optim::AdamStepConstants constants;
-      };
-      std::vector<Segment> segments;
-      for (uint32_t id : info.params) {
+    // A chunk's parameters with a gradient, each with its own constants
+    // (parameter groups).
+    struct Segment {
+      uint64_t begin, end;
+      optim::AdamStepConstants constants;
+    };
+    std::vector<Segment> segments;
+    auto segments_of = [&](uint32_t k) {
+      segments.clear();
+      for (uint32_t id : layout_->chunks()[k].params) {
         if (!params_[id].has_grad) continue;
         const auto& place = layout_->param(id);
         optim::AdamHyper h = hyper_;
@@ -1069,20 +1139,64 @@ pstar_step_result Engine::step() {
                             optim::adam_constants(h, adam_step_, grad_mul, params_[id].weight_decay)});
         ++r.params_updated;
       }
+      return !segments.empty();
+    };
+    auto range_of = [&](const ChunkState& c, void* payload, uint64_t lo, uint64_t hi) {
+      optim::AdamRange range;
+      range.master = c.master + lo;
+      range.exp_avg = c.exp_avg + lo;
+      range.exp_avg_sq = c.exp_avg_sq + lo;
+      range.slot = static_cast<char*>(payload) + lo * elem_bytes();
+      range.dtype = opt_.compute_dtype;
+      range.grad_f32 = c.grad32 != nullptr ? c.grad32 + lo : nullptr;
+      range.n = hi - lo;
+      return range;
+    };
+    // Chunks whose optimizer state is on the device: the update is queued on
+    // the compute stream (same kernel code, same constants, same bits), and
+    // runs while the host updates the other chunks.
+    std::vector<uint32_t> host_chunks;
+    memory::Stream* cs = device_->compute_stream();
+    for (uint32_t k = 0; k < chunks_.size(); ++k) {
+      if (layout_->chunks()[k].frozen) continue;
+      ChunkState& c = chunks_[k];
+      if (c.opt_device == nullptr) {
+        host_chunks.push_back(k);
+        continue;
+      }
+      if (!segments_of(k)) continue;
+      if (c.tier != Tier::kDevice) internal_error("a chunk with device optimizer state left the device");
+      device_->stream_wait(cs, c.opt_ready);
+      device_->stream_wait(cs, c.ready);
+      device_->stream_wait(cs, c.last_use);
+      for (const Segment& sg : segments) device_->adam_update_async(cs, sg.constants, range_of(c, c.device, sg.begin, sg.end));
+      const memory::EventPtr done = device_->record(cs);
+      c.ready = done;
+      c.last_use = done;
+    }
+    // The other chunks on the host.  On an accelerator the host cannot read,
+    // every such chunk still there is copied out first, all at once, so that
+    // the update of one chunk overlaps the copies of the next ones.
+    if (!device_->host_accessible()) {
+      for (uint32_t k : host_chunks) {
+        if (chunks_[k].tier != Tier::kDevice) continue;
+        bool any = false;
+        for (uint32_t id : layout_->chunks()[k].params) any = any || params_[id].has_grad;
+        if (any) evict(k);
+      }
+    }
+    for (uint32_t k : host_chunks) {
+      if (!segments_of(k)) continue;
+      ChunkState& c = chunks_[k];
+      void* payload = host_view(k);
       if (!payloads_) continue;  // a dry run places chunks; it computes nothing
-      pool_->parallel_for(info.used_elems, kAdamGrainElems, [&](size_t b, size_t e) {
-        for (const Segment& s : segments) {
-          const uint64_t lo = std::max<uint64_t>(b, s.begin), hi = std::min<uint64_t>(e, s.end);
+      // One parallel pass over the chunk: a deterministic split into blocks
+      // of whole grains, each updating the segments it overlaps.
+      pool_->parallel_for(layout_->chunks()[k].used_elems, kAdamGrainElems, [&](size_t b, size_t e) {
+        for (const Segment& sg : segments) {
+          const uint64_t lo = std::max<uint64_t>(b, sg.begin), hi = std::min<uint64_t>(e, sg.end);
           if (lo >= hi) continue;
-          optim::AdamRange range;
-          range.master = c.master + lo;
-          range.exp_avg = c.exp_avg + lo;
-          range.exp_avg_sq = c.exp_avg_sq + lo;
-          range.slot = static_cast<char*>(payload) + lo * elem_bytes();
-          range.dtype = opt_.compute_dtype;
-          range.grad_f32 = c.grad32 != nullptr ? c.grad32 + lo : nullptr;
-          range.n = hi - lo;
-          optim::adam_update(adam_isa_, s.constants, range);
+          optim::adam_update(adam_isa_, sg.constants, range_of(c, payload, lo, hi));
         }
       });
     }
@@ -1094,7 +1208,9 @@ pstar_step_result Engine::step() {
     if (p.has_grad && opt_.grad_accumulation && payloads_) {
       // The accumulated gradient is consumed (or discarded by a skip).
       const auto& place = layout_->param(id);
-      std::memset(chunks_[place.chunk].grad32 + place.offset_elems, 0, p.numel * sizeof(float));
+      if (chunks_[place.chunk].opt_device == nullptr) {
+        std::memset(chunks_[place.chunk].grad32 + place.offset_elems, 0, p.numel * sizeof(float));
+      }
     }
     p.has_grad = false;
     apply(p, id, TensorEvent::kStep);
@@ -1104,11 +1220,131 @@ pstar_step_result Engine::step() {
     p.grad_sumsq = 0.0;
     p.grad_nonfinite = 0;
   }
+  if (opt_.grad_accumulation) {
+    // Device-resident gradient lists: cleared on the device, after the update.
+    memory::Stream* cs = device_->compute_stream();
+    for (uint32_t k = 0; k < chunks_.size(); ++k) {
+      ChunkState& c = chunks_[k];
+      if (c.opt_device == nullptr) continue;
+      device_->stream_wait(cs, c.opt_ready);
+      device_->stream_wait(cs, c.last_use);
+      device_->memset_async(cs, c.grad32, 0, layout_->chunks()[k].capacity_elems * sizeof(float));
+      c.last_use = device_->record(cs);
+    }
+  }
   iteration_active_ = false;
   trace_iteration_end();
+  ++train_iterations_;
+  if (opt_.hybrid_optimizer && !hybrid_placed_ && train_iterations_ >= opt_.warmup_iterations) {
+    place_optimizer_state();
+  }
   r.step = adam_step_;
   r.next_loss_scale = scaler_.scale();
   return r;
+}
+
+// ---------------------------------------------------------------------------
+// Hybrid optimizer placement
+//
+// When warm-up ends, the peak of the accelerator tier so far is known; what
+// the capacity leaves above it (the margin) takes the fp32 optimizer state
+// (master, m, v, and the gradient list with accumulation) of as many
+// trainable chunks as fit, for good: chunks used last first, since they are
+// the ones resident when the step runs.  Such a chunk's compute payload then
+// stays on the device (it holds the gradient the step reads), and its Adam
+// update runs on the device, queued on the compute stream.
+
+uint64_t Engine::optimizer_state_bytes(uint32_t k) const {
+  const uint64_t lists = opt_.grad_accumulation ? 4 : 3;
+  return lists * layout_->chunks()[k].capacity_elems * sizeof(float);
+}
+
+void Engine::place_optimizer_state() {
+  hybrid_placed_ = true;
+  std::vector<uint32_t> order;
+  for (uint32_t k = 0; k < chunks_.size(); ++k) {
+    if (!layout_->chunks()[k].frozen) order.push_back(k);
+  }
+  // Used last first; chunks never acquired keep layout order at the end.
+  std::stable_sort(order.begin(), order.end(),
+                   [&](uint32_t a, uint32_t b) { return chunks_[a].last_acquire > chunks_[b].last_acquire; });
+  uint64_t margin = std::numeric_limits<uint64_t>::max();
+  if (device_capacity_ != 0) {
+    margin = device_capacity_ > stats_.peak_device_bytes ? device_capacity_ - stats_.peak_device_bytes : 0;
+  }
+  const uint64_t initial_margin = margin;
+  for (uint32_t k : order) {
+    const ChunkState& c = chunks_[k];
+    // The payload is pinned resident from now on: it costs room unless it
+    // has stayed on the device since it first arrived.
+    const uint64_t cost = optimizer_state_bytes(k) + (c.tier == Tier::kDevice && !c.evicted ? 0 : c.bytes);
+    if (cost > margin) continue;
+    margin -= cost;
+    move_optimizer_state(k);
+  }
+  log::info("hybrid optimizer placement: " + std::to_string(optimizer_chunks_on_device_) + " of " +
+            std::to_string(order.size()) + " optimizer chunks on the device (" + bytes_str(device_opt_bytes_) +
+            (device_capacity_ != 0 ? " of a margin of " + bytes_str(initial_margin) : std::string()) + ")");
+}
+
+void Engine::move_optimizer_state(uint32_t k) {
+  ChunkState& c = chunks_[k];
+  if (c.tier != Tier::kDevice) fetch(k);
+  const uint64_t fp32_bytes = layout_->chunks()[k].capacity_elems * sizeof(float);
+  const uint64_t bytes = optimizer_state_bytes(k);
+  float* base = static_cast<float*>(device_alloc(bytes, k, "optimizer state of chunk " + std::to_string(k)));
+  device_opt_bytes_ += bytes;
+  device_used_ += bytes;
+  note_device_peak();
+  // The host lists are current: the host update of this step has returned.
+  memory::Stream* s = device_->h2d_stream();
+  float** lists[] = {&c.master, &c.exp_avg, &c.exp_avg_sq, &c.grad32};
+  size_t slot = 0;
+  for (float** list : lists) {
+    if (*list == nullptr) continue;
+    device_->copy_async(s, base + slot * (fp32_bytes / sizeof(float)), *list, fp32_bytes,
+                        memory::CopyKind::kHostToDevice);
+    ++slot;
+  }
+  const memory::EventPtr done = device_->record(s);
+  slot = 0;
+  for (float** list : lists) {
+    if (*list == nullptr) continue;
+    defer_free(done, *list, fp32_bytes, Tier::kHost);
+    *list = base + slot * (fp32_bytes / sizeof(float));
+    ++slot;
+  }
+  c.opt_device = base;
+  c.opt_device_bytes = bytes;
+  c.opt_ready = done;
+  stats_.bytes_host_to_device += bytes;
+  ++optimizer_chunks_on_device_;
+}
+
+void Engine::sync_optimizer(uint32_t k) {
+  const ChunkState& c = chunks_[k];
+  device_->synchronize(c.opt_ready);
+  device_->synchronize(device_->compute_stream());
+  device_->synchronize(c.last_use);
+  check_ready(c.opt_ready, "optimizer state");
+}
+
+void Engine::copy_sync(void* dst, const void* src, size_t bytes, memory::CopyKind kind) {
+  memory::Stream* s = device_->compute_stream();
+  device_->copy_async(s, dst, src, bytes, kind);
+  device_->synchronize(s);
+}
+
+void Engine::write_slot_on_device(uint32_t id, const float* values) {
+  const auto& place = layout_->param(id);
+  ChunkState& c = chunks_[place.chunk];
+  std::vector<unsigned char> rounded(place.numel * elem_bytes());
+  for (uint64_t i = 0; i < place.numel; ++i) store_as(rounded.data(), opt_.compute_dtype, i, values[i]);
+  memory::Stream* s = device_->compute_stream();
+  device_->stream_wait(s, c.ready);
+  device_->stream_wait(s, c.last_use);
+  copy_sync(static_cast<char*>(c.device) + place.offset_elems * elem_bytes(), rounded.data(), rounded.size(),
+            memory::CopyKind::kHostToDevice);
 }
 
 // ---------------------------------------------------------------------------
@@ -1186,6 +1422,8 @@ void Engine::fill_stats(pstar_stats* out) const {
     s.optimizer_list_bytes = layout_->trainable_capacity_elems() * sizeof(float);
     s.fill_ratio = layout_->fill_ratio();
   }
+  s.optimizer_chunks_on_device = optimizer_chunks_on_device_;
+  s.optimizer_device_bytes = device_opt_bytes_;
   // Copy no more than the caller's struct holds.
   const size_t n = std::min<size_t>(out->size, sizeof s);
   s.size = out->size;

@@ -129,12 +129,23 @@ class Engine {
     uint32_t pins = 0;            // outstanding exports
     bool prefetched = false;      // fetched ahead of use, not acquired since
     bool pinned_static = false;   // static policy: never evicted once fetched
-    // fp32 optimizer twins on the host (trainable chunks only).
+    bool evicted = false;         // left the accelerator at least once
+    uint64_t last_acquire = 0;    // 1 + acquires before its latest acquire; 0 = never
+    // fp32 optimizer twins (trainable chunks only): on the host, or with
+    // hybrid placement in one device buffer (opt_device), for good.
     float* master = nullptr;
     float* exp_avg = nullptr;
     float* exp_avg_sq = nullptr;
     // fp32 gradient list twin (gradient accumulation only).
     float* grad32 = nullptr;
+    // Hybrid placement: the device buffer holding master, m, v (and grad32)
+    // back to back, its size, and the event after which it is valid (the
+    // copy from the host).  The compute payload of such a chunk never leaves
+    // the accelerator once placed (opt_device != nullptr), so that its
+    // gradient is there when the step runs.
+    void* opt_device = nullptr;
+    uint64_t opt_device_bytes = 0;
+    memory::EventPtr opt_ready;
   };
 
   struct DeferredFree {
@@ -187,6 +198,20 @@ class Engine {
   void fold_gradient(uint32_t id, memory::Stream* s);
   void release_optimizer_buffers(ChunkState& c, uint64_t fp32_bytes);
 
+  // Hybrid optimizer placement (options.hybrid_optimizer).
+  uint64_t optimizer_state_bytes(uint32_t chunk) const;
+  void place_optimizer_state();
+  void move_optimizer_state(uint32_t chunk);
+  // Host waits until the fp32 lists of `chunk` may be read or written by
+  // host code (emulated device) or copied (CUDA).
+  void sync_optimizer(uint32_t chunk);
+  // Copies between host memory and device memory on the compute stream and
+  // waits for the copy (CUDA staging of device-resident optimizer state).
+  void copy_sync(void* dst, const void* src, size_t bytes, memory::CopyKind kind);
+  // Writes `values` (host, fp32) rounded to the compute dtype into the slot
+  // of `id`, which lives on the device (a chunk with device optimizer state).
+  void write_slot_on_device(uint32_t id, const float* values);
+
   pstar_engine_options opt_;
   std::unique_ptr<memory::Device> device_;
   std::unique_ptr<memory::HostPool> host_;
@@ -208,13 +233,21 @@ class Engine {
   uint64_t prefetch_frontier_ = 0;  // first moment prefetch_ahead() has not placed
 
   // Device tier accounting; invariant: device_used_ == device_chunk_bytes_ +
-  // device_grad_bytes_ + device_deferred_bytes_ + nonmodel_bytes_.
+  // device_grad_bytes_ + device_deferred_bytes_ + device_opt_bytes_ +
+  // nonmodel_bytes_.
   uint64_t device_capacity_ = 0;  // 0 = unlimited
   uint64_t device_chunk_bytes_ = 0;
   uint64_t device_grad_bytes_ = 0;
   uint64_t device_deferred_bytes_ = 0;
+  uint64_t device_opt_bytes_ = 0;  // hybrid: optimizer state on the device, for good
   uint64_t nonmodel_bytes_ = 0;
   uint64_t device_used_ = 0;
+
+  // Hybrid placement: TRAIN iterations ended so far, and whether the
+  // optimizer state has been placed (once, when warm-up ends).
+  uint64_t train_iterations_ = 0;
+  bool hybrid_placed_ = false;
+  uint32_t optimizer_chunks_on_device_ = 0;
 
   bool iteration_active_ = false;
   pstar_iteration_kind iteration_kind_ = PSTAR_ITERATION_TRAIN;
@@ -242,7 +275,7 @@ class Engine {
   struct MemorySample {
     uint64_t moment;  // acquires since the engine was created
     double time;
-    uint64_t chunks, grads, nonmodel, deferred, host;
+    uint64_t chunks, grads, nonmodel, deferred, host, optimizer;
   };
   std::vector<MoveRecord> moves_;
   std::vector<MemorySample> samples_;

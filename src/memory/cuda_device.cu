@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "memory/host_kernels.h"
+#include "optim/adam_cuda.h"
 #include "util/dtype.h"
 #include "util/error.h"
 
@@ -198,6 +199,10 @@ class CudaDevice final : public Device {
     *sumsq = total;
     *nonfinite = host_flag;
     deallocate(partials, 0);
+  }
+
+  void adam_update_async(Stream* stream, const optim::AdamStepConstants& c, const optim::AdamRange& r) override {
+    optim::adam_update_cuda(s(stream), c, r);
   }
 
  private:

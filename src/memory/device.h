@@ -2,8 +2,10 @@
 //
 // The placement runtime and the engine talk to an accelerator only through
 // this interface: allocation, ordered queues (streams), asynchronous copies
-// between host and device on a stream, events (record, wait, query), and the
-// few device-side operations the engine needs on gradients.  Two
+// between host and device on a stream, events (record, wait, query), the
+// few device-side operations the engine needs on gradients, and the
+// optimizer update of chunks whose optimizer state lives on the device
+// (hybrid placement).  Two
 // implementations exist: EmulatedDevice (host memory posing as a device,
 // always built) and CudaDevice (built where nvcc exists).
 //
@@ -23,6 +25,7 @@
 #include <memory>
 #include <string>
 
+#include "optim/adam_kernel.h"
 #include "pstar/pstar.h"
 
 namespace pstar::memory {
@@ -114,6 +117,15 @@ class Device {
   // once `stream` reaches this point; read them after synchronizing.
   virtual void grad_finalize(Stream* stream, const float* acc, void* slot, pstar_dtype dtype, size_t n,
                              double* sumsq, int* nonfinite) = 0;
+
+  // ---- device-side optimizer update, queued on `stream` ------------------
+
+  // The fused Adam update of range `r` (optim/adam_kernel.h): every pointer
+  // of `r` is device memory.  Every implementation runs the same
+  // per-element code as the CPU paths (adam_element and the conversions of
+  // util/dtype.h), so the result is bit-identical to optim::adam_update on
+  // the host.  `c` and `r` are copied: they need not outlive the call.
+  virtual void adam_update_async(Stream* stream, const optim::AdamStepConstants& c, const optim::AdamRange& r) = 0;
 
  private:
   const std::chrono::steady_clock::time_point created_ = std::chrono::steady_clock::now();

@@ -112,6 +112,7 @@ class EmulatedDevice::Queue final : public Stream {
 
 EmulatedDevice::EmulatedDevice(bool strict, uint64_t seed)
     : strict_(strict),
+      adam_isa_(optim::adam_default_isa()),
       compute_(std::make_unique<Queue>(strict, seed * 3 + 1)),
       h2d_(std::make_unique<Queue>(strict, seed * 3 + 2)),
       d2h_(std::make_unique<Queue>(strict, seed * 3 + 3)) {}
@@ -177,7 +178,10 @@ void EmulatedDevice::copy_async(Stream* stream, void* dst, const void* src, size
 }
 
 void EmulatedDevice::memset_async(Stream* stream, void* dst, int value, size_t bytes) {
-  if (strict_) std::memset(dst, kPoisonByte, bytes);
+  // Strict: poisoned when the memset starts on its stream, as a copy's
+  // destination (earlier work on the stream may still read the old content,
+  // e.g. the optimizer update reading a gradient list cleared after it).
+  if (strict_) enqueue(stream, [dst, bytes] { std::memset(dst, kPoisonByte, bytes); });
   enqueue(stream, [dst, value, bytes] { std::memset(dst, value, bytes); });
 }
 
@@ -221,6 +225,12 @@ void EmulatedDevice::grad_finalize(Stream* stream, const float* acc, void* slot,
                                    double* sumsq, int* nonfinite) {
   if (strict_) std::memset(slot, kPoisonByte, n * (dtype == PSTAR_DTYPE_F32 ? 4u : 2u));
   enqueue(stream, [=] { host_grad_finalize(acc, slot, dtype, n, sumsq, nonfinite); });
+}
+
+void EmulatedDevice::adam_update_async(Stream* stream, const optim::AdamStepConstants& c,
+                                       const optim::AdamRange& r) {
+  const optim::AdamIsa isa = adam_isa_;
+  enqueue(stream, [isa, c, r] { optim::adam_update(isa, c, r); });
 }
 
 }  // namespace pstar::memory

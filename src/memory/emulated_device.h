@@ -7,9 +7,9 @@
 // it is exercised like on CUDA).
 //
 // Strict mode, for tests, makes ordering bugs visible on a machine without a
-// GPU: a copy poison-fills its destination (0xFF bytes: NaN in every float
-// format) when it starts on its stream, a memset or gradient finalize when it
-// is queued; every queue item is preceded by a seeded random delay; and the
+// GPU: a copy or memset poison-fills its destination (0xFF bytes: NaN in
+// every float format) when it starts on its stream, a gradient finalize when
+// it is queued; every queue item is preceded by a seeded random delay; and the
 // engine checks with query() that the event guarding data has completed
 // before it touches the data.
 #pragma once
@@ -65,6 +65,9 @@ class EmulatedDevice final : public Device {
                        pstar_mem_space space, size_t n) override;
   void grad_finalize(Stream* stream, const float* acc, void* slot, pstar_dtype dtype, size_t n,
                      double* sumsq, int* nonfinite) override;
+  // The CPU kernel (optim::adam_update with the default instruction set) on
+  // the stream's worker thread.
+  void adam_update_async(Stream* stream, const optim::AdamStepConstants& c, const optim::AdamRange& r) override;
 
   class Queue;
 
@@ -73,6 +76,7 @@ class EmulatedDevice final : public Device {
   void enqueue(Stream* stream, std::function<void()> work);
 
   bool strict_;
+  optim::AdamIsa adam_isa_;
   std::unique_ptr<Queue> compute_;
   std::unique_ptr<Queue> h2d_;
   std::unique_ptr<Queue> d2h_;

@@ -40,6 +40,7 @@ void* payload_allocate(size_t bytes) {
 
 ModelledDevice::ModelledDevice(bool payloads, double h2d_bytes_per_s, double d2h_bytes_per_s)
     : payloads_(payloads),
+      adam_isa_(optim::adam_default_isa()),
       h2d_bytes_per_s_(h2d_bytes_per_s),
       d2h_bytes_per_s_(d2h_bytes_per_s),
       compute_(std::make_unique<ModelledStream>()),
@@ -162,6 +163,13 @@ void ModelledDevice::grad_finalize(Stream* stream, const float* acc, void* slot,
     *sumsq = 0.0;
     *nonfinite = 0;
   }
+}
+
+void ModelledDevice::adam_update_async(Stream* stream, const optim::AdamStepConstants& c,
+                                       const optim::AdamRange& r) {
+  ModelledStream* s = stream_of(stream);
+  s->busy_until = start_on(s);
+  if (payloads_) optim::adam_update(adam_isa_, c, r);
 }
 
 }  // namespace pstar::memory

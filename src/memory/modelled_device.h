@@ -11,7 +11,10 @@
 //    starts when it is queued (now), when its stream is free and after the
 //    events the stream was told to wait for; a copy lasts bytes / bandwidth
 //    of its direction; memsets and gradient operations take no time (the
-//    caller's compute time covers them).
+//    caller's compute time covers them), and neither does the optimizer
+//    update of chunks whose optimizer state is on the device: the model has
+//    no kernel times, so it counts that update as free (the planner's step
+//    time adds the optimizer separately).
 //  - An event completes at its stream's time when it was recorded; query()
 //    is "completion time <= now".
 //
@@ -83,6 +86,9 @@ class ModelledDevice final : public Device {
                        pstar_mem_space space, size_t n) override;
   void grad_finalize(Stream* stream, const float* acc, void* slot, pstar_dtype dtype, size_t n,
                      double* sumsq, int* nonfinite) override;
+  // Runs the CPU kernel at once when the device has payloads, nothing in a
+  // dry run; zero modelled time (see above).
+  void adam_update_async(Stream* stream, const optim::AdamStepConstants& c, const optim::AdamRange& r) override;
 
   class ModelledStream;
 
@@ -94,6 +100,7 @@ class ModelledDevice final : public Device {
   void dry_deallocate(void* ptr, size_t bytes);
 
   bool payloads_;
+  optim::AdamIsa adam_isa_;
   double h2d_bytes_per_s_;
   double d2h_bytes_per_s_;
   double now_ = 0.0;  // the host's time; invariant: never decreases

@@ -51,6 +51,7 @@ class Options(ctypes.Structure):
         ("virtual_clock", ctypes.c_int32), ("dry_run", ctypes.c_int32),
         ("h2d_bytes_per_s", ctypes.c_double), ("d2h_bytes_per_s", ctypes.c_double),
         ("device_margin_bytes", ctypes.c_uint64), ("record_timeline", ctypes.c_int32),
+        ("hybrid_optimizer", ctypes.c_int32),
     ]
 
 

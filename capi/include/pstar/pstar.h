@@ -327,6 +327,18 @@ typedef struct pstar_engine_options {
   /** Nonzero: keep a timeline of moves and per-moment memory for
    *  pstar_trace_export() (grows with every moment; for analysis runs). */
   int32_t record_timeline;
+  /** Hybrid optimizer placement.  Zero (the default): the fp32 optimizer
+   *  state of every trainable chunk (master, Adam m and v: 12 bytes per
+   *  element, 16 with grad_accumulation) lives on the host and pstar_step()
+   *  updates it on the CPU.  Nonzero: when warm-up ends, the engine moves
+   *  the optimizer state of the trainable chunks that fit in the margin
+   *  (device_capacity_bytes - device_margin_bytes - the peak accelerator
+   *  bytes so far), chunks used last in backward first, to the accelerator
+   *  for good; their parameter chunks then stay on the accelerator, and
+   *  pstar_step() updates them there while the CPU updates the others.
+   *  Results are bit-identical either way.  A zero capacity (unlimited, on
+   *  the emulated device) places every chunk; on CUDA it is rejected. */
+  int32_t hybrid_optimizer;
 } pstar_engine_options;
 
 /** Default modelled bandwidth of a host<->accelerator link: 12 GB/s, what a
@@ -342,7 +354,7 @@ typedef struct pstar_engine_options {
     sizeof(pstar_engine_options), PSTAR_ENGINE_OPTIONS_VERSION, PSTAR_DEVICE_EMULATED, \
         0, 0, 0, 0, 0, 0, 0, PSTAR_DTYPE_BF16, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, 1,    \
         0.0f, 65536.0f, 2.0f, 0.5f, 2000u, 2u, 1.0f, 0, PSTAR_POLICY_OPT, 0, 1, 0, 0,  \
-        0.0, 0.0, 0, 0                                                              \
+        0.0, 0.0, 0, 0, 0                                                           \
   }
 
 /** Writes the library's defaults into *options (the same as
@@ -608,11 +620,17 @@ typedef struct pstar_stats {
   /** Moments at which placement had to exceed its window budget (chunks in
    *  use and gradient buffers alone left no room): 0 in a well-sized run. */
   uint64_t budget_overruns;
+  /** Hybrid optimizer placement (options.hybrid_optimizer): trainable
+   *  chunks whose optimizer state lives on the accelerator, and its bytes
+   *  there (counted in device_bytes and the device peak). */
+  uint32_t optimizer_chunks_on_device;
+  uint32_t reserved1;
+  uint64_t optimizer_device_bytes;
 } pstar_stats;
 
 #define PSTAR_STATS_INIT \
   { sizeof(pstar_stats), PSTAR_STATS_VERSION, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0.0, 0, 0, 0, 0, 0, 0, 0, \
-    0.0, 0.0, 0, 0 }
+    0.0, 0.0, 0, 0, 0, 0, 0 }
 
 /** Writes an initialised pstar_stats. */
 PSTAR_API pstar_status pstar_stats_init(pstar_stats *stats);
