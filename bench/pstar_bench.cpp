@@ -353,6 +353,10 @@ int run_adam(const AdamOptions& o) {
 CLI::App* add_access_subcommand(CLI::App& app, std::function<int()>* run);
 // bench/placement.cpp: registers the `placement` subcommand.
 CLI::App* add_placement_subcommand(CLI::App& app, std::function<int()>* run);
+#if defined(PSTAR_HAVE_GLOO)
+// bench/comm.cpp: registers the `comm` subcommand (builds with Gloo only).
+CLI::App* add_comm_subcommand(CLI::App& app, std::function<int()>* run);
+#endif
 
 }  // namespace pstar::bench
 
@@ -386,8 +390,16 @@ int main(int argc, char** argv) {
   std::function<int()> run_placement;
   CLI::App* placement = pstar::bench::add_placement_subcommand(app, &run_placement);
 
+#if defined(PSTAR_HAVE_GLOO)
+  std::function<int()> run_comm;
+  CLI::App* comm = pstar::bench::add_comm_subcommand(app, &run_comm);
+#endif
+
   CLI11_PARSE(app, argc, argv);
   try {
+#if defined(PSTAR_HAVE_GLOO)
+    if (comm->parsed()) return run_comm();
+#endif
     if (adam->parsed()) return pstar::bench::run_adam(ao);
     if (access->parsed()) return run_access();
     if (placement->parsed()) return run_placement();
