@@ -73,6 +73,7 @@ Test(gloo_comm, all_gather_in_place_and_out_of_place) {
 }
 
 Test(gloo_comm, reduce_scatter_sums_each_block_exactly) {
+  std::vector<std::string> errors;
   for (int ranks = 1; ranks <= 4; ++ranks) {
     const size_t block = 4099;
     const int failed = run_ranks(ranks, [&](Communicator& c) {
@@ -88,8 +89,9 @@ Test(gloo_comm, reduce_scatter_sums_each_block_exactly) {
           cr_assert_eq(out[i], x * static_cast<float>(n * (n + 1) / 2) + static_cast<float>(n * step), "%d ranks, rank %d, element %zu", n, c.rank(), i);
         }
       }
-    });
-    cr_assert_eq(failed, 0, "%d ranks", ranks);
+    }, &errors);
+    cr_assert_eq(failed, 0, "%d ranks: %s | %s | %s | %s", ranks, errors[0].c_str(), errors.size() > 1 ? errors[1].c_str() : "",
+                 errors.size() > 2 ? errors[2].c_str() : "", errors.size() > 3 ? errors[3].c_str() : "");
   }
 }
 

@@ -3,13 +3,11 @@
 //
 // Rendezvous goes through a gloo::rendezvous::Store (the libuv store's
 // adapter in a real run; Gloo's in-process HashStore in tests); each rank
-// connects a full mesh of TCP pairs.  The collectives are Gloo's own: ring
-// all-gather, halving-doubling reduce-scatter (the Debian 2022 snapshot has
-// no bf16, so gradients are reduced in fp32, as ZeRO wants anyway), ring
-// all-reduce, one-to-all broadcast, barrier.  The reduce-scatter algorithm
-// object, which registers its buffers with every pair, is kept for the last
-// (buffer, size) used: the engine reduces every chunk through one staging
-// buffer, so it is built once.
+// connects a full mesh of TCP pairs.  All-gather, all-reduce, broadcast and
+// barrier are Gloo's own collectives; the reduce-scatter is a ring over
+// Gloo's unbound buffers (see reduce_scatter_sum in the .cpp for why not
+// Gloo's halving-doubling), in fp32 (the Debian 2022 snapshot has no bf16,
+// and ZeRO reduces gradients in fp32 anyway).
 #pragma once
 
 #include <chrono>
