@@ -21,7 +21,7 @@ static void expect(int ok, const char *what) {
   }
 }
 
-static pstar_status train(pstar_device_kind device, uint64_t capacity, pstar_dtype dtype, float *out,
+static pstar_status train(pstar_device_kind device, uint64_t capacity, pstar_dtype dtype, int hybrid, float *out,
                           pstar_stats *stats) {
   pstar_engine_options o;
   pstar_engine *e = NULL;
@@ -36,6 +36,7 @@ static pstar_status train(pstar_device_kind device, uint64_t capacity, pstar_dty
   o.chunk_elems = 4096;
   o.compute_dtype = dtype;
   o.lr = 1e-2f;
+  o.hybrid_optimizer = hybrid;
   if ((st = pstar_engine_create(&o, &e)) != PSTAR_OK) return st;
 #define TRY(call) do { if ((st = (call)) != PSTAR_OK) goto done; } while (0)
   for (p = 0; p < kParams; ++p) {
@@ -92,14 +93,26 @@ int main(void) {
   for (d = 0; d < 2; ++d) {
     /* Two chunks of 4096 bf16/f16 elements fit; the model has five. */
     const uint64_t cap = 2 * 4096 * 2 + 2 * kElems * 4;
-    st = train(PSTAR_DEVICE_CUDA, cap, dtypes[d], cuda_out, &cs);
+    /* Hybrid: room for two more chunks' optimizer state (12 bytes per
+     * element) and their pinned payloads beside the streaming room. */
+    const uint64_t cap_hybrid = cap + 2 * 4096 * (12 + 2);
+    st = train(PSTAR_DEVICE_CUDA, cap, dtypes[d], 0, cuda_out, &cs);
     if (st != PSTAR_OK) fprintf(stderr, "cuda run: %s: %s\n", pstar_status_name(st), pstar_last_error_message());
     expect(st == PSTAR_OK, "train on CUDA");
-    st = train(PSTAR_DEVICE_EMULATED, 0, dtypes[d], emu_out, &es);
+    st = train(PSTAR_DEVICE_EMULATED, 0, dtypes[d], 0, emu_out, &es);
     expect(st == PSTAR_OK, "train on the emulated device");
     expect(memcmp(cuda_out, emu_out, sizeof cuda_out) == 0, "CUDA and emulated parameters bit-identical");
     expect(cs.evictions > 0, "constrained CUDA run evicted chunks");
     expect(cs.peak_device_bytes <= cap, "CUDA peak within capacity");
+    /* Hybrid placement: some optimizer state updated by the CUDA kernel,
+     * the rest on the CPU; the same bits. */
+    st = train(PSTAR_DEVICE_CUDA, cap_hybrid, dtypes[d], 1, cuda_out, &cs);
+    if (st != PSTAR_OK) fprintf(stderr, "cuda hybrid run: %s: %s\n", pstar_status_name(st), pstar_last_error_message());
+    expect(st == PSTAR_OK, "train on CUDA with hybrid optimizer placement");
+    expect(cs.optimizer_chunks_on_device > 0, "hybrid placed optimizer state on the GPU");
+    expect(cs.optimizer_chunks_on_device < cs.optimizer_chunks, "hybrid left some optimizer state on the host");
+    expect(memcmp(cuda_out, emu_out, sizeof cuda_out) == 0, "CUDA hybrid and emulated parameters bit-identical");
+    expect(cs.peak_device_bytes <= cap_hybrid, "CUDA hybrid peak within capacity");
   }
   printf("%d passed, %d failed\n", passes, failures);
   return failures == 0 ? 0 : 1;
