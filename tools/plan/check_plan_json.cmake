@@ -1,20 +1,26 @@
-# Runs `pstar-plan --preset PRESET --json` and checks that it prints one JSON
-# object whose figures exist and are positive.
+# Runs `pstar-plan --preset PRESET --json` (hybrid optimizer placement, the
+# default) and with --no-hybrid, and checks that each prints one JSON object
+# whose figures exist and are positive, and that the two agree.
 # Usage: cmake -DPLAN=<path to pstar-plan> -DPRESET=v100x8 -P check_plan_json.cmake
-execute_process(
-  COMMAND ${PLAN} --preset ${PRESET} --json
-  OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
-if(NOT rc EQUAL 0)
-  message(FATAL_ERROR "pstar-plan --preset ${PRESET} --json exited with ${rc}\nstdout:\n${out}\nstderr:\n${err}")
-endif()
-string(STRIP "${out}" out)
-if(out MATCHES "\n")
-  message(FATAL_ERROR "expected one line of JSON, got:\n${out}")
-endif()
-string(JSON planner ERROR_VARIABLE jerr GET "${out}" planner)
-if(jerr OR NOT planner STREQUAL "pstar-plan")
-  message(FATAL_ERROR "not the planner's JSON object: '${out}' (${jerr})")
-endif()
+function(run_plan var)
+  execute_process(
+    COMMAND ${PLAN} --preset ${PRESET} --json ${ARGN}
+    OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "pstar-plan --preset ${PRESET} --json ${ARGN} exited with ${rc}\nstdout:\n${out}\nstderr:\n${err}")
+  endif()
+  string(STRIP "${out}" out)
+  if(out MATCHES "\n")
+    message(FATAL_ERROR "expected one line of JSON, got:\n${out}")
+  endif()
+  string(JSON planner ERROR_VARIABLE jerr GET "${out}" planner)
+  if(jerr OR NOT planner STREQUAL "pstar-plan")
+    message(FATAL_ERROR "not the planner's JSON object: '${out}' (${jerr})")
+  endif()
+  set(${var} "${out}" PARENT_SCOPE)
+endfunction()
+run_plan(out)
+run_plan(out_nohybrid --no-hybrid)
 
 # Positive numbers, at the top level and in the largest model's record.
 function(expect_positive json path)
@@ -49,6 +55,52 @@ string(JSON adam GET "${out}" max adam_s)
 if(step LESS compute)
   message(FATAL_ERROR "step ${step} s is shorter than its compute ${compute} s")
 endif()
+
+# Hybrid placement: the figures without it, the state placed per rank, and
+# the order of the searches (hybrid fits at least what host-only fits; the
+# what-ifs at least what hybrid fits).
+string(JSON hybrid GET "${out}" hybrid_optimizer)
+string(JSON hybrid_off GET "${out_nohybrid}" hybrid_optimizer)
+if(NOT hybrid STREQUAL "ON" OR NOT hybrid_off STREQUAL "OFF")
+  message(FATAL_ERROR "hybrid_optimizer: '${hybrid}' by default, '${hybrid_off}' with --no-hybrid")
+endif()
+foreach(key max_params_host_only bytes_moved_per_iter_host_only step_s_host_only max_params_hybrid_steady_host
+            max_params_with_device_margin)
+  expect_positive("${out}" ${key})
+endforeach()
+function(expect_number json path)
+  string(JSON value ERROR_VARIABLE jerr GET "${json}" ${path})
+  if(jerr OR NOT value MATCHES "^[0-9]+(\\.[0-9]*)?([eE][+-]?[0-9]+)?$")
+    message(FATAL_ERROR "${path} is missing or not a number >= 0: '${value}'")
+  endif()
+  message(STATUS "${path} = ${value}")
+endfunction()
+expect_number("${out}" optimizer_device_bytes_per_rank)
+foreach(key optimizer_device_bytes optimizer_chunks_on_device device_adam_s host_adam_s
+            host_needed_per_node_after_placement_bytes)
+  expect_number("${out}" "max;${key}")
+endforeach()
+string(JSON p_hybrid GET "${out}" max_params)
+string(JSON p_host GET "${out}" max_params_host_only)
+string(JSON p_steady GET "${out}" max_params_hybrid_steady_host)
+string(JSON p_margin GET "${out}" max_params_with_device_margin)
+string(JSON p_off GET "${out_nohybrid}" max_params)
+string(JSON p_off_host GET "${out_nohybrid}" max_params_host_only)
+if(NOT p_off EQUAL p_host OR NOT p_off_host EQUAL p_off)
+  message(FATAL_ERROR "--no-hybrid finds ${p_off} (host-only ${p_off_host}), the default run's host-only search ${p_host}")
+endif()
+if(p_hybrid LESS p_host OR p_steady LESS p_hybrid OR p_margin LESS p_hybrid)
+  message(FATAL_ERROR "searches out of order: hybrid ${p_hybrid}, host-only ${p_host}, steady host ${p_steady}, "
+                      "device margin ${p_margin}")
+endif()
+string(JSON h_peak GET "${out}" max host_needed_per_node_bytes)
+string(JSON h_after GET "${out}" max host_needed_per_node_after_placement_bytes)
+if(h_peak LESS h_after)
+  message(FATAL_ERROR "host need after placement ${h_after} exceeds the warm-up's ${h_peak}")
+endif()
+message(STATUS "max_params: hybrid ${p_hybrid}, host-only ${p_host}, what-ifs: steady host ${p_steady}, "
+               "device margin ${p_margin}")
+
 string(JSON n_assumptions LENGTH "${out}" assumptions)
 string(JSON n_published LENGTH "${out}" published)
 if(n_assumptions LESS 5 OR n_published LESS 1)

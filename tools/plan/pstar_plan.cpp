@@ -22,6 +22,7 @@
 #include <map>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "gpt_workload.h"
@@ -57,6 +58,10 @@ struct Hardware {
   double d2h = PSTAR_DEFAULT_LINK_BYTES_PER_S;
   double flops = 0;          // sustained FLOP/s per GPU
   double host_adam = 100e9;  // bytes/s of the fused Adam pass per node
+  // bytes/s of the Adam update of device-held optimizer state per GPU
+  // (hybrid placement): the device's memory bandwidth, the kernel being
+  // bandwidth-bound.  The engine's modelled device counts it as no time.
+  double device_adam = 900e9;
 
   uint32_t world() const { return gpus_per_node * nodes; }
   uint64_t device_capacity() const {
@@ -106,6 +111,7 @@ std::vector<Preset> presets() {
     p.hw.h2d = p.hw.d2h = 6e9;
     p.hw.flops = 50e12;
     p.hw.host_adam = 100e9;
+    p.hw.device_adam = 900e9;
     p.shape_source = "PatrickStar examples/model_builder.py GPT3_18B";
     p.published = {{"PatrickStar v0.4.3", 18e9, "README: 18B on 8 x V100 with 240 GB host memory"},
                    {"DeepSpeed v0.4.3", 4e9,
@@ -115,7 +121,8 @@ std::vector<Preset> presets() {
                      "link 6 GB/s per GPU each way: PCIe 3.0 x16 (12 GB/s) shared by two GPUs per switch when all "
                      "GPUs copy at once",
                      "50 TFLOP/s sustained per GPU: 40% of the V100's 125 TFLOP/s fp16 tensor-core peak",
-                     "host Adam 100 GB/s per node: a two-socket Xeon node (the CPU is not published)"};
+                     "host Adam 100 GB/s per node: a two-socket Xeon node (the CPU is not published)",
+                     "device Adam 900 GB/s per GPU (hybrid placement): the V100's HBM2 bandwidth"};
     v.push_back(p);
   }
   {
@@ -135,13 +142,15 @@ std::vector<Preset> presets() {
     p.hw.h2d = p.hw.d2h = 12e9;
     p.hw.flops = 125e12;
     p.hw.host_adam = 200e9;
+    p.hw.device_adam = 2.0e12;
     p.shape_source = "PatrickStar examples/model_builder.py GPT_DS_68B";
     p.published = {{"PatrickStar v0.4.3", 68e9, "README: 68B on 8 x A100 with 1 TB host memory"},
                    {"DeepSpeed v0.5.7", 0, "README: PatrickStar's 68B is over 6x DeepSpeed's largest"}};
     p.assumptions = {"batch 8 per GPU: PatrickStar's A100 benchmark script sweeps 4, 8 and 16 for its large models",
                      "link 12 GB/s per GPU each way: PCIe 4.0 x16 (24 GB/s) shared by two GPUs per switch",
                      "125 TFLOP/s sustained per GPU: 40% of the A100's 312 TFLOP/s bf16 tensor-core peak",
-                     "host Adam 200 GB/s per node: two AMD EPYC 7742 with 8 DDR4-3200 channels each (409 GB/s peak)"};
+                     "host Adam 200 GB/s per node: two AMD EPYC 7742 with 8 DDR4-3200 channels each (409 GB/s peak)",
+                     "device Adam 2 TB/s per GPU (hybrid placement): the A100-80GB's HBM2e bandwidth (2.04 TB/s)"};
     v.push_back(p);
   }
   return v;
@@ -195,11 +204,15 @@ const char* kUsage =
     "  --nvme BYTES (reported only: no NVMe tier yet)\n"
     "  --h2d BYTES/S --d2h BYTES/S (per GPU, default 12GB/s)\n"
     "  --flops FLOP/S (sustained per GPU)  --host-adam-bytes-per-s BYTES/S (per node, default 100GB/s)\n"
+    "  --device-adam-bytes-per-s BYTES/S (per GPU, hybrid placement's device update, default 900GB/s)\n"
     "  --gpus-per-node N (default 1)    --nodes N (default 1)\n"
     "Search:\n"
     "  --chunk-elems N                  elements per chunk (default: one layer's parameters)\n"
     "  --search-chunk-size              pick the chunk size of best fill, then least device memory\n"
     "  --no-search                      evaluate the given shape only (no largest-model search)\n"
+    "Engine:\n"
+    "  --no-hybrid                      all optimizer state on the host (default: hybrid placement,\n"
+    "                                   options.hybrid_optimizer = 1)\n"
     "Output:\n"
     "  --json                           one JSON object on stdout\n"
     "  --verbose                        every dry run on stderr\n"
@@ -212,6 +225,7 @@ struct Args {
   uint64_t chunk_elems = 0;
   bool search_chunk = false;
   bool search = true;
+  bool hybrid = true;
   bool json = false;
   bool verbose = false;
   const Preset* preset_def = nullptr;
@@ -220,7 +234,8 @@ struct Args {
 Args parse_args(int argc, char** argv, const std::vector<Preset>& known) {
   Args a;
   std::vector<std::pair<std::string, std::string>> opts;  // in order, preset applied first
-  std::vector<std::string> flags = {"--search-chunk-size", "--no-search", "--json", "--verbose", "--help", "-h"};
+  std::vector<std::string> flags = {"--search-chunk-size", "--no-search", "--no-hybrid", "--json",
+                                    "--verbose",           "--help",      "-h"};
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (std::find(flags.begin(), flags.end(), arg) != flags.end()) {
@@ -255,6 +270,8 @@ Args parse_args(int argc, char** argv, const std::vector<Preset>& known) {
       a.search_chunk = true;
     else if (k == "--no-search")
       a.search = false;
+    else if (k == "--no-hybrid")
+      a.hybrid = false;
     else if (k == "--json")
       a.json = true;
     else if (k == "--verbose")
@@ -298,6 +315,8 @@ Args parse_args(int argc, char** argv, const std::vector<Preset>& known) {
       a.hw.flops = parse_quantity(k, v);
     else if (k == "--host-adam-bytes-per-s")
       a.hw.host_adam = parse_quantity(k, v);
+    else if (k == "--device-adam-bytes-per-s")
+      a.hw.device_adam = parse_quantity(k, v);
     else if (k == "--gpus-per-node")
       a.hw.gpus_per_node = parse_count(k, v);
     else if (k == "--nodes")
@@ -324,7 +343,8 @@ Args parse_args(int argc, char** argv, const std::vector<Preset>& known) {
   if (!missing.empty()) throw UsageError("missing " + missing + " (or a --preset)");
   const std::string bad = pstar::workload::validate(a.shape);
   if (!bad.empty()) throw UsageError(bad);
-  if (a.hw.h2d <= 0 || a.hw.d2h <= 0 || a.hw.host_adam <= 0) throw UsageError("bandwidths must be positive");
+  if (a.hw.h2d <= 0 || a.hw.d2h <= 0 || a.hw.host_adam <= 0 || a.hw.device_adam <= 0)
+    throw UsageError("bandwidths must be positive");
   if (a.hw.device_capacity() == 0) throw UsageError("--gpu-reserve leaves no device memory");
   if (a.search_chunk && a.chunk_elems) throw UsageError("--chunk-elems and --search-chunk-size exclude each other");
   return a;
@@ -337,38 +357,65 @@ Args parse_args(int argc, char** argv, const std::vector<Preset>& known) {
 struct Evaluation {
   GptShape shape;
   uint64_t chunk_elems = 0;
+  bool hybrid = false;  // the dry run had options.hybrid_optimizer = 1
   uint64_t params = 0;
   double flops = 0;  // per iteration per GPU
   ReplayResult run;
   uint64_t device_capacity = 0;
   bool device_ok = false;
+  // Optimizer state (fp32 master, m, v: the three optimizer lists) of the
+  // whole model, each rank's 1/N share of it, what the engine's dry run
+  // placed on the device (hybrid), and the per-rank figure the planner takes
+  // from that: a rank places state of its own share in its margin, so
+  // min(placed, share).
+  uint64_t opt_state_bytes = 0;
+  uint64_t opt_share_per_rank = 0;
+  uint32_t opt_chunks = 0;
+  uint32_t opt_chunks_on_device = 0;
+  uint64_t opt_device_bytes = 0;
+  uint64_t opt_device_per_rank = 0;
   // Host model per node: each rank's share of the four lists, the engine's
   // own host bytes beyond the lists (measured), and the per-rank reserve.
+  // The engine holds every list on the host from build until warm-up ends
+  // (hybrid placement moves state only then), so the host need is that of
+  // the warm-up; after placement each rank's host holds its share less the
+  // state on its device.
   uint64_t list_bytes = 0;
   uint64_t share_per_rank = 0;
   uint64_t extra_per_rank = 0;
-  uint64_t host_per_node = 0;
+  uint64_t host_per_node = 0;        // at warm-up: the peak, what must fit
+  uint64_t host_per_node_after = 0;  // after hybrid placement (steady state)
   bool host_ok = false;
+  bool host_ok_after = false;
   // The smallest device capacity at which the dry run raises no
   // out-of-memory (found by bisection; 0 until evaluate_margin()), and the
-  // host need if each rank's margin (capacity - that) held part of its share.
+  // what-if host need if each rank's device memory beyond it held
+  // optimizer state of its share instead of caching chunks.
   uint64_t min_capacity = 0;
   uint64_t margin_per_rank = 0;
   uint64_t host_per_node_margin = 0;
   bool host_ok_margin = false;
+  // Adam per step: the host pass of a node over its ranks' host-held state,
+  // and each GPU's update of its device-held state, concurrently.
+  double host_adam_s = 0;
+  double device_adam_s = 0;
   double adam_s = 0;
   double step_s = 0;
 
   bool fits() const { return device_ok && host_ok; }
+  bool fits_after_placement() const { return device_ok && host_ok_after; }
   bool fits_with_margin() const { return device_ok && host_ok_margin; }
 };
+
+constexpr double kOptListsBytesPerElem = 12.0;  // fp32 master, m, v
 
 struct Planner {
   Args args;
   uint32_t dry_runs = 0;
-  std::map<std::pair<uint32_t, uint64_t>, Evaluation> cache;  // (layers, chunk) -> result
+  // (layers, chunk, hybrid) -> result
+  std::map<std::tuple<uint32_t, uint64_t, bool>, Evaluation> cache;
 
-  pstar_engine_options options(uint64_t chunk_elems) const {
+  pstar_engine_options options(uint64_t chunk_elems, bool hybrid) const {
     pstar_engine_options o;
     pstar_engine_options_init(&o);
     o.device = PSTAR_DEVICE_EMULATED;
@@ -383,6 +430,7 @@ struct Planner {
     o.prefetch = 1;
     o.h2d_bytes_per_s = args.hw.h2d;
     o.d2h_bytes_per_s = args.hw.d2h;
+    o.hybrid_optimizer = hybrid ? 1 : 0;
     return o;
   }
 
@@ -394,73 +442,107 @@ struct Planner {
   // Register and build only: layout figures (list bytes, fill ratio, chunks).
   ReplayResult layout(const Workload& w, uint64_t chunk_elems) {
     ReplayConfig cfg;
-    cfg.options = options(chunk_elems);
+    cfg.options = options(chunk_elems, false);
     cfg.build_only = true;
     ReplayResult r = pstar::workload::replay(w, cfg);
     if (!r.ok()) engine_failure(r, w.shape);
     return r;
   }
 
-  const Evaluation& evaluate(uint32_t layers, uint64_t chunk_elems) {
-    const auto key = std::make_pair(layers, chunk_elems);
+  const Evaluation& evaluate(uint32_t layers, uint64_t chunk_elems, bool hybrid) {
+    const auto key = std::make_tuple(layers, chunk_elems, hybrid);
     const auto hit = cache.find(key);
     if (hit != cache.end()) return hit->second;
     const Hardware& hw = args.hw;
+    const uint32_t world = hw.world();
     Evaluation ev;
     ev.shape = args.shape;
     ev.shape.layers = layers;
     ev.chunk_elems = chunk_elems;
+    ev.hybrid = hybrid;
     const Workload w = pstar::workload::make_gpt(ev.shape);
     ev.params = w.param_elems;
     ev.flops = w.flops_total();
 
-    // The host Adam pass of a node updates its ranks' shares of the fp32
-    // lists: optimizer elements / nodes, reading the gradient and master,
-    // m, v and writing master, m, v and the weight.
     const ReplayResult built = layout(w, chunk_elems);
-    const double elems_per_node = double(built.built.optimizer_list_bytes) / 4.0 / hw.nodes;
+    ev.opt_state_bytes = 3 * built.built.optimizer_list_bytes;
+    ev.opt_share_per_rank = (ev.opt_state_bytes + world - 1) / world;
+    ev.opt_chunks = built.built.optimizer_chunks;
+
+    // Adam per step, from the optimizer state the engine holds on the device
+    // at that step (none until warm-up ends; hybrid: what it placed then).
+    // A rank's share of the optimizer elements is split between its GPU
+    // (min(placed, share): see opt_device_per_rank) and its node's host
+    // pass.  Each element costs 28 bytes with a 2-byte dtype: the gradient
+    // read, master, m and v read and written, the weight written.  A node's
+    // host pass updates its ranks' host-held elements at the node's
+    // bandwidth; each GPU updates its own at the device's, at the same time
+    // (the engine queues the device updates, then updates the rest on the
+    // CPU), so the optimizer takes the longer of the two.
     const double adam_bytes_per_elem = 2.0 * args.shape.dtype_bytes + 24.0;
-    ev.adam_s = elems_per_node * adam_bytes_per_elem / hw.host_adam;
+    const double share_elems = double(built.built.optimizer_list_bytes) / 4.0 / world;
+    const uint64_t share_bytes = ev.opt_share_per_rank;
+    auto adam_times = [=](uint64_t placed, double* host_s, double* dev_s) {
+      const double dev_elems = double(std::min(placed, share_bytes)) / kOptListsBytesPerElem;
+      const double host_elems = std::max(0.0, share_elems - dev_elems);
+      *host_s = hw.gpus_per_node * host_elems * adam_bytes_per_elem / hw.host_adam;
+      *dev_s = dev_elems * adam_bytes_per_elem / hw.device_adam;
+    };
 
     ReplayConfig cfg;
-    cfg.options = options(chunk_elems);
-    cfg.iterations = 2;  // warm-up (records the trace) + one traced iteration
+    cfg.options = options(chunk_elems, hybrid);
+    cfg.iterations = 2;  // warm-up (records the trace; hybrid placement at its end) + one traced iteration
     cfg.flops_per_s = hw.flops;
-    cfg.optimizer_seconds = ev.adam_s;
+    cfg.optimizer_seconds_fn = [=](const pstar_stats& s) {
+      double host_s = 0, dev_s = 0;
+      adam_times(s.optimizer_device_bytes, &host_s, &dev_s);
+      return std::max(host_s, dev_s);
+    };
     ev.run = pstar::workload::replay(w, cfg);
     ++dry_runs;
     if (!ev.run.ok() && !ev.run.out_of_memory()) engine_failure(ev.run, ev.shape);
     ev.device_capacity = hw.device_capacity();
     ev.device_ok = ev.run.ok() && ev.run.final_stats.peak_device_bytes <= ev.device_capacity;
 
-    const uint32_t world = hw.world();
+    const pstar_stats& fs = ev.run.final_stats;
+    ev.opt_chunks_on_device = fs.optimizer_chunks_on_device;
+    ev.opt_device_bytes = fs.optimizer_device_bytes;
+    ev.opt_device_per_rank = std::min(ev.opt_device_bytes, ev.opt_share_per_rank);
+    adam_times(ev.opt_device_bytes, &ev.host_adam_s, &ev.device_adam_s);
+    ev.adam_s = std::max(ev.host_adam_s, ev.device_adam_s);
+
     ev.list_bytes = ev.run.list_bytes();
     ev.share_per_rank = (ev.list_bytes + world - 1) / world;
-    const uint64_t peak_host = ev.run.final_stats.peak_host_bytes;
+    const uint64_t peak_host = fs.peak_host_bytes;
     ev.extra_per_rank = peak_host > ev.list_bytes ? peak_host - ev.list_bytes : 0;
     const uint64_t reserve = uint64_t(hw.host_reserve);
     ev.host_per_node = uint64_t(hw.gpus_per_node) * (ev.share_per_rank + ev.extra_per_rank + reserve);
+    ev.host_per_node_after =
+        uint64_t(hw.gpus_per_node) * (ev.share_per_rank - ev.opt_device_per_rank + ev.extra_per_rank + reserve);
     ev.host_ok = double(ev.host_per_node) <= hw.host_mem;
+    ev.host_ok_after = double(ev.host_per_node_after) <= hw.host_mem;
     ev.step_s = ev.run.last.clock_seconds;
     if (args.verbose)
       std::fprintf(stderr,
                    "pstar-plan: dry run %u: %u layers, %.3fB params, chunk %" PRIu64
-                   ": device %s (peak %.2f GiB of %.2f), "
-                   "host %.1f GiB/node of %.1f, moved %.2f GB, step %.3f s\n",
-                   dry_runs, layers, ev.params / 1e9, chunk_elems,
+                   "%s: device %s (peak %.2f GiB of %.2f), optimizer state on the device %.2f GiB "
+                   "(%u of %u chunks), host %.1f GiB/node of %.1f (%.1f after placement), moved %.2f GB, "
+                   "step %.3f s\n",
+                   dry_runs, layers, ev.params / 1e9, chunk_elems, hybrid ? ", hybrid" : "",
                    ev.device_ok ? "ok" : (ev.run.out_of_memory() ? "out of memory" : "over capacity"),
-                   ev.run.final_stats.peak_device_bytes / kGiB, ev.device_capacity / kGiB, ev.host_per_node / kGiB,
-                   hw.host_mem / kGiB, ev.run.last.bytes_moved() / 1e9, ev.step_s);
+                   fs.peak_device_bytes / kGiB, ev.device_capacity / kGiB, ev.opt_device_bytes / kGiB,
+                   ev.opt_chunks_on_device, ev.opt_chunks, ev.host_per_node / kGiB, hw.host_mem / kGiB,
+                   ev.host_per_node_after / kGiB, ev.run.last.bytes_moved() / 1e9, ev.step_s);
     return cache.emplace(key, std::move(ev)).first->second;
   }
 
   // evaluate() plus the smallest device capacity that runs without
   // out-of-memory, by bisection between the activation peak and the
-  // capacity (to 1/256 of the capacity), and the host need if the rest of
-  // the device held model data.
-  const Evaluation& evaluate_margin(uint32_t layers, uint64_t chunk_elems) {
-    evaluate(layers, chunk_elems);
-    Evaluation& ev = cache.at(std::make_pair(layers, chunk_elems));
+  // capacity (to 1/256 of the capacity), and the what-if host need if the
+  // rest of each device held optimizer state of its rank's share.
+  const Evaluation& evaluate_margin(uint32_t layers, uint64_t chunk_elems, bool hybrid) {
+    evaluate(layers, chunk_elems, hybrid);
+    Evaluation& ev = cache.at(std::make_tuple(layers, chunk_elems, hybrid));
     if (ev.min_capacity != 0 || !ev.device_ok) return ev;
     const Workload w = pstar::workload::make_gpt(ev.shape);
     uint64_t lo = ev.run.peak_nonmodel_reported, hi = ev.device_capacity;
@@ -468,7 +550,7 @@ struct Planner {
     while (hi - lo > tol) {
       const uint64_t mid = lo + (hi - lo) / 2;
       ReplayConfig cfg;
-      cfg.options = options(chunk_elems);
+      cfg.options = options(chunk_elems, hybrid);
       cfg.options.device_capacity_bytes = mid;
       cfg.iterations = 2;
       const ReplayResult r = pstar::workload::replay(w, cfg);
@@ -481,9 +563,9 @@ struct Planner {
     }
     ev.min_capacity = hi;
     ev.margin_per_rank = ev.device_capacity - hi;
-    const uint64_t on_host = ev.share_per_rank > ev.margin_per_rank ? ev.share_per_rank - ev.margin_per_rank : 0;
-    ev.host_per_node_margin =
-        uint64_t(args.hw.gpus_per_node) * (on_host + ev.extra_per_rank + uint64_t(args.hw.host_reserve));
+    const uint64_t off_host = std::min(ev.margin_per_rank, ev.opt_share_per_rank);
+    ev.host_per_node_margin = uint64_t(args.hw.gpus_per_node) *
+                              (ev.share_per_rank - off_host + ev.extra_per_rank + uint64_t(args.hw.host_reserve));
     ev.host_ok_margin = double(ev.host_per_node_margin) <= args.hw.host_mem;
     return ev;
   }
@@ -491,11 +573,11 @@ struct Planner {
   // Largest layer count in [1, cap] whose evaluation passes `pred`, assuming
   // monotonicity; 0 if even one layer fails.
   template <class Pred>
-  uint32_t largest(uint32_t cap, uint64_t chunk_elems, bool margin, Pred pred) {
+  uint32_t largest(uint32_t cap, uint64_t chunk_elems, bool hybrid, bool margin, Pred pred) {
     uint32_t lo = 0, hi = cap + 1;  // pred(lo) holds (vacuously for 0), pred(hi) fails
     while (hi - lo > 1) {
       const uint32_t mid = lo + (hi - lo) / 2;
-      if (pred(margin ? evaluate_margin(mid, chunk_elems) : evaluate(mid, chunk_elems)))
+      if (pred(margin ? evaluate_margin(mid, chunk_elems, hybrid) : evaluate(mid, chunk_elems, hybrid)))
         lo = mid;
       else
         hi = mid;
@@ -572,6 +654,7 @@ std::string evaluation_json(const Evaluation& e) {
   return JObj()
       .add("shape", shape_json(e.shape))
       .add("params", jint(e.params))
+      .add("hybrid_optimizer", e.hybrid ? "true" : "false")
       .add("fits", e.fits() ? "true" : "false")
       .add("device_ok", e.device_ok ? "true" : "false")
       .add("host_ok", e.host_ok ? "true" : "false")
@@ -587,14 +670,23 @@ std::string evaluation_json(const Evaluation& e) {
       .add("compute_s", jnum(e.run.compute_seconds))
       .add("wait_s", jnum(it.wait_seconds))
       .add("adam_s", jnum(e.adam_s))
+      .add("host_adam_s", jnum(e.host_adam_s))
+      .add("device_adam_s", jnum(e.device_adam_s))
       .add("peak_device_bytes", jint(s.peak_device_bytes))
       .add("peak_device_chunk_bytes", jint(s.peak_device_chunk_bytes))
       .add("peak_nonmodel_bytes", jint(e.run.peak_nonmodel_reported))
       .add("device_capacity_bytes", jint(e.device_capacity))
+      .add("optimizer_state_bytes", jint(e.opt_state_bytes))
+      .add("optimizer_share_per_rank_bytes", jint(e.opt_share_per_rank))
+      .add("optimizer_chunks", jint(e.opt_chunks))
+      .add("optimizer_chunks_on_device", jint(e.opt_chunks_on_device))
+      .add("optimizer_device_bytes", jint(e.opt_device_bytes))
+      .add("optimizer_device_bytes_per_rank", jint(e.opt_device_per_rank))
       .add("list_bytes", jint(e.list_bytes))
       .add("host_share_per_rank_bytes", jint(e.share_per_rank))
       .add("host_extra_per_rank_bytes", jint(e.extra_per_rank))
       .add("host_needed_per_node_bytes", jint(e.host_per_node))
+      .add("host_needed_per_node_after_placement_bytes", jint(e.host_per_node_after))
       .add("min_device_capacity_bytes", e.min_capacity ? jint(e.min_capacity) : "null")
       .add("host_needed_per_node_with_margin_bytes", e.min_capacity ? jint(e.host_per_node_margin) : "null")
       .add("budget_overruns", jint(it.budget_overruns))
@@ -604,29 +696,56 @@ std::string evaluation_json(const Evaluation& e) {
 
 std::vector<std::string> common_assumptions(const Args& a) {
   const Hardware& hw = a.hw;
-  char buf[512];
+  char buf[1024];
   std::vector<std::string> v;
   v.push_back(
       "GPT-style workload of tools/workload/gpt_workload.h: activations from Korthikanti et al. 2022, "
       "FLOPs 2 per multiply-add on weight matrices and attention scores, element-wise work not timed");
   std::snprintf(buf, sizeof buf,
                 "engine: dry run, virtual clock, OPT placement with prefetch, device capacity %.2f GiB per GPU "
-                "(%.2f GiB reserved for the CUDA context, libraries and allocator slack)",
-                hw.device_capacity() / kGiB, (hw.gpu_mem - hw.device_capacity()) / kGiB);
+                "(%.2f GiB reserved for the CUDA context, libraries and allocator slack), hybrid optimizer "
+                "placement %s",
+                hw.device_capacity() / kGiB, (hw.gpu_mem - hw.device_capacity()) / kGiB,
+                a.hybrid ? "on (options.hybrid_optimizer = 1: when warm-up ends the engine moves, for good, the "
+                           "optimizer state of the trainable chunks that fit in the capacity less the warm-up's "
+                           "device peak; the warm-up's chunk cache fills the device whenever the model's chunks "
+                           "do not all fit beside its activations, and then nothing is placed)"
+                         : "off (--no-hybrid: all optimizer state on the host)");
   v.push_back(buf);
   v.push_back(
       "each of a node's ranks runs the same device-side trace with the whole model: the engine has no "
       "ZeRO sharding yet, so bytes moved and the device peak are one rank's with the full model");
   std::snprintf(buf, sizeof buf,
                 "host per node = ranks x (share of the four chunk lists (14 B/param with a 2-byte dtype, over all "
-                "%u ranks, as ZeRO and PatrickStar divide them) + the engine's host bytes beyond the lists + %.1f GiB "
-                "reserved per rank)",
+                "%u ranks, as ZeRO and PatrickStar divide them; ZeRO sharding is not built in the engine) + the "
+                "engine's host bytes beyond the lists + %.1f GiB reserved per rank)",
                 hw.world(), hw.host_reserve / kGiB);
   v.push_back(buf);
+  if (a.hybrid)
+    v.push_back(
+        "hybrid, per rank: with sharding each rank would own 1/N of the optimizer state (12 B/param) and place "
+        "state of its own share in its device margin, so its GPU holds min(the state the single-rank dry run "
+        "placed in that margin, its share) and its host the rest of its share; the device peak and bytes moved "
+        "are the dry run's, which holds all it placed (a rank holding less peaks lower)");
+  if (a.hybrid)
+    v.push_back(
+        "host need = the warm-up's: the engine holds every list on the host from build until warm-up ends and "
+        "moves the placed state only then, so hybrid placement lowers the host need after warm-up "
+        "(host_needed_per_node_after_placement_bytes), not its peak; max_params is found with the peak, "
+        "max_params_hybrid_steady_host with the need after placement (what-if)");
   v.push_back(
-      "step = modelled compute (FLOPs / sustained FLOP/s) + the engine's modelled waiting for moves + "
-      "host Adam time (28 B per element of the node's share at the node's Adam bandwidth), "
-      "one micro-batch per step");
+      "max_params_with_device_margin (what-if, not built): each GPU's memory beyond the smallest capacity that "
+      "runs holds optimizer state of its rank's share (min(that room, the share)) instead of cached chunks, and "
+      "that state is never on the host; an upper bound (the placed chunks' payloads would have to stay resident "
+      "as well)");
+  std::snprintf(buf, sizeof buf,
+                "step = modelled compute (FLOPs / sustained FLOP/s) + the engine's modelled waiting for moves + the "
+                "optimizer: 28 B per element (gradient read, master, m, v read and written, weight written) of the "
+                "node's host-held share at the node's host Adam bandwidth, and of each GPU's device-held share at "
+                "%.0f GB/s (the device's memory bandwidth; the engine's modelled device counts that update as no "
+                "time), concurrently, the longer of the two; one micro-batch per step",
+                hw.device_adam / 1e9);
+  v.push_back(buf);
   if (hw.nvme > 0) v.push_back("NVMe given but unused: the engine has no NVMe tier yet");
   return v;
 }
@@ -638,7 +757,7 @@ std::vector<std::string> not_modelled() {
           "kernel efficiency of small or element-wise operations (a fixed sustained FLOP/s)",
           "overlap of the host Adam pass with transfers (the step is serial after backward)",
           "CPU contention between ranks, the data loader and the Adam threads",
-          "hybrid optimizer placement (Adam on the device margin) and NVMe offload: not built"};
+          "NVMe offload: not built"};
 }
 
 std::string fmt_bytes(double b) {
@@ -667,14 +786,23 @@ void print_evaluation(const char* title, const Evaluation& e, const Hardware& hw
   std::printf("  per GPU per iteration: %.2f GB moved (H2D %.2f, D2H %.2f), %.2f GB waited for\n",
               it.bytes_moved() / 1e9, it.bytes_host_to_device / 1e9, it.bytes_device_to_host / 1e9,
               it.bytes_critical / 1e9);
-  std::printf("  step %.3f s = compute %.3f + waiting %.3f + host Adam %.3f\n", e.step_s, e.run.compute_seconds,
-              it.wait_seconds, e.adam_s);
+  std::printf("  step %.3f s = compute %.3f + waiting %.3f + Adam %.3f (host %.3f, device %.3f, concurrent)\n",
+              e.step_s, e.run.compute_seconds, it.wait_seconds, e.adam_s, e.host_adam_s, e.device_adam_s);
   std::printf("  device peak %s of %s (activations up to %s)",
               fmt_bytes(double(e.run.final_stats.peak_device_bytes)).c_str(),
               fmt_bytes(double(e.device_capacity)).c_str(), fmt_bytes(double(e.run.peak_nonmodel_reported)).c_str());
   if (e.min_capacity) std::printf("; runs in %s", fmt_bytes(double(e.min_capacity)).c_str());
-  std::printf("\n  host %s per node of %s\n", fmt_bytes(double(e.host_per_node)).c_str(),
-              fmt_bytes(hw.host_mem).c_str());
+  std::printf("\n");
+  if (e.hybrid)
+    std::printf(
+        "  hybrid: optimizer state of %u of %u chunks on the device (%s in the dry run; %s per rank of its "
+        "%s share)\n",
+        e.opt_chunks_on_device, e.opt_chunks, fmt_bytes(double(e.opt_device_bytes)).c_str(),
+        fmt_bytes(double(e.opt_device_per_rank)).c_str(), fmt_bytes(double(e.opt_share_per_rank)).c_str());
+  std::printf("  host %s per node of %s", fmt_bytes(double(e.host_per_node)).c_str(), fmt_bytes(hw.host_mem).c_str());
+  if (e.hybrid && e.host_per_node_after != e.host_per_node)
+    std::printf(" (warm-up; %s after placement)", fmt_bytes(double(e.host_per_node_after)).c_str());
+  std::printf("\n");
 }
 
 int run(int argc, char** argv) {
@@ -751,7 +879,7 @@ int run(int argc, char** argv) {
         JObj row;
         row.add("chunk_elems", jint(c.chunk)).add("fill_ratio", jnum(c.fill)).add("chunks", jint(c.chunks));
         if (c.fill >= best_fill - 0.005) {
-          const Evaluation& e = pl.evaluate_margin(a.shape.layers, c.chunk);
+          const Evaluation& e = pl.evaluate_margin(a.shape.layers, c.chunk, a.hybrid);
           const uint64_t need = e.device_ok ? e.min_capacity : UINT64_MAX;
           const uint64_t moved = e.device_ok ? e.run.last.bytes_moved() : UINT64_MAX;
           row.add("min_device_capacity_bytes", e.device_ok ? jint(need) : "null")
@@ -769,26 +897,43 @@ int run(int argc, char** argv) {
     }
   }
 
-  const Evaluation& requested = pl.evaluate_margin(a.shape.layers, chunk);
+  const Evaluation& requested = pl.evaluate_margin(a.shape.layers, chunk, a.hybrid);
+  const Evaluation* requested_host_only = a.hybrid ? &pl.evaluate(a.shape.layers, chunk, false) : nullptr;
 
-  // Largest model: binary search over the layer count at this width.  The
-  // host bounds the search: the four lists (>= 14 B/param) of all ranks'
-  // shares fit in the nodes' host memory (plus, with the margin, their
-  // devices' capacity).
+  // Largest model: binary search over the layer count at this width, for
+  // the engine as configured (hybrid placement by default; it must fit the
+  // host at warm-up, before any state moves), without hybrid placement, and
+  // two what-ifs: hybrid placement with the host need after placement (as
+  // if the placed state never lived on the host), and each device's room
+  // beyond the smallest capacity that runs holding optimizer state instead
+  // of cached chunks.  The host bounds the searches: the four lists
+  // (>= 14 B/param) of all ranks' shares fit in the nodes' host memory
+  // (plus, where device memory may hold state, the devices' capacity).
   const double bytes_per_param = 12.0 + a.shape.dtype_bytes;
   const double per_layer = 12.0 * double(h) * double(h);
   const double host_total = hw.host_mem * hw.nodes;
   const double dev_total = double(hw.device_capacity()) * hw.world();
   const uint32_t cap = uint32_t(std::min(1e6, host_total / (bytes_per_param * per_layer))) + 1;
-  const uint32_t cap_margin = uint32_t(std::min(1e6, (host_total + dev_total) / (bytes_per_param * per_layer))) + 1;
-  uint32_t best = 0, best_margin = 0;
+  const uint32_t cap_dev = uint32_t(std::min(1e6, (host_total + dev_total) / (bytes_per_param * per_layer))) + 1;
+  uint32_t best = 0, best_host_only = 0, best_steady = 0, best_margin = 0;
   if (a.search) {
-    best = pl.largest(cap, chunk, false, [](const Evaluation& e) { return e.fits(); });
-    best_margin = pl.largest(cap_margin, chunk, true, [](const Evaluation& e) { return e.fits_with_margin(); });
+    auto fits = [](const Evaluation& e) { return e.fits(); };
+    best = pl.largest(cap, chunk, a.hybrid, false, fits);
+    best_host_only = a.hybrid ? pl.largest(cap, chunk, false, false, fits) : best;
+    if (a.hybrid)
+      best_steady =
+          pl.largest(cap_dev, chunk, true, false, [](const Evaluation& e) { return e.fits_after_placement(); });
+    best_margin = pl.largest(cap_dev, chunk, a.hybrid, true, [](const Evaluation& e) { return e.fits_with_margin(); });
   }
-  const Evaluation* top = best ? &pl.evaluate_margin(best, chunk) : nullptr;
-  const Evaluation* top_margin = best_margin ? &pl.evaluate_margin(best_margin, chunk) : nullptr;
-  if (!a.search) top = requested.fits() ? &requested : nullptr;
+  const Evaluation* top = best ? &pl.evaluate_margin(best, chunk, a.hybrid) : nullptr;
+  const Evaluation* top_host_only = best_host_only ? &pl.evaluate_margin(best_host_only, chunk, false) : nullptr;
+  const Evaluation* top_steady = best_steady ? &pl.evaluate(best_steady, chunk, true) : nullptr;
+  const Evaluation* top_margin = best_margin ? &pl.evaluate_margin(best_margin, chunk, a.hybrid) : nullptr;
+  if (!a.search) {
+    top = requested.fits() ? &requested : nullptr;
+    const Evaluation& r0 = a.hybrid ? *requested_host_only : requested;
+    top_host_only = r0.fits() ? &r0 : nullptr;
+  }
 
   const std::vector<std::string> assumptions = [&] {
     std::vector<std::string> v = common_assumptions(a);
@@ -819,18 +964,28 @@ int run(int argc, char** argv) {
         .add("version", jstr(pstar_version_string()))
         .add("preset", a.preset.empty() ? "null" : jstr(a.preset))
         .add("hardware", hwj.str())
+        .add("hybrid_optimizer", a.hybrid ? "true" : "false")
         .add("chunk_elems", jint(chunk))
         .add("chunk_count", jint(requested.run.built.compute_chunks))
         .add("fill_ratio", jnum(requested.run.built.fill_ratio));
     if (!search_rows.empty()) o.add("chunk_search", jarr(search_rows));
     o.add("requested", evaluation_json(requested));
+    if (requested_host_only) o.add("requested_host_only", evaluation_json(*requested_host_only));
     o.add("max_params", jint(top ? top->params : 0))
         .add("max_shape", top ? shape_json(top->shape) : "null")
         .add("bytes_moved_per_iter", jint(top ? top->run.last.bytes_moved() : 0))
         .add("step_s", top ? jnum(top->step_s) : "null")
         .add("peak_device_bytes", jint(top ? top->run.final_stats.peak_device_bytes : 0))
         .add("host_needed_per_node_bytes", jint(top ? top->host_per_node : 0))
+        .add("optimizer_device_bytes_per_rank", jint(top ? top->opt_device_per_rank : 0))
         .add("max", top ? evaluation_json(*top) : "null")
+        .add("max_params_host_only", jint(top_host_only ? top_host_only->params : 0))
+        .add("max_shape_host_only", top_host_only ? shape_json(top_host_only->shape) : "null")
+        .add("bytes_moved_per_iter_host_only", jint(top_host_only ? top_host_only->run.last.bytes_moved() : 0))
+        .add("step_s_host_only", top_host_only ? jnum(top_host_only->step_s) : "null")
+        .add("max_host_only", top_host_only ? evaluation_json(*top_host_only) : "null")
+        .add("max_params_hybrid_steady_host", jint(top_steady ? top_steady->params : 0))
+        .add("max_shape_hybrid_steady_host", top_steady ? shape_json(top_steady->shape) : "null")
         .add("max_params_with_device_margin", jint(top_margin ? top_margin->params : 0))
         .add("max_shape_with_device_margin", top_margin ? shape_json(top_margin->shape) : "null")
         .add("dry_runs", jint(pl.dry_runs));
@@ -859,23 +1014,39 @@ int run(int argc, char** argv) {
       a.shape.dtype_bytes);
   std::printf(
       "hardware: %u x %u GPUs, %s per GPU (%s for the engine), host %s per node (%s per rank reserved),\n"
-      "          links %.1f / %.1f GB/s per GPU, %.0f TFLOP/s per GPU, host Adam %.0f GB/s per node\n",
+      "          links %.1f / %.1f GB/s per GPU, %.0f TFLOP/s per GPU, host Adam %.0f GB/s per node,\n"
+      "          device Adam %.0f GB/s per GPU\n",
       hw.nodes, hw.gpus_per_node, fmt_bytes(hw.gpu_mem).c_str(), fmt_bytes(double(hw.device_capacity())).c_str(),
       fmt_bytes(hw.host_mem).c_str(), fmt_bytes(hw.host_reserve).c_str(), hw.h2d / 1e9, hw.d2h / 1e9, hw.flops / 1e12,
-      hw.host_adam / 1e9);
+      hw.host_adam / 1e9, hw.device_adam / 1e9);
   std::printf("chunks: %" PRIu64 " elements (%u chunks, fill ratio %.3f)%s\n", chunk,
               requested.run.built.compute_chunks, requested.run.built.fill_ratio,
               a.search_chunk ? ", chosen by --search-chunk-size" : "");
   print_evaluation("requested", requested, hw);
   if (a.search) {
     if (top)
-      print_evaluation("largest that fits", *top, hw);
+      print_evaluation(a.hybrid ? "largest that fits (hybrid placement)" : "largest that fits", *top, hw);
     else
       std::printf("largest that fits: none (not even one layer)\n");
+    if (a.hybrid) {
+      if (top_host_only)
+        std::printf("without hybrid placement (--no-hybrid): %u layers, %.2fB params, %.2f GB moved, step %.3f s\n",
+                    top_host_only->shape.layers, top_host_only->params / 1e9,
+                    top_host_only->run.last.bytes_moved() / 1e9, top_host_only->step_s);
+      else
+        std::printf("without hybrid placement (--no-hybrid): none\n");
+      if (top_steady)
+        std::printf(
+            "what-if, hybrid placement counting the host after placement only (the engine holds all state on the "
+            "host until warm-up ends): %u layers, %.2fB params\n",
+            top_steady->shape.layers, top_steady->params / 1e9);
+    }
     if (top_margin)
       std::printf(
-          "if each GPU's free device memory held part of its rank's model data (hybrid placement and ZeRO "
-          "sharding, not built yet): %u layers, %.2fB params\n",
+          "what-if, each GPU's memory beyond the smallest capacity that runs holding optimizer state of its "
+          "rank's share instead of cached chunks, never held on the host (not built: the engine places state only "
+          "in room its warm-up left unused, after holding it on the host through warm-up): %u layers, %.2fB "
+          "params\n",
           top_margin->shape.layers, top_margin->params / 1e9);
   }
   if (a.preset_def)

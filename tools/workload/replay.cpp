@@ -112,8 +112,10 @@ ReplayResult replay(const Workload& w, const ReplayConfig& cfg) {
         for (uint32_t p : u.params) check(pstar_param_release(e, ids[p], nullptr), "pstar_param_release");
       }
       check(pstar_nonmodel_report(e, 0), "pstar_nonmodel_report");
-      if (clocked && cfg.optimizer_seconds > 0.0)
-        check(pstar_clock_advance(e, cfg.optimizer_seconds), "pstar_clock_advance");
+      if (clocked) {
+        const double opt_s = cfg.optimizer_seconds_fn ? cfg.optimizer_seconds_fn(stats_of(e)) : cfg.optimizer_seconds;
+        if (opt_s > 0.0) check(pstar_clock_advance(e, opt_s), "pstar_clock_advance");
+      }
       check(pstar_step(e, nullptr), "pstar_step");
       const pstar_stats after = stats_of(e);
       r.last = delta(before, after);

@@ -3,7 +3,9 @@
 // schedule.  Per use: report the use's non-model bytes, acquire its
 // parameters (one moment each), advance the virtual clock by its compute
 // time, write each gradient in backward, release.  Before each step the
-// clock advances by the host optimizer's modelled time.
+// clock advances by the optimizer's modelled time (fixed, or a function of
+// the engine's statistics at that point, e.g. of the optimizer state that
+// hybrid placement moved to the device).
 //
 // With options.dry_run the engine holds no payloads (acquire yields NULL,
 // gradients are written as NULL); otherwise gradients are zeros from a host
@@ -13,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "gpt_workload.h"
@@ -25,6 +28,9 @@ struct ReplayConfig {
   uint32_t iterations = 2;         // TRAIN iterations (the first is the warm-up)
   double flops_per_s = 0.0;        // > 0: a use's compute takes flops / flops_per_s
   double optimizer_seconds = 0.0;  // > 0: clock advance before each pstar_step
+  // Set: replaces optimizer_seconds; called before each pstar_step with the
+  // engine's statistics at that point (a result <= 0 advances nothing).
+  std::function<double(const pstar_stats&)> optimizer_seconds_fn;
   bool build_only = false;         // register and build, run nothing
   // Non-empty (with options.record_timeline): pstar_trace_export() there at the end.
   std::string timeline_path;
