@@ -15,7 +15,12 @@
  *    pstar_grad_write(..., PSTAR_DTYPE_F32, PSTAR_MEM_HOST, stream);
  *  - the device capacity is small (by default a quarter of the chunks' bytes,
  *    plus what the activations and gradient buffers need), so the engine
- *    evicts chunks to the host and fetches them back every iteration.
+ *    evicts chunks to the host and fetches them back every iteration;
+ *  - started by a launcher (`pstar-run -n 2 pstar-example-mlp`, torchrun,
+ *    mpirun, srun), it trains data-parallel: the engine reads rank and world
+ *    size from the environment and holds 1/N of every chunk; every rank draws
+ *    the same shuffled global batch of N x 32 samples and trains on its own
+ *    slice of it; the engine averages the gradients over the ranks.
  *
  * On a CUDA device the loops would be kernels on the caller's stream; on the
  * emulated device the "device" pointers are host memory that the engine has
@@ -749,7 +754,8 @@ static void parse_args(int argc, char **argv, config *c) {
 /* Engine set-up                                                             */
 /* ------------------------------------------------------------------------ */
 
-static void engine_options(const config *c, uint64_t device_capacity, pstar_engine_options *o) {
+/* world_size: 1 for this process alone, 0 for what the environment says. */
+static void engine_options(const config *c, uint64_t device_capacity, int32_t world_size, pstar_engine_options *o) {
   CHECK(pstar_engine_options_init(o)); /* the library's defaults, then ours */
   o->device = PSTAR_DEVICE_EMULATED;
   o->device_capacity_bytes = device_capacity; /* 0 = unlimited */
@@ -764,12 +770,13 @@ static void engine_options(const config *c, uint64_t device_capacity, pstar_engi
   o->lr = (float)c->lr;
   o->weight_decay = 0.01f; /* AdamW; biases are registered without decay */
   o->adamw = 1;
+  o->world_size = world_size;
 }
 
 /* Creates an engine, registers the network's parameters and builds it. */
-static void engine_setup(net *n, const config *c, uint64_t device_capacity) {
+static void engine_setup(net *n, const config *c, uint64_t device_capacity, int32_t world_size) {
   pstar_engine_options o;
-  engine_options(c, device_capacity, &o);
+  engine_options(c, device_capacity, world_size, &o);
   CHECK(pstar_engine_create(&o, &n->engine));
   g_engine = n->engine;
   n->dtype = c->dtype;
@@ -878,7 +885,8 @@ int main(int argc, char **argv) {
   rng data_rng, init_rng, order_rng;
   int *order;
   uint64_t step, capacity, chunk_bytes, grad_peak, act_peak, chunk_share, minimum;
-  uint64_t evict_min = UINT64_MAX, evict_max = 0;
+  uint64_t evict_min = UINT64_MAX, evict_max = 0, gathered_min = UINT64_MAX;
+  int rank = 0, world = 1;
   double first_loss = 0.0, last_loss = 0.0, eval_before, eval_after;
   int pos = N_TRAIN, i, ok = 1;
   pstar_stats st;
@@ -917,7 +925,7 @@ int main(int argc, char **argv) {
   /* 1. Learn the layout with a throwaway engine of unlimited capacity: the
    *    capacity is an engine option, and the default one derives from the
    *    chunk bytes that pstar_engine_get_stats() reports after the build. */
-  engine_setup(&n, &cfg, 0);
+  engine_setup(&n, &cfg, 0, 1); /* this process alone */
   st = get_stats(n.engine);
   engine_teardown(&n, NULL);
   /* What must fit at once: the chunks of one weight and one bias acquired
@@ -944,7 +952,15 @@ int main(int argc, char **argv) {
   }
 
   /* 2. The real engine. */
-  engine_setup(&n, &cfg, capacity);
+  engine_setup(&n, &cfg, capacity, 0); /* data-parallel under a launcher */
+  st = get_stats(n.engine);
+  rank = st.rank;
+  world = st.world_size;
+  if (world > 1) {
+    printf("data parallel: rank %d of %d, each holding 1/%d of every chunk; global batch %d, this rank's slice "
+           "%d..%d\n",
+           rank, world, world, world * BATCH, rank * BATCH, (rank + 1) * BATCH - 1);
+  }
   init_params(&n, &init_rng);
   alloc_buffers(&n);
   order = xmalloc(N_TRAIN * sizeof(int));
@@ -957,7 +973,8 @@ int main(int argc, char **argv) {
   for (step = 1; step <= cfg.steps; ++step) {
     pstar_step_result res;
     double loss, scale, lr;
-    uint64_t evictions_before = get_stats(n.engine).evictions, evictions_now;
+    const pstar_stats before = get_stats(n.engine);
+    uint64_t evictions_before = before.evictions, evictions_now, gathered_now;
     const float *y;
     int s, j;
 
@@ -965,8 +982,9 @@ int main(int argc, char **argv) {
     lr = cfg.lr * (0.55 + 0.45 * cos(3.141592653589793 * (double)(step - 1) / (double)cfg.steps));
     CHECK(pstar_hparam_set(n.engine, PSTAR_HPARAM_LR, lr));
 
-    /* Next batch of a shuffled epoch. */
-    for (s = 0; s < BATCH; ++s) {
+    /* Next batch of a shuffled epoch: with several ranks, every rank draws
+     * the same global batch and keeps its slice. */
+    for (s = 0; s < world * BATCH; ++s) {
       int idx;
       if (pos == N_TRAIN) { /* reshuffle (Fisher-Yates) */
         for (j = N_TRAIN - 1; j > 0; --j) {
@@ -978,8 +996,9 @@ int main(int argc, char **argv) {
         pos = 0;
       }
       idx = order[pos++];
-      memcpy(n.act[0] + (size_t)s * D_IN, train.x + (size_t)idx * D_IN, D_IN * sizeof(float));
-      memcpy(n.target + (size_t)s * D_OUT, train.y + (size_t)idx * D_OUT, D_OUT * sizeof(float));
+      if (s / BATCH != rank) continue;
+      memcpy(n.act[0] + (size_t)(s % BATCH) * D_IN, train.x + (size_t)idx * D_IN, D_IN * sizeof(float));
+      memcpy(n.target + (size_t)(s % BATCH) * D_OUT, train.y + (size_t)idx * D_OUT, D_OUT * sizeof(float));
     }
 
     CHECK(pstar_iteration_begin(n.engine, PSTAR_ITERATION_TRAIN));
@@ -996,7 +1015,10 @@ int main(int argc, char **argv) {
     CHECK(pstar_step_result_init(&res));
     CHECK(pstar_step(n.engine, &res));
 
-    evictions_now = get_stats(n.engine).evictions - evictions_before;
+    st = get_stats(n.engine);
+    evictions_now = st.evictions - evictions_before;
+    gathered_now = st.bytes_all_gathered - before.bytes_all_gathered;
+    if (gathered_now < gathered_min) gathered_min = gathered_now;
     if (evictions_now < evict_min) evict_min = evictions_now;
     if (evictions_now > evict_max) evict_max = evictions_now;
     if (step == 1) first_loss = loss;
@@ -1024,6 +1046,10 @@ int main(int argc, char **argv) {
          (double)(st.compute_list_bytes + 3 * st.optimizer_list_bytes) /
              (double)(st.compute_list_bytes / dtype_bytes(cfg.dtype)),
          dtype_label(cfg.dtype), (unsigned long long)n.n_elems);
+  if (world > 1) {
+    printf("                      (the full lists: each of the %d ranks holds 1/%d of them, %llu bytes)\n", world,
+           world, (unsigned long long)((st.compute_list_bytes + 3 * st.optimizer_list_bytes) / (uint64_t)world));
+  }
   printf("  host -> device:     %llu bytes in %llu chunk moves\n", (unsigned long long)st.bytes_host_to_device,
          (unsigned long long)st.moves_to_device);
   printf("  prefetched:         %llu bytes ahead of use; %llu bytes waited for (critical path)\n",
@@ -1047,7 +1073,14 @@ int main(int argc, char **argv) {
               first_loss, last_loss);
       ok = 0;
     }
-    if (evict_min == 0) {
+    if (world > 1) {
+      /* Sharded: chunks are gathered for their uses and dropped after them,
+       * so eviction is not needed to cycle them through the device. */
+      if (gathered_min == 0) {
+        fprintf(stderr, "check failed: some iterations gathered no chunk\n");
+        ok = 0;
+      }
+    } else if (evict_min == 0) {
       fprintf(stderr, "check failed: some iterations evicted no chunk (capacity too large?)\n");
       ok = 0;
     }

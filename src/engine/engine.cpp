@@ -36,7 +36,7 @@ pstar_engine_options validate_options(const pstar_engine_options& in) {
       offsetof(pstar_engine_options, loss_scale_min) + sizeof(float),
       offsetof(pstar_engine_options, grad_accumulation) + sizeof(int32_t),
       offsetof(pstar_engine_options, prefetch) + sizeof(int32_t),
-      offsetof(pstar_engine_options, hybrid_optimizer) + sizeof(int32_t),
+      offsetof(pstar_engine_options, comm_timeout_ms) + sizeof(uint32_t),
   };
   const size_t covered = covered_by_version[in.version - 1];
   require(in.size >= covered, PSTAR_ERR_VERSION, [&] { return "options: size " + std::to_string(in.size) + " is smaller than a version-" + std::to_string(in.version) +
@@ -67,6 +67,17 @@ pstar_engine_options validate_options(const pstar_engine_options& in) {
           PSTAR_ERR_INVALID_ARGUMENT,
           "options: hybrid_optimizer on CUDA needs a nonzero device_capacity_bytes (the optimizer state goes into "
           "what the warm-up leaves free of that capacity)");
+  require(o.world_size >= 0, PSTAR_ERR_INVALID_ARGUMENT, [&] {
+    return "options: world_size " + std::to_string(o.world_size) + " is negative (0 = from the environment)";
+  });
+  require(o.world_size == 0 ? o.rank == 0 : (o.rank >= 0 && o.rank < o.world_size), PSTAR_ERR_INVALID_ARGUMENT, [&] {
+    return o.world_size == 0 ? "options: rank " + std::to_string(o.rank) +
+                                   " given without world_size (set both, or neither to read the environment)"
+                             : "options: rank " + std::to_string(o.rank) + " is not in 0.." +
+                                   std::to_string(o.world_size - 1) + " (world_size " +
+                                   std::to_string(o.world_size) + ")";
+  });
+  if (o.comm_timeout_ms == 0) o.comm_timeout_ms = 60000;
   if (o.chunk_elems == 0) o.chunk_elems = PSTAR_DEFAULT_CHUNK_ELEMS;
   require(o.chunk_elems % chunk::kAlignElems == 0, PSTAR_ERR_INVALID_ARGUMENT, [&] { return "options: chunk_elems (" + std::to_string(o.chunk_elems) + ") must be a multiple of " +
               std::to_string(chunk::kAlignElems); });
@@ -114,6 +125,7 @@ optim::LossScalerConfig scaler_config(const pstar_engine_options& o) {
 
 Engine::Engine(const pstar_engine_options& options)
     : opt_(validate_options(options)), scaler_(scaler_config(opt_)) {
+  resolve_world();
   device_ = memory::make_device(opt_);
   host_ = std::make_unique<memory::HostPool>(device_.get(), opt_.host_capacity_bytes);
   // Placement's limit: the margin stays free for what the caller does not report.
@@ -130,6 +142,7 @@ Engine::Engine(const pstar_engine_options& options)
   adam_isa_ = optim::adam_default_isa();
   pool_ = std::make_unique<ThreadPool>(opt_.threads);
   pstar_stats_init(&stats_);
+  connect_group();
   log::debug("engine created on " + device_->name());
 }
 
@@ -148,12 +161,15 @@ Engine::~Engine() {
       ChunkState& c = chunks_[i];
       if (c.tier == Tier::kDevice) {
         device_->deallocate(c.device, c.bytes);
-      } else {
+      } else if (c.tier == Tier::kHost) {
         host_->release(c.host, c.bytes);
       }
-      release_optimizer_buffers(c, layout_->chunks()[i].capacity_elems * sizeof(float));
+      host_->release(c.shard, c.shard_elems * elem_bytes());
+      release_optimizer_buffers(c, fp32_bytes_held(static_cast<uint32_t>(i)));
     }
   }
+  host_->release(rs_staging_, rs_staging_bytes_);
+  host_->release(rs_out_, rs_out_bytes_);
   host_.reset();
 }
 
@@ -171,6 +187,10 @@ void Engine::release_optimizer_buffers(ChunkState& c, uint64_t fp32_bytes) {
 }
 
 size_t Engine::elem_bytes() const { return dtype_size(opt_.compute_dtype); }
+
+uint64_t Engine::fp32_bytes_held(uint32_t k) const {
+  return (sharded() ? chunks_[k].shard_elems : layout_->chunks()[k].capacity_elems) * sizeof(float);
+}
 
 // ---------------------------------------------------------------------------
 // Registration and layout
@@ -212,18 +232,36 @@ void Engine::build() {
     numels.push_back(p.numel);
     frozen.push_back(p.frozen());
   }
-  auto layout = std::make_unique<chunk::ChunkLayout>(numels, frozen, opt_.chunk_elems);
+  // With world > 1 every chunk is split into world equal shards whose
+  // boundaries keep the 128-element alignment: capacities are padded to a
+  // multiple of world * 128 elements.
+  const uint64_t shard_unit = chunk::kAlignElems * static_cast<uint64_t>(world_);
+  const uint64_t chunk_elems = sharded() ? chunk::align_up(opt_.chunk_elems, shard_unit) : opt_.chunk_elems;
+  if (sharded()) check_layout_agrees(chunk_elems);
+  auto layout = std::make_unique<chunk::ChunkLayout>(numels, frozen, chunk_elems);
   std::vector<ChunkState> chunks(layout->chunks().size());
-  // Allocate every payload on the host, zero-filled; undo on failure.
+  uint64_t largest_trainable = 0;
+  // Allocate every payload on the host, zero-filled (with world > 1 this
+  // rank's shards only); undo on failure.
   try {
     for (size_t i = 0; i < chunks.size(); ++i) {
       const auto& info = layout->chunks()[i];
       ChunkState& c = chunks[i];
-      c.bytes = info.capacity_elems * elem_bytes();
-      c.host = host_->acquire(c.bytes);
-      if (payloads_) std::memset(c.host, 0, c.bytes);
+      c.elems = sharded() ? chunk::align_up(info.capacity_elems, shard_unit) : info.capacity_elems;
+      c.shard_elems = c.elems / static_cast<uint64_t>(world_);
+      c.bytes = c.elems * elem_bytes();
+      if (sharded()) {
+        c.tier = Tier::kNone;
+        c.shard = host_->acquire(c.shard_elems * elem_bytes());
+        std::memset(c.shard, 0, c.shard_elems * elem_bytes());
+        c.unmarked[0] = c.unmarked[1] = static_cast<uint32_t>(info.params.size());
+      } else {
+        c.host = host_->acquire(c.bytes);
+        if (payloads_) std::memset(c.host, 0, c.bytes);
+      }
       if (!info.frozen) {
-        const uint64_t fp32_bytes = info.capacity_elems * sizeof(float);
+        largest_trainable = std::max(largest_trainable, c.elems);
+        const uint64_t fp32_bytes = (sharded() ? c.shard_elems : c.elems) * sizeof(float);
         for (float** b : {&c.master, &c.exp_avg, &c.exp_avg_sq, &c.grad32}) {
           if (b == &c.grad32 && !opt_.grad_accumulation) continue;
           *b = static_cast<float*>(host_->acquire(fp32_bytes));
@@ -231,11 +269,25 @@ void Engine::build() {
         }
       }
     }
+    if (sharded() && largest_trainable != 0) {
+      // The reduce-scatter's fp32 staging (one whole chunk of gradients) and
+      // its output (one shard), held for the engine's life.
+      rs_staging_bytes_ = largest_trainable * sizeof(float);
+      rs_out_bytes_ = rs_staging_bytes_ / static_cast<uint64_t>(world_);
+      rs_staging_ = static_cast<float*>(host_->acquire(rs_staging_bytes_));
+      rs_out_ = static_cast<float*>(host_->acquire(rs_out_bytes_));
+    }
   } catch (...) {
     for (size_t i = 0; i < chunks.size(); ++i) {
-      host_->release(chunks[i].host, chunks[i].bytes);
-      release_optimizer_buffers(chunks[i], layout->chunks()[i].capacity_elems * sizeof(float));
+      ChunkState& c = chunks[i];
+      host_->release(c.host, c.bytes);
+      host_->release(c.shard, c.shard_elems * elem_bytes());
+      release_optimizer_buffers(c, (sharded() ? c.shard_elems : c.elems) * sizeof(float));
     }
+    host_->release(rs_staging_, rs_staging_bytes_);
+    host_->release(rs_out_, rs_out_bytes_);
+    rs_staging_ = rs_out_ = nullptr;
+    rs_staging_bytes_ = rs_out_bytes_ = 0;
     throw;
   }
   layout_ = std::move(layout);
@@ -332,6 +384,10 @@ Engine::Param& Engine::value_access(const char* what, uint32_t id, const void* b
 
 void Engine::write(uint32_t id, const void* src, uint64_t count, pstar_dtype dtype) {
   const Param& p = value_access("param_write", id, src, count, dtype);
+  if (sharded()) {
+    write_sharded(id, src, dtype);
+    return;
+  }
   const auto& place = layout_->param(id);
   if (p.frozen()) {
     void* payload = host_view(place.chunk);
@@ -357,6 +413,10 @@ void Engine::write(uint32_t id, const void* src, uint64_t count, pstar_dtype dty
 
 void Engine::read(uint32_t id, void* dst, uint64_t count, pstar_dtype dtype) {
   const Param& p = value_access("param_read", id, dst, count, dtype);
+  if (sharded()) {
+    read_sharded(id, dst, dtype);
+    return;
+  }
   const auto& place = layout_->param(id);
   if (!p.frozen()) {
     const ChunkState& c = chunks_[place.chunk];
@@ -388,6 +448,14 @@ void Engine::iteration_begin(pstar_iteration_kind kind) {
           "iteration_begin: unknown iteration kind");
   require(!iteration_active_, PSTAR_ERR_INVALID_STATE,
           "iteration_begin: an iteration is in progress (end it with pstar_step or pstar_iteration_end)");
+  require_comm_ok("iteration_begin");
+  if (sharded()) {
+    for (Param& p : params_) p.used_marks = 0;
+    for (uint32_t k = 0; k < chunks_.size(); ++k) {
+      ChunkState& c = chunks_[k];
+      c.unmarked[0] = c.unmarked[1] = static_cast<uint32_t>(layout_->chunks()[k].params.size());
+    }
+  }
   iteration_active_ = true;
   iteration_kind_ = kind;
   ++stats_.iterations;
@@ -402,6 +470,7 @@ void Engine::iteration_end() {
   for (uint32_t id = 0; id < params_.size(); ++id) {
     require(params_[id].state != TensorState::kCompute, PSTAR_ERR_INVALID_STATE, [&] { return "iteration_end: parameter " + std::to_string(id) + " ('" + params_[id].name + "') is still acquired"; });
   }
+  if (sharded()) drop_all_gathered();
   iteration_active_ = false;
 }
 
@@ -411,6 +480,7 @@ void* Engine::acquire(uint32_t id, pstar_stage stage, void* stream) {
   require(stage == PSTAR_STAGE_FORWARD || stage == PSTAR_STAGE_BACKWARD || stage == PSTAR_STAGE_RECOMPUTE,
           PSTAR_ERR_INVALID_ARGUMENT, "param_acquire: unknown stage");
   require(iteration_active_, PSTAR_ERR_INVALID_STATE, "param_acquire: no iteration in progress");
+  require_comm_ok("param_acquire");
   memory::Stream* s = device_->caller_stream(stream);
 
   TensorEvent ev;
@@ -437,7 +507,9 @@ void* Engine::acquire(uint32_t id, pstar_stage stage, void* stream) {
   const auto& place = layout_->param(id);
   ChunkState& c = chunks_[place.chunk];
   if (iteration_kind_ == PSTAR_ITERATION_TRAIN) trace_check(place.chunk);
-  if (c.tier == Tier::kHost) {
+  if (c.tier == Tier::kNone) {
+    gather(place.chunk);  // world > 1: not gathered
+  } else if (c.tier == Tier::kHost) {
     fetch(place.chunk);
     stats_.bytes_critical += c.bytes;  // the caller waits for this copy
   } else if (!device_->query(c.ready) && c.prefetched) {
@@ -468,6 +540,7 @@ void* Engine::acquire(uint32_t id, pstar_stage stage, void* stream) {
   }
   p.state = next;
   p.acquired_stage = stage;
+  const bool was_open = p.backward_uses != p.forward_uses;
   if (ev == TensorEvent::kAcquireNextMicroBatch) {
     p.forward_uses = 0;
     p.backward_uses = 0;
@@ -475,6 +548,13 @@ void* Engine::acquire(uint32_t id, pstar_stage stage, void* stream) {
   }
   if (ev == TensorEvent::kAcquireForward) ++p.forward_uses;
   if (ev == TensorEvent::kAcquireBackward) ++p.backward_uses;
+  if (sharded() && was_open != (p.backward_uses != p.forward_uses)) {
+    if (was_open) {
+      --c.bwd_open;
+    } else {
+      ++c.bwd_open;
+    }
+  }
   ++c.compute_refs;
   ++acquires_;
   c.last_acquire = acquires_;
@@ -493,6 +573,7 @@ void Engine::release(uint32_t id, void* stream) {
   require_built("param_release");
   Param& p = param_checked(id);
   require(p.state == TensorState::kCompute, PSTAR_ERR_INVALID_STATE, [&] { return "param_release of '" + p.name + "': not acquired (state " + chunk::state_name(p.state) + ")"; });
+  require_comm_ok("param_release");
   memory::Stream* s = device_->caller_stream(stream);
   TensorEvent ev;
   if (iteration_kind_ == PSTAR_ITERATION_EVAL) {
@@ -504,7 +585,13 @@ void Engine::release(uint32_t id, void* stream) {
   }
   const auto& place = layout_->param(id);
   ChunkState& c = chunks_[place.chunk];
-  if (ev == TensorEvent::kReleaseBackwardLast && !p.frozen() && opt_.grad_accumulation) {
+  if (ev == TensorEvent::kReleaseBackwardLast && !p.frozen() && sharded()) {
+    // world > 1: the gradient stays in its fp32 buffer until the chunk's
+    // reduce-scatter (after_release_sharded), the slot keeps the weight.
+    if (!p.grad_pending) ++c.grads_pending;
+    p.grad_pending = true;
+    p.grad_ready = device_->record(s);
+  } else if (ev == TensorEvent::kReleaseBackwardLast && !p.frozen() && opt_.grad_accumulation) {
     fold_gradient(id, s);
   } else if (ev == TensorEvent::kReleaseBackwardLast && !p.frozen()) {
     // The gradient replaces the weight in the slot; overflow and norm are
@@ -522,6 +609,7 @@ void Engine::release(uint32_t id, void* stream) {
   c.last_use = device_->record(s);
   apply(p, id, ev);
   --c.compute_refs;
+  if (sharded()) after_release_sharded(id, place.chunk, p.acquired_stage);
 }
 
 // A trainable parameter acquired for BACKWARD in a TRAIN iteration: the
@@ -539,6 +627,7 @@ Engine::Param& Engine::backward_param(const char* what, uint32_t id) {
 void Engine::grad_write(uint32_t id, const void* grad, uint64_t count, pstar_dtype dtype, pstar_mem_space space,
                         void* stream) {
   Param& p = backward_param("grad_write", id);
+  require_comm_ok("grad_write");
   require(dtype_valid(dtype), PSTAR_ERR_INVALID_ARGUMENT, "grad_write: unknown dtype");
   require(space == PSTAR_MEM_HOST || space == PSTAR_MEM_DEVICE, PSTAR_ERR_INVALID_ARGUMENT,
           "grad_write: unknown memory space");
@@ -957,6 +1046,7 @@ void Engine::prefetch_ahead() {
     const uint32_t k = trace_.chunk_at(t);
     ChunkState& c = chunks_[k];
     if (c.tier == Tier::kDevice) continue;
+    if (c.tier == Tier::kNone) return;  // world > 1: gathered by its acquire (a collective), never ahead
     const uint64_t growth = transient_peak - transient_now;
     reclaim_deferred(false);
     const uint64_t free = device_free();
@@ -1065,21 +1155,10 @@ void Engine::fold_gradient(uint32_t id, memory::Stream* s) {
   p.has_grad = true;
 }
 
-pstar_step_result Engine::step() {
-  require_built("step");
-  require(iteration_active_ && iteration_kind_ == PSTAR_ITERATION_TRAIN, PSTAR_ERR_INVALID_STATE,
-          "step: no TRAIN iteration in progress");
-  for (uint32_t id = 0; id < params_.size(); ++id) {
-    const Param& p = params_[id];
-    require(p.state != TensorState::kCompute, PSTAR_ERR_INVALID_STATE, [&] { return "step: parameter " + std::to_string(id) + " ('" + p.name + "') is still acquired"; });
-    require(p.backward_uses == 0 || p.backward_uses == p.forward_uses, PSTAR_ERR_INVALID_STATE, [&] { return "step: parameter " + std::to_string(id) + " ('" + p.name + "') had " + std::to_string(p.backward_uses) +
-                " backward uses for " + std::to_string(p.forward_uses) + " forward uses"; });
-  }
+void Engine::step_update_local(pstar_step_result& r) {
   // Every finalize has been queued; wait for their results.
   device_->synchronize(device_->compute_stream());
 
-  pstar_step_result r;
-  pstar_step_result_init(&r);
   double sumsq = 0.0;
   bool overflow = false;
   std::vector<float> staging;  // CUDA: a device-resident gradient list read on the host
@@ -1203,9 +1282,29 @@ pstar_step_result Engine::step() {
     ++stats_.steps;
     scaler_.update(false);
   }
+}
+
+pstar_step_result Engine::step() {
+  require_built("step");
+  require(iteration_active_ && iteration_kind_ == PSTAR_ITERATION_TRAIN, PSTAR_ERR_INVALID_STATE,
+          "step: no TRAIN iteration in progress");
+  require_comm_ok("step");
+  for (uint32_t id = 0; id < params_.size(); ++id) {
+    const Param& p = params_[id];
+    require(p.state != TensorState::kCompute, PSTAR_ERR_INVALID_STATE, [&] { return "step: parameter " + std::to_string(id) + " ('" + p.name + "') is still acquired"; });
+    require(p.backward_uses == 0 || p.backward_uses == p.forward_uses, PSTAR_ERR_INVALID_STATE, [&] { return "step: parameter " + std::to_string(id) + " ('" + p.name + "') had " + std::to_string(p.backward_uses) +
+                " backward uses for " + std::to_string(p.forward_uses) + " forward uses"; });
+  }
+  pstar_step_result r;
+  pstar_step_result_init(&r);
+  if (sharded()) {
+    step_update_sharded(r);
+  } else {
+    step_update_local(r);
+  }
   for (uint32_t id = 0; id < params_.size(); ++id) {
     Param& p = params_[id];
-    if (p.has_grad && opt_.grad_accumulation && payloads_) {
+    if (p.has_grad && opt_.grad_accumulation && payloads_ && !sharded()) {
       // The accumulated gradient is consumed (or discarded by a skip).
       const auto& place = layout_->param(id);
       if (chunks_[place.chunk].opt_device == nullptr) {
@@ -1220,6 +1319,7 @@ pstar_step_result Engine::step() {
     p.grad_sumsq = 0.0;
     p.grad_nonfinite = 0;
   }
+  for (ChunkState& c : chunks_) c.bwd_open = 0;
   if (opt_.grad_accumulation) {
     // Device-resident gradient lists: cleared on the device, after the update.
     memory::Stream* cs = device_->compute_stream();
@@ -1421,7 +1521,22 @@ void Engine::fill_stats(pstar_stats* out) const {
     s.compute_list_bytes = layout_->total_capacity_elems() * elem_bytes();
     s.optimizer_list_bytes = layout_->trainable_capacity_elems() * sizeof(float);
     s.fill_ratio = layout_->fill_ratio();
+    if (sharded()) {
+      // The full lists with their chunks padded for sharding; each rank
+      // holds 1/world of them.
+      uint64_t all = 0, trainable = 0, used = 0;
+      for (uint32_t k = 0; k < chunks_.size(); ++k) {
+        all += chunks_[k].elems;
+        if (!layout_->chunks()[k].frozen) trainable += chunks_[k].elems;
+      }
+      for (const Param& p : params_) used += p.numel;
+      s.compute_list_bytes = all * elem_bytes();
+      s.optimizer_list_bytes = trainable * sizeof(float);
+      s.fill_ratio = all == 0 ? 0.0 : static_cast<double>(used) / static_cast<double>(all);
+    }
   }
+  s.rank = rank_;
+  s.world_size = world_;
   s.optimizer_chunks_on_device = optimizer_chunks_on_device_;
   s.optimizer_device_bytes = device_opt_bytes_;
   // Copy no more than the caller's struct holds.

@@ -18,6 +18,8 @@
 #include <vector>
 
 #include "chunk/layout.h"
+#include "dist/comm/communicator.h"
+#include "dist/launch_env.h"
 #include "chunk/tensor_state.h"
 #include "memory/device.h"
 #include "memory/host_pool.h"
@@ -95,8 +97,16 @@ class Engine {
 
   void fill_stats(pstar_stats* out) const;
 
+  // Data parallelism (docs/distributed.md): this engine's rank and the
+  // number of ranks; sharded() when there is more than one.
+  int rank() const { return rank_; }
+  int world() const { return world_; }
+  bool sharded() const { return world_ > 1; }
+
  private:
-  enum class Tier { kHost, kDevice };
+  // kNone: with world > 1, a chunk that is not gathered (only its shards
+  // exist, outside the tiers' chunk accounting).
+  enum class Tier { kHost, kDevice, kNone };
 
   struct Param {
     std::string name;
@@ -111,6 +121,14 @@ class Engine {
     uint32_t backward_uses = 0;  // this iteration; <= forward_uses
     bool slot_is_grad = false;   // the compute slot holds the gradient
     bool has_grad = false;       // a gradient arrived this iteration
+    // world > 1: the gradient in grad_acc is final for this (micro-)batch
+    // and waits for its chunk's reduce-scatter; grad_ready completes when
+    // the queued work writing grad_acc is done.
+    bool grad_pending = false;
+    memory::EventPtr grad_ready;
+    // world > 1: stages (bit 0 FORWARD or EVAL, bit 1 RECOMPUTE) whose use
+    // of this parameter has been released this iteration (drop rule).
+    uint8_t used_marks = 0;
     float* grad_acc = nullptr;   // device fp32 accumulator during backward
     // Written by the device when the gradient is finalized.
     double grad_sumsq = 0.0;
@@ -119,7 +137,22 @@ class Engine {
   };
 
   struct ChunkState {
-    uint64_t bytes = 0;           // compute-dtype payload
+    uint64_t bytes = 0;           // compute-dtype payload (the full chunk)
+    // Elements of the full chunk (its layout capacity, padded with world > 1
+    // to a multiple of world * kAlignElems) and of one rank's shard.
+    uint64_t elems = 0;
+    uint64_t shard_elems = 0;
+    // world > 1: this rank's shard of the compute payload, on the host, for
+    // good.  The gathered full chunk is the payload below (tier kNone when
+    // not gathered); the fp32 lists below are shards too.
+    void* shard = nullptr;
+    // world > 1, this iteration: parameters not yet released in stage
+    // FORWARD (or EVAL) [0] and RECOMPUTE [1]; parameters whose backward
+    // uses differ from their forward uses; parameters whose gradient waits
+    // for the chunk's reduce-scatter.
+    uint32_t unmarked[2] = {0, 0};
+    uint32_t bwd_open = 0;
+    uint32_t grads_pending = 0;
     Tier tier = Tier::kHost;
     void* host = nullptr;         // payload when tier == kHost
     void* device = nullptr;       // payload when tier == kDevice
@@ -197,6 +230,34 @@ class Engine {
   void choose_static_chunks();
   void fold_gradient(uint32_t id, memory::Stream* s);
   void release_optimizer_buffers(ChunkState& c, uint64_t fp32_bytes);
+  // Bytes of one of chunk k's fp32 buffers this rank holds (a shard with
+  // world > 1).
+  uint64_t fp32_bytes_held(uint32_t k) const;
+  // The step's norm, overflow decision and update: one process, or this
+  // rank's shards (world > 1).
+  void step_update_local(pstar_step_result& r);
+
+  // Data parallelism (world > 1).
+  void resolve_world();
+  void connect_group();
+  void check_layout_agrees(uint64_t chunk_elems);
+  // Runs a collective: refused after a failure; a PSTAR_ERR_COMM marks the
+  // engine failed for good.  Counts it and folds (kind, chunk) into the
+  // iteration's collective hash.
+  template <class F>
+  void collective(const char* what, uint32_t kind, uint64_t chunk, F&& f);
+  void require_comm_ok(const char* what) const;
+  // The owned range of chunk k: [lo, lo + shard_elems).
+  uint64_t shard_lo(uint32_t k) const { return static_cast<uint64_t>(rank_) * chunks_[k].shard_elems; }
+  void gather(uint32_t k);
+  void drop_gathered(uint32_t k);
+  void drop_all_gathered();
+  void after_release_sharded(uint32_t id, uint32_t k, pstar_stage stage);
+  void reduce_chunk(uint32_t k);
+  void write_sharded(uint32_t id, const void* src, pstar_dtype dtype);
+  void read_sharded(uint32_t id, void* dst, pstar_dtype dtype);
+  void restore_slot_sharded(uint32_t id);
+  void step_update_sharded(pstar_step_result& r);
 
   // Hybrid optimizer placement (options.hybrid_optimizer).
   uint64_t optimizer_state_bytes(uint32_t chunk) const;
@@ -260,6 +321,24 @@ class Engine {
   std::unique_ptr<ThreadPool> pool_;  // the CPU optimizer's threads
 
   pstar_stats stats_;
+
+  // Data parallelism (world > 1): the group's communicator; whether a
+  // collective failed (then every call of the training loop is refused)
+  // and why; the reduce-scatter's staging (fp32, the largest trainable
+  // chunk) and output (its shard), host-pool buffers held from build on;
+  // a hash of the collectives issued since the last step, compared across
+  // ranks at the step.
+  int rank_ = 0;
+  int world_ = 1;
+  dist::LaunchInfo launch_;
+  std::unique_ptr<dist::Communicator> comm_;
+  bool comm_failed_ = false;
+  std::string comm_failure_;
+  float* rs_staging_ = nullptr;
+  uint64_t rs_staging_bytes_ = 0;
+  float* rs_out_ = nullptr;
+  uint64_t rs_out_bytes_ = 0;
+  uint64_t collective_hash_ = 0;
 
   // False in a dry run: buffers are address space only; nothing is read,
   // written or computed.

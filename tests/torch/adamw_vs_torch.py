@@ -52,6 +52,7 @@ class Options(ctypes.Structure):
         ("h2d_bytes_per_s", ctypes.c_double), ("d2h_bytes_per_s", ctypes.c_double),
         ("device_margin_bytes", ctypes.c_uint64), ("record_timeline", ctypes.c_int32),
         ("hybrid_optimizer", ctypes.c_int32),
+        ("rank", ctypes.c_int32), ("world_size", ctypes.c_int32), ("comm_timeout_ms", ctypes.c_uint32),
     ]
 
 

@@ -337,8 +337,27 @@ typedef struct pstar_engine_options {
    *  for good; their parameter chunks then stay on the accelerator, and
    *  pstar_step() updates them there while the CPU updates the others.
    *  Results are bit-identical either way.  A zero capacity (unlimited, on
-   *  the emulated device) places every chunk; on CUDA it is rejected. */
+   *  the emulated device) places every chunk; on CUDA it is rejected.
+   *  Not available with world_size > 1 (PSTAR_ERR_UNSUPPORTED). */
   int32_t hybrid_optimizer;
+  /* Data parallelism (ZeRO-3 sharding; docs/distributed.md) */
+  /** This process's rank, 0..world_size-1; read only when world_size > 0
+   *  (it must be 0 when world_size is 0). */
+  int32_t rank;
+  /** Number of data-parallel ranks training this model together, each
+   *  holding 1/world_size of every chunk.  0 (the default): taken from the
+   *  launcher's environment (RANK/WORLD_SIZE, OMPI_COMM_WORLD_*, SLURM_*;
+   *  docs/launching.md), a single process when none is set.  1: this
+   *  process alone, whatever the environment.  With more than one rank the
+   *  rendezvous address comes from MASTER_ADDR and MASTER_PORT, rank 0
+   *  serves the rendezvous store on MASTER_PORT, and every rank must make
+   *  the same calls in the same order (registration, acquires and releases,
+   *  pstar_param_read, pstar_step).  Emulated device only for now (CUDA
+   *  ranks: PSTAR_ERR_UNSUPPORTED). */
+  int32_t world_size;
+  /** Milliseconds the rendezvous and each collective wait for the other
+   *  ranks before failing with PSTAR_ERR_COMM; 0 = 60000. */
+  uint32_t comm_timeout_ms;
 } pstar_engine_options;
 
 /** Default modelled bandwidth of a host<->accelerator link: 12 GB/s, what a
@@ -354,7 +373,7 @@ typedef struct pstar_engine_options {
     sizeof(pstar_engine_options), PSTAR_ENGINE_OPTIONS_VERSION, PSTAR_DEVICE_EMULATED, \
         0, 0, 0, 0, 0, 0, 0, PSTAR_DTYPE_BF16, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, 1,    \
         0.0f, 65536.0f, 2.0f, 0.5f, 2000u, 2u, 1.0f, 0, PSTAR_POLICY_OPT, 0, 1, 0, 0,  \
-        0.0, 0.0, 0, 0, 0                                                           \
+        0.0, 0.0, 0, 0, 0, 0, 0, 0                                                  \
   }
 
 /** Writes the library's defaults into *options (the same as
@@ -412,13 +431,18 @@ PSTAR_API pstar_status pstar_param_set_weight_decay(pstar_engine *engine, uint32
 /** Sets a parameter's values from `count` (= its element count) elements of
  *  `dtype` in host memory.  A trainable parameter's fp32 master takes the
  *  values and its compute copy takes them rounded to the compute dtype.
- *  Legal after build and outside iterations. */
+ *  Legal after build and outside iterations.  With world_size > 1 every
+ *  rank passes the same full values and keeps its shard of them (no
+ *  communication). */
 PSTAR_API pstar_status pstar_param_write(pstar_engine *engine, uint32_t id, const void *src,
                                          uint64_t count, pstar_dtype dtype);
 
 /** Copies a parameter's values into `count` elements of `dtype` in host
  *  memory: the fp32 master of a trainable parameter, the compute copy of a
- *  frozen one.  Never returns a gradient.  Legal after build, outside iterations. */
+ *  frozen one.  Never returns a gradient.  Legal after build, outside iterations.
+ *  With world_size > 1 it is a collective (an all-gather of the chunk's
+ *  shards): every rank must call it for the same parameters in the same
+ *  order, and every rank receives the full values. */
 PSTAR_API pstar_status pstar_param_read(pstar_engine *engine, uint32_t id, void *dst,
                                         uint64_t count, pstar_dtype dtype);
 
@@ -530,6 +554,9 @@ PSTAR_API pstar_status pstar_step_result_init(pstar_step_result *result);
  *  slots.  With an inf or NaN gradient the step is skipped as a whole (loss
  *  scale backed off for F16) and the weights are restored unchanged.
  *  Parameters without a backward use this iteration are not updated.
+ *  With world_size > 1 the gradients are the average over the ranks (summed
+ *  in fp32, divided by world_size), the norm and the overflow decision are
+ *  the same on every rank, and each rank updates its own shards.
  *  `result` may be NULL. */
 PSTAR_API pstar_status pstar_step(pstar_engine *engine, pstar_step_result *result);
 
@@ -626,11 +653,24 @@ typedef struct pstar_stats {
   uint32_t optimizer_chunks_on_device;
   uint32_t reserved1;
   uint64_t optimizer_device_bytes;
+  /** Data parallelism: this engine's rank and the number of ranks (0 of 1
+   *  for a single process). */
+  int32_t rank;
+  int32_t world_size;
+  /** Bytes of the all-gathers this engine issued (their full outputs:
+   *  gathered chunks in the compute dtype, and whole chunks of fp32 masters
+   *  or compute payloads for pstar_param_read), bytes of its reduce-scatters
+   *  (their full fp32 inputs: one chunk of gradients each), and the number
+   *  of collectives it issued (all-gathers, reduce-scatters, and the
+   *  rendezvous' and the step's exchanges). */
+  uint64_t bytes_all_gathered;
+  uint64_t bytes_reduce_scattered;
+  uint64_t collectives;
 } pstar_stats;
 
 #define PSTAR_STATS_INIT \
   { sizeof(pstar_stats), PSTAR_STATS_VERSION, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0.0, 0, 0, 0, 0, 0, 0, 0, \
-    0.0, 0.0, 0, 0, 0, 0, 0 }
+    0.0, 0.0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
 
 /** Writes an initialised pstar_stats. */
 PSTAR_API pstar_status pstar_stats_init(pstar_stats *stats);

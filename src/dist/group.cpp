@@ -1,0 +1,146 @@
+#include "dist/group.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+
+#include "util/error.h"
+#include "util/log.h"
+
+#if defined(PSTAR_HAVE_GLOO) && defined(PSTAR_HAVE_LIBUV)
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "dist/comm/gloo_communicator.h"
+#include "dist/store/gloo_store.h"
+#include "dist/store/store_client.h"
+#include "dist/store/store_server.h"
+#endif
+
+namespace pstar::dist {
+
+bool cpu_groups_available() {
+#if defined(PSTAR_HAVE_GLOO) && defined(PSTAR_HAVE_LIBUV)
+  return true;
+#else
+  return false;
+#endif
+}
+
+#if defined(PSTAR_HAVE_GLOO) && defined(PSTAR_HAVE_LIBUV)
+namespace {
+
+bool is_loopback(const std::string& host) {
+  return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
+}
+
+// The address of the local interface that routes to `host` (a UDP
+// connect() chooses it without sending anything); 0.0.0.0-style failures
+// fall back to the host name, which Gloo resolves itself.
+std::string local_address_towards(const std::string& host, uint16_t port) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* res = nullptr;
+  const std::string service = std::to_string(port);
+  if (getaddrinfo(host.c_str(), service.c_str(), &hints, &res) == 0 && res != nullptr) {
+    const int fd = ::socket(res->ai_family, SOCK_DGRAM, 0);
+    std::string found;
+    if (fd >= 0 && ::connect(fd, res->ai_addr, res->ai_addrlen) == 0) {
+      sockaddr_in local{};
+      socklen_t len = sizeof local;
+      char buf[INET_ADDRSTRLEN] = {0};
+      if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0 &&
+          ::inet_ntop(AF_INET, &local.sin_addr, buf, sizeof buf) != nullptr) {
+        found = buf;
+      }
+    }
+    if (fd >= 0) ::close(fd);
+    freeaddrinfo(res);
+    if (!found.empty() && found != "0.0.0.0") return found;
+  }
+  char name[256] = {0};
+  if (::gethostname(name, sizeof name - 1) == 0 && name[0] != '\0') return name;
+  return "127.0.0.1";
+}
+
+// Rank 0's store servers, one per port, kept until the process exits (see
+// group.h).  Deliberately never destroyed: a static destructor would stop a
+// server at exit while other static destructors may still log.
+std::mutex& servers_mutex() {
+  static std::mutex mu;
+  return mu;
+}
+std::map<uint16_t, StoreServer*>& servers() {
+  static auto* m = new std::map<uint16_t, StoreServer*>();
+  return *m;
+}
+
+void ensure_server(const LaunchInfo& li) {
+  std::lock_guard<std::mutex> lock(servers_mutex());
+  if (servers().count(li.master_port) != 0) return;
+  StoreServerOptions so;
+  // A loopback master serves loopback only; otherwise every interface (the
+  // store trusts the network it listens on; docs/distributed.md).
+  so.host = is_loopback(li.master_addr) ? li.master_addr : "0.0.0.0";
+  so.port = li.master_port;
+  auto* server = new StoreServer(so);
+  servers()[li.master_port] = server;
+  log::debug("rendezvous store served on " + server->endpoint());
+}
+
+std::atomic<uint64_t>& group_counter() {
+  static std::atomic<uint64_t> n{0};
+  return n;
+}
+
+}  // namespace
+
+std::unique_ptr<Communicator> form_cpu_group(const GroupOptions& o) {
+  const LaunchInfo& li = o.launch;
+  require(li.world_size >= 2 && li.rank >= 0 && li.rank < li.world_size, PSTAR_ERR_INVALID_ARGUMENT,
+          "form_cpu_group: needs a rank of a world of two or more");
+  require(li.master_port != 0 && !li.master_addr.empty(), PSTAR_ERR_INVALID_ARGUMENT,
+          "form_cpu_group: no rendezvous address (MASTER_ADDR, MASTER_PORT)");
+  const uint64_t group = group_counter().fetch_add(1);
+  if (li.rank == 0) ensure_server(li);
+  StoreClientOptions co;
+  co.host = li.master_addr;
+  co.port = li.master_port;
+  co.connect_timeout = o.timeout;
+  co.timeout = o.timeout;
+  auto client = std::make_shared<StoreClient>(co);
+  auto store = std::make_shared<GlooStore>(client, o.timeout);
+  GlooConfig gc;
+  gc.rank = li.rank;
+  gc.size = li.world_size;
+  const char* forced = std::getenv("PSTAR_GLOO_ADDR");
+  if (forced != nullptr && forced[0] != '\0') {
+    gc.hostname = forced;
+  } else {
+    gc.hostname = is_loopback(li.master_addr) ? "127.0.0.1" : local_address_towards(li.master_addr, li.master_port);
+  }
+  gc.timeout = o.timeout;
+  gc.prefix = "pstar/group/" + std::to_string(group);
+  std::unique_ptr<Communicator> comm = make_gloo_communicator(gc, store);
+  comm->barrier();
+  log::info("data-parallel group " + std::to_string(group) + " formed: " + describe(li) + ", gloo on " + gc.hostname);
+  return comm;
+}
+
+#else
+
+std::unique_ptr<Communicator> form_cpu_group(const GroupOptions&) {
+  throw Error(PSTAR_ERR_UNSUPPORTED,
+              "data parallelism on the emulated device needs Gloo and libuv, and this build has neither or only one "
+              "(install libgloo-dev and libuv1-dev and rebuild)");
+}
+
+#endif
+
+}  // namespace pstar::dist

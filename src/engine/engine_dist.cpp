@@ -1,0 +1,464 @@
+// The engine's data parallelism (world > 1; docs/distributed.md): forming
+// the group, gathering chunks from their shards and dropping them again,
+// reduce-scattering gradients, values and the step on this rank's shards.
+//
+// Every collective here is issued at a point fixed by the access sequence
+// (acquires, releases and their stages) and the API calls (build, read,
+// step): never because of capacity, eviction, prefetch or the trace.  So
+// every rank issues the same collectives in the same order as long as the
+// ranks make the same calls, whatever their capacities and non-model bytes.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "dist/group.h"
+#include "dist/launch_env.h"
+#include "engine/engine.h"
+#include "memory/host_kernels.h"
+#include "optim/adam_kernel.h"
+#include "util/dtype.h"
+#include "util/error.h"
+#include "util/log.h"
+
+namespace pstar::engine {
+
+using chunk::TensorState;
+
+namespace {
+// Kinds of collectives, folded into the iteration's collective hash.
+enum : uint32_t { kCollLayout = 1, kCollGather = 2, kCollReduce = 3, kCollRead = 4, kCollStep = 5 };
+}  // namespace
+
+// Resolves rank and world size: explicit options, else the launcher's
+// environment, else one process.  Runs before the device is made, so that
+// what a sharded engine cannot do is refused first.
+void Engine::resolve_world() {
+  dist::LaunchRequest request;
+  if (opt_.world_size > 0) {
+    request.rank = opt_.rank;
+    request.world_size = opt_.world_size;
+  }
+  launch_ = dist::resolve_launch(request);
+  if (launch_.world_size == 1) return;
+  require(opt_.device == PSTAR_DEVICE_EMULATED, PSTAR_ERR_UNSUPPORTED, [&] {
+    return "options: " + std::to_string(launch_.world_size) +
+           " data-parallel ranks on a CUDA device: sharding over NCCL is not built yet (only emulated-device ranks "
+           "shard, over Gloo); set world_size to 1 to train this process alone";
+  });
+  require(!opt_.dry_run, PSTAR_ERR_UNSUPPORTED,
+          "options: a dry run has no payloads to exchange; it models one rank (set world_size to 1)");
+  require(!opt_.hybrid_optimizer, PSTAR_ERR_UNSUPPORTED,
+          "options: hybrid_optimizer with world_size > 1 is not supported yet (each rank updates its shards on the "
+          "CPU); unset one of them");
+  require(dist::cpu_groups_available(), PSTAR_ERR_UNSUPPORTED,
+          "options: data parallelism on the emulated device needs Gloo and libuv, and this libpstar was built "
+          "without them (install libgloo-dev and libuv1-dev and rebuild)");
+  rank_ = launch_.rank;
+  world_ = launch_.world_size;
+}
+
+// With more than one rank, forms the group: the rendezvous store and the
+// communicator (dist/group.h).
+void Engine::connect_group() {
+  if (!sharded()) return;
+  dist::GroupOptions go;
+  go.launch = launch_;
+  go.timeout = std::chrono::milliseconds(opt_.comm_timeout_ms);
+  try {
+    comm_ = dist::form_cpu_group(go);
+  } catch (const Error& e) {
+    throw Error(e.status(), "engine_create: forming the data-parallel group failed (" + dist::describe(launch_) +
+                                "): " + e.what());
+  }
+  ++stats_.collectives;  // the group's barrier
+}
+
+void Engine::require_comm_ok(const char* what) const {
+  if (!comm_failed_) return;
+  throw Error(PSTAR_ERR_COMM, std::string(what) + ": refused: a collective of this engine failed earlier (" +
+                                  comm_failure_ +
+                                  "); the group is broken: destroy the engine and start the ranks again");
+}
+
+template <class F>
+void Engine::collective(const char* what, uint32_t kind, uint64_t chunk, F&& f) {
+  require_comm_ok(what);
+  collective_hash_ = (collective_hash_ ^ (kind * 0x9E3779B97F4A7C15ull + chunk)) * 0x100000001B3ull;
+  ++stats_.collectives;
+  std::string failure;
+  try {
+    f();
+    return;
+  } catch (const Error& e) {
+    if (e.status() != PSTAR_ERR_COMM) throw;
+    failure = e.what();
+  } catch (const std::exception& e) {
+    failure = e.what();
+  }
+  comm_failed_ = true;
+  comm_failure_ = std::string(what) + " on rank " + std::to_string(rank_) + " of " + std::to_string(world_) +
+                  ": " + failure;
+  log::error(comm_failure_);
+  throw Error(PSTAR_ERR_COMM, comm_failure_);
+}
+
+// ---------------------------------------------------------------------------
+// Build
+
+// All ranks must register the same parameters in the same order with the
+// options that shape the layout: a hash of all that, the parameter count and
+// the element count are all-gathered and compared.
+void Engine::check_layout_agrees(uint64_t chunk_elems) {
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a
+  auto mix = [&](const void* data, size_t n) {
+    const auto* b = static_cast<const unsigned char*>(data);
+    for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 0x100000001B3ull;
+  };
+  auto mix64 = [&](uint64_t v) { mix(&v, sizeof v); };
+  mix64(chunk_elems);
+  mix64(static_cast<uint64_t>(opt_.compute_dtype));
+  mix64(opt_.grad_accumulation != 0);
+  uint64_t total = 0;
+  for (const Param& p : params_) {
+    mix(p.name.c_str(), p.name.size() + 1);
+    mix64(p.shape.size());
+    for (int64_t e : p.shape) mix64(static_cast<uint64_t>(e));
+    mix64(p.flags);
+    total += p.numel;
+  }
+  const uint64_t mine[3] = {h, params_.size(), total};
+  std::vector<uint64_t> all(3 * static_cast<size_t>(world_));
+  collective("engine_build: layout check", kCollLayout, 0, [&] { comm_->all_gather(mine, all.data(), sizeof mine); });
+  for (int r = 1; r < world_; ++r) {
+    const uint64_t* o = &all[3 * static_cast<size_t>(r)];
+    if (o[0] == all[0]) continue;
+    throw Error(PSTAR_ERR_INVALID_ARGUMENT,
+                "engine_build: the ranks' models differ: rank 0 registered " + std::to_string(all[1]) +
+                    " parameters of " + std::to_string(all[2]) + " elements, rank " + std::to_string(r) + " " +
+                    std::to_string(o[1]) + " of " + std::to_string(o[2]) +
+                    (o[1] == all[1] && o[2] == all[2]
+                         ? " but with other names, shapes, flags or order, or another chunk_elems, compute_dtype "
+                           "or grad_accumulation"
+                         : "") +
+                    "; every rank must register the same parameters in the same order with the same options");
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Gathered chunks
+
+// All-gathers the compute-dtype shards of chunk k into a full buffer on the
+// accelerator tier (room made by the placement policy, as for a fetch).
+void Engine::gather(uint32_t k) {
+  ChunkState& c = chunks_[k];
+  require_comm_ok("param_acquire");
+  void* dst = device_alloc(c.bytes, k, "gathered chunk " + std::to_string(k));
+  try {
+    collective("param_acquire: all-gather", kCollGather, k,
+               [&] { comm_->all_gather(c.shard, dst, c.shard_elems * elem_bytes()); });
+  } catch (...) {
+    device_->deallocate(dst, c.bytes);
+    throw;
+  }
+  stats_.bytes_all_gathered += c.bytes;
+  device_chunk_bytes_ += c.bytes;
+  device_used_ += c.bytes;
+  note_device_peak();
+  c.device = dst;
+  c.tier = Tier::kDevice;
+  c.ready = nullptr;  // written by the host, complete
+  c.last_use = nullptr;
+  c.prefetched = false;
+  lru_.touch(k);
+}
+
+// Frees chunk k's gathered buffer, wherever placement put it (its shards
+// stay).  The memory goes back once queued work that used it is done.
+void Engine::drop_gathered(uint32_t k) {
+  ChunkState& c = chunks_[k];
+  if (c.tier == Tier::kNone) return;
+  if (c.compute_refs != 0 || c.pins != 0) internal_error("dropping a gathered chunk in use");
+  const memory::EventPtr after = c.last_use != nullptr ? c.last_use : c.ready;
+  if (c.tier == Tier::kDevice) {
+    device_chunk_bytes_ -= c.bytes;
+    defer_free(after, c.device, c.bytes, Tier::kDevice);
+    c.device = nullptr;
+  } else {
+    defer_free(after, c.host, c.bytes, Tier::kHost);
+    c.host = nullptr;
+  }
+  c.tier = Tier::kNone;
+  c.ready = nullptr;
+  c.last_use = nullptr;
+  c.prefetched = false;
+  lru_.remove(k);
+  const uint64_t next = opt_policy_.key(k);
+  if (next < prefetch_frontier_) prefetch_frontier_ = next;
+  opt_policy_.remove(k);
+}
+
+void Engine::drop_all_gathered() {
+  for (uint32_t k = 0; k < chunks_.size(); ++k) drop_gathered(k);
+}
+
+// The drop rule, applied after every release (DESIGN.md section 2, after
+// PatrickStar): in FORWARD, EVAL and RECOMPUTE, a chunk is dropped once no
+// parameter of it is acquired and every parameter of it has been released
+// in that stage this iteration (a later use, e.g. a tied weight's second
+// one, gathers it again); in BACKWARD, once no parameter of it is acquired
+// and every parameter has as many backward uses as forward uses (all its
+// gradients final), after its gradients were reduce-scattered.
+void Engine::after_release_sharded(uint32_t id, uint32_t k, pstar_stage stage) {
+  ChunkState& c = chunks_[k];
+  Param& p = params_[id];
+  if (stage == PSTAR_STAGE_BACKWARD) {
+    if (c.compute_refs != 0 || c.bwd_open != 0) return;
+    if (c.grads_pending != 0) reduce_chunk(k);
+    drop_gathered(k);
+    return;
+  }
+  const int b = stage == PSTAR_STAGE_RECOMPUTE ? 1 : 0;
+  const uint8_t bit = static_cast<uint8_t>(1u << b);
+  if ((p.used_marks & bit) == 0) {
+    p.used_marks |= bit;
+    --c.unmarked[b];
+  }
+  if (c.compute_refs == 0 && c.unmarked[b] == 0) drop_gathered(k);
+}
+
+// Reduce-scatters the pending gradients of chunk k: their fp32 buffers are
+// laid out as the chunk in the staging buffer (zero elsewhere), summed over
+// the ranks by the reduce-scatter, and this rank's shard of the sum is
+// divided by the world size (the average, as PyTorch's DDP).  Without
+// gradient accumulation the average, rounded to the compute dtype, goes to
+// the compute shard (flagged GRAD, as a gradient replaces the weight in one
+// process) with its squared norm and overflow flag over the rounded values;
+// with accumulation it is added to the fp32 gradient shard.
+void Engine::reduce_chunk(uint32_t k) {
+  ChunkState& c = chunks_[k];
+  const auto& info = layout_->chunks()[k];
+  if (rs_staging_ == nullptr || c.elems * sizeof(float) > rs_staging_bytes_) internal_error("no reduce-scatter staging");
+  std::memset(rs_staging_, 0, c.elems * sizeof(float));
+  for (uint32_t id : info.params) {
+    Param& p = params_[id];
+    if (!p.grad_pending) continue;
+    device_->synchronize(p.grad_ready);
+    check_ready(p.grad_ready, "gradient buffer");
+    std::memcpy(rs_staging_ + layout_->param(id).offset_elems, p.grad_acc, p.numel * sizeof(float));
+  }
+  collective("reduce-scatter of gradients", kCollReduce, k,
+             [&] { comm_->reduce_scatter_sum(rs_staging_, rs_out_, c.shard_elems); });
+  stats_.bytes_reduce_scattered += c.elems * sizeof(float);
+  const uint64_t lo = shard_lo(k), hi = lo + c.shard_elems;
+  const float n = static_cast<float>(world_);
+  for (uint32_t id : info.params) {
+    Param& p = params_[id];
+    if (!p.grad_pending) continue;
+    const auto& place = layout_->param(id);
+    const uint64_t a = std::max(place.offset_elems, lo), b = std::min(place.offset_elems + place.numel, hi);
+    if (a < b) {
+      float* avg = rs_out_ + (a - lo);
+      for (uint64_t i = 0; i < b - a; ++i) avg[i] = avg[i] / n;
+      if (opt_.grad_accumulation) {
+        float* g = c.grad32 + (a - lo);
+        for (uint64_t i = 0; i < b - a; ++i) g[i] += avg[i];
+      } else {
+        memory::host_grad_finalize(avg, static_cast<char*>(c.shard) + (a - lo) * elem_bytes(), opt_.compute_dtype,
+                                   b - a, &p.grad_sumsq, &p.grad_nonfinite);
+      }
+    }
+    if (!opt_.grad_accumulation) p.slot_is_grad = true;
+    device_->deallocate(p.grad_acc, p.numel * sizeof(float));
+    device_grad_bytes_ -= p.numel * sizeof(float);
+    device_used_ -= p.numel * sizeof(float);
+    p.grad_acc = nullptr;
+    p.grad_ready = nullptr;
+    p.grad_pending = false;
+    p.has_grad = true;
+  }
+  c.grads_pending = 0;
+}
+
+// ---------------------------------------------------------------------------
+// Values
+
+// Every rank passes the full values; each keeps its shard (no collective).
+void Engine::write_sharded(uint32_t id, const void* src, pstar_dtype dtype) {
+  const Param& p = params_[id];
+  const auto& place = layout_->param(id);
+  ChunkState& c = chunks_[place.chunk];
+  const uint64_t lo = shard_lo(place.chunk), hi = lo + c.shard_elems;
+  const uint64_t a = std::max(place.offset_elems, lo), b = std::min(place.offset_elems + place.numel, hi);
+  for (uint64_t i = a; i < b; ++i) {
+    const float v = load_as(src, dtype, i - place.offset_elems);
+    if (!p.frozen()) c.master[i - lo] = v;
+    store_as(c.shard, opt_.compute_dtype, i - lo, v);
+  }
+}
+
+// Collective: all-gathers the chunk's fp32 masters (a frozen parameter: its
+// compute payload) and copies the parameter out.
+void Engine::read_sharded(uint32_t id, void* dst, pstar_dtype dtype) {
+  require_comm_ok("param_read");
+  const Param& p = params_[id];
+  const auto& place = layout_->param(id);
+  ChunkState& c = chunks_[place.chunk];
+  if (!p.frozen()) {
+    std::vector<float> full(c.elems);
+    collective("param_read: all-gather", kCollRead, place.chunk,
+               [&] { comm_->all_gather(c.master, full.data(), c.shard_elems * sizeof(float)); });
+    stats_.bytes_all_gathered += c.elems * sizeof(float);
+    convert_from_f32(full.data() + place.offset_elems, dst, dtype, place.numel);
+    return;
+  }
+  std::vector<unsigned char> full(c.bytes);
+  collective("param_read: all-gather", kCollRead, place.chunk,
+             [&] { comm_->all_gather(c.shard, full.data(), c.shard_elems * elem_bytes()); });
+  stats_.bytes_all_gathered += c.bytes;
+  for (uint64_t i = 0; i < place.numel; ++i) {
+    store_as(dst, dtype, i, load_as(full.data(), opt_.compute_dtype, place.offset_elems + i));
+  }
+}
+
+// The weight back into this rank's part of the compute shard (a skipped
+// step), from the master shard.
+void Engine::restore_slot_sharded(uint32_t id) {
+  const auto& place = layout_->param(id);
+  ChunkState& c = chunks_[place.chunk];
+  const uint64_t lo = shard_lo(place.chunk), hi = lo + c.shard_elems;
+  const uint64_t a = std::max(place.offset_elems, lo), b = std::min(place.offset_elems + place.numel, hi);
+  for (uint64_t i = a; i < b; ++i) store_as(c.shard, opt_.compute_dtype, i - lo, c.master[i - lo]);
+}
+
+// ---------------------------------------------------------------------------
+// Step
+
+// Gradients still pending are reduce-scattered (chunk order), gathered
+// buffers dropped (the shards are about to change), the squared norm and
+// the overflow flag of this rank's shards exchanged (one all-gather, summed
+// in rank order, so every rank computes the same bits and takes the same
+// decisions), and each rank updates its shards.
+void Engine::step_update_sharded(pstar_step_result& r) {
+  device_->synchronize(device_->compute_stream());
+  for (uint32_t k = 0; k < chunks_.size(); ++k) {
+    if (chunks_[k].grads_pending != 0) reduce_chunk(k);
+  }
+  drop_all_gathered();
+
+  double sumsq_local = 0.0;
+  bool overflow_local = false;
+  for (uint32_t id = 0; id < params_.size(); ++id) {
+    Param& p = params_[id];
+    if (!p.has_grad) continue;
+    if (opt_.grad_accumulation) {
+      const auto& place = layout_->param(id);
+      const ChunkState& c = chunks_[place.chunk];
+      const uint64_t lo = shard_lo(place.chunk), hi = lo + c.shard_elems;
+      const uint64_t a = std::max(place.offset_elems, lo), b = std::min(place.offset_elems + place.numel, hi);
+      p.grad_sumsq = 0.0;
+      p.grad_nonfinite = 0;
+      if (a < b) memory::host_grad_norm(c.grad32 + (a - lo), b - a, &p.grad_sumsq, &p.grad_nonfinite);
+    }
+    sumsq_local += p.grad_sumsq;
+    overflow_local = overflow_local || p.grad_nonfinite != 0;
+  }
+  // Also compared: every rank's hash of the collectives it issued since the
+  // last step; a difference means the ranks' calls differed.
+  struct Exchange {
+    double sumsq;
+    uint64_t overflow;
+    uint64_t hash;
+  };
+  const Exchange mine{sumsq_local, overflow_local ? 1u : 0u, collective_hash_};
+  std::vector<Exchange> all(static_cast<size_t>(world_));
+  collective("step: norm and overflow exchange", kCollStep, 0,
+             [&] { comm_->all_gather(&mine, all.data(), sizeof mine); });
+  collective_hash_ = 0;
+  double sumsq = 0.0;
+  bool overflow = false;
+  for (int q = 0; q < world_; ++q) {
+    const Exchange& e = all[static_cast<size_t>(q)];
+    if (e.hash != all[0].hash) {
+      comm_failed_ = true;
+      comm_failure_ = "step: the ranks issued different collectives since the last step (rank 0 and rank " +
+                      std::to_string(q) +
+                      " differ): their acquires, releases, reads or builds were not the same calls in the same order";
+      log::error(comm_failure_);
+      throw Error(PSTAR_ERR_COMM, comm_failure_);
+    }
+    sumsq += e.sumsq;  // rank order: the same bits on every rank
+    overflow = overflow || e.overflow != 0;
+  }
+
+  const float scale = scaler_.scale();
+  r.loss_scale = scale;
+  r.grad_norm = std::sqrt(sumsq) / static_cast<double>(scale);
+  double clip_coef = 1.0;
+  if (clip_norm_ > 0.0f && std::isfinite(r.grad_norm) && r.grad_norm > clip_norm_) {
+    clip_coef = static_cast<double>(clip_norm_) / (r.grad_norm + 1e-6);
+  }
+  r.clip_coef = static_cast<float>(clip_coef);
+  if (overflow) {
+    for (uint32_t id = 0; id < params_.size(); ++id) {
+      if (params_[id].slot_is_grad) restore_slot_sharded(id);
+    }
+    r.skipped = 1;
+    ++stats_.skipped_steps;
+    scaler_.update(true);
+    log::info("step skipped: inf or NaN in a gradient; loss scale now " + std::to_string(scaler_.scale()));
+  } else {
+    ++adam_step_;
+    const double grad_mul = clip_coef / static_cast<double>(scale);
+    struct Segment {
+      uint64_t begin, end;  // in the shard
+      optim::AdamStepConstants constants;
+    };
+    std::vector<Segment> segments;
+    for (uint32_t k = 0; k < chunks_.size(); ++k) {
+      const auto& info = layout_->chunks()[k];
+      if (info.frozen) continue;
+      ChunkState& c = chunks_[k];
+      const uint64_t lo = shard_lo(k), hi = lo + c.shard_elems;
+      segments.clear();
+      for (uint32_t id : info.params) {
+        const Param& p = params_[id];
+        if (!p.has_grad) continue;
+        ++r.params_updated;
+        const auto& place = layout_->param(id);
+        const uint64_t a = std::max(place.offset_elems, lo), b = std::min(place.offset_elems + place.numel, hi);
+        if (a >= b) continue;
+        optim::AdamHyper h = hyper_;
+        h.lr = hyper_.lr * p.lr_scale;
+        segments.push_back({a - lo, b - lo, optim::adam_constants(h, adam_step_, grad_mul, p.weight_decay)});
+      }
+      if (segments.empty()) continue;
+      pool_->parallel_for(c.shard_elems, kAdamGrainElems, [&](size_t bb, size_t ee) {
+        for (const Segment& sg : segments) {
+          const uint64_t x = std::max<uint64_t>(bb, sg.begin), y = std::min<uint64_t>(ee, sg.end);
+          if (x >= y) continue;
+          optim::AdamRange range;
+          range.master = c.master + x;
+          range.exp_avg = c.exp_avg + x;
+          range.exp_avg_sq = c.exp_avg_sq + x;
+          range.slot = static_cast<char*>(c.shard) + x * elem_bytes();
+          range.dtype = opt_.compute_dtype;
+          range.grad_f32 = c.grad32 != nullptr ? c.grad32 + x : nullptr;
+          range.n = y - x;
+          optim::adam_update(adam_isa_, sg.constants, range);
+        }
+      });
+    }
+    ++stats_.steps;
+    scaler_.update(false);
+  }
+  if (opt_.grad_accumulation) {
+    // The accumulated gradients are consumed (or discarded by a skip).
+    for (uint32_t k = 0; k < chunks_.size(); ++k) {
+      if (chunks_[k].grad32 != nullptr) std::memset(chunks_[k].grad32, 0, chunks_[k].shard_elems * sizeof(float));
+    }
+  }
+}
+
+}  // namespace pstar::engine

@@ -1,0 +1,716 @@
+/*
+ * ZeRO-3 data parallelism through the C API: 2 and 4 ranks as forked
+ * processes on loopback (emulated device, Gloo), each holding 1/N of every
+ * chunk, against one process given the averaged gradients.
+ *
+ * The model (chunk_elems 1024, registration order): emb 700 (used first and
+ * last in forward: tied), w1 300, b1 37 (no decay), frozen 200 (frozen),
+ * w2 900, big 2300 (a jumbo chunk), b2 50.  Chunks: {emb} {w1, b1} {frozen}
+ * {w2} {big} {b2}; with 4 ranks the jumbo chunk is padded from 2304 to 2560
+ * elements.
+ *
+ * Gradients depend on the rank, the step, the use, the element and the
+ * acquired weight (so a wrong gather changes them); the reference process
+ * receives their average over the ranks.  With "exact" gradients (small
+ * multiples of 2^-6) every sum and average is exact, so results must be
+ * bit-identical; with real-valued ones (F32) the ranks' fp32 sums differ
+ * from the reference's in rounding only.
+ */
+#include <math.h>
+
+#include "dist_test_util.h"
+
+enum { N_PARAMS = 7, TOTAL_ELEMS = 700 + 300 + 37 + 200 + 900 + 2300 + 50, MAX_STEPS = 8, CHUNK = 1024 };
+
+static const char *const k_names[N_PARAMS] = {"emb", "w1", "b1", "frozen", "w2", "big", "b2"};
+static const int64_t k_numel[N_PARAMS] = {700, 300, 37, 200, 900, 2300, 50};
+static const uint32_t k_flags[N_PARAMS] = {0, 0, PSTAR_PARAM_NO_WEIGHT_DECAY, PSTAR_PARAM_FROZEN, 0, 0,
+                                           PSTAR_PARAM_NO_WEIGHT_DECAY};
+enum { P_EMB, P_W1, P_B1, P_FROZEN, P_W2, P_BIG, P_B2 };
+
+typedef struct scenario {
+  int world;               /* ranks (the reference averages over this many) */
+  pstar_dtype dtype;
+  int exact;               /* exactly representable gradients */
+  int steps;
+  int micro;               /* micro-batches per step (needs accumulation when > 1) */
+  int accumulation;
+  int strict;
+  float clip;
+  int overflow_step;       /* the last rank's w2 gradient gets an inf at this step; 0 none */
+  int diverge_step;        /* from this step on, big is used before w2 in forward; 0 never */
+  int eval_after_step;     /* an EVAL iteration after this step; 0 none */
+  int varied;              /* per-rank capacities, policies and non-model bytes */
+  int die_rank, die_step;  /* a rank that _exits after the forward of die_step; -1 none */
+  int from_env;            /* ranks take rank and world from RANK/WORLD_SIZE */
+  int mismatch_rank;       /* this rank registers one parameter more; -1 none */
+  uint32_t comm_timeout_ms;
+  uint64_t tight_capacity; /* device bytes of the tight ranks with `varied` */
+} scenario;
+
+typedef struct step_out {
+  double grad_norm;
+  int32_t skipped;
+  uint32_t params_updated;
+  float loss_scale;
+} step_out;
+
+typedef struct rank_out {
+  int32_t status; /* first failing status, PSTAR_OK if none */
+  char msg[1024];
+  int32_t after_status; /* (failure test) pstar_step after the failure */
+  char after_msg[1024];
+  int32_t later_status; /* (failure test) an acquire after that */
+  double fail_seconds;  /* (failure test) from the end of forward to the failure */
+  pstar_stats stats;
+  step_out steps[MAX_STEPS];
+  uint64_t use_hash[MAX_STEPS]; /* hash of everything acquired in the step */
+  float params[TOTAL_ELEMS];
+} rank_out;
+
+typedef struct job {
+  const scenario *sc;
+  rank_out *out; /* world + 1 entries: ranks, then the reference */
+} job;
+
+/* ------------------------------------------------------------------------ */
+/* Values                                                                    */
+/* ------------------------------------------------------------------------ */
+
+static uint64_t mix64(uint64_t h, uint64_t v) {
+  h ^= v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
+  h *= 0xBF58476D1CE4E5B9ull;
+  return h ^ (h >> 31);
+}
+
+static float f32_load(const void *p, pstar_dtype dt, size_t i) {
+  if (dt == PSTAR_DTYPE_F32) return ((const float *)p)[i];
+  const uint16_t h = ((const uint16_t *)p)[i];
+  if (dt == PSTAR_DTYPE_BF16) {
+    const uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+  }
+  /* fp16, exact widening */
+  const int e = (h >> 10) & 0x1f, m = h & 0x3ff;
+  const float sign = (h & 0x8000) ? -1.0f : 1.0f;
+  if (e == 0) return sign * ldexpf((float)m, -24);
+  if (e == 31) return m ? NAN : sign * INFINITY;
+  return sign * ldexpf((float)(m | 0x400), e - 25);
+}
+
+static uint32_t f32_bits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+/* Rank r's gradient for element i of parameter pid at (step, micro, use),
+ * given the acquired weight w. */
+static float grad_of(const scenario *sc, int r, int step, int micro, int use, int pid, size_t i, float w) {
+  const uint64_t h = mix64(mix64(mix64(mix64(mix64((uint64_t)r + 1, (uint64_t)step), (uint64_t)micro), (uint64_t)use),
+                                 (uint64_t)pid),
+                           (uint64_t)i);
+  if (sc->exact) {
+    int k = (int)(h % 9u) - 4;
+    if (f32_bits(w) & 0x10000u) k += 1; /* depends on the gathered weight */
+    return ldexpf((float)k, -6);
+  }
+  const float u = (float)((h >> 11) & 0xffffffu) / 16777216.0f;
+  return (2.0f * u - 1.0f) * 0.5f + w * 0.01f;
+}
+
+/* The gradient handed over by `rank` (or, for the reference, the average
+ * over the scenario's ranks, summed in rank order). */
+static void make_grad(const scenario *sc, int ref, int rank, int step, int micro, int use, int pid, const void *w,
+                      pstar_dtype dt, float *g, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    const float wi = f32_load(w, dt, i);
+    if (!ref) {
+      g[i] = grad_of(sc, rank, step, micro, use, pid, i, wi);
+    } else if (sc->exact) {
+      double s = 0.0;
+      for (int r = 0; r < sc->world; ++r) s += grad_of(sc, r, step, micro, use, pid, i, wi);
+      g[i] = (float)(s / sc->world);
+    } else {
+      float s = 0.0f;
+      for (int r = 0; r < sc->world; ++r) s += grad_of(sc, r, step, micro, use, pid, i, wi);
+      g[i] = s / (float)sc->world;
+    }
+  }
+  if (pid == P_W2 && step == sc->overflow_step && (ref || rank == sc->world - 1)) g[0] = INFINITY;
+}
+
+/* ------------------------------------------------------------------------ */
+/* One rank (or the reference)                                               */
+/* ------------------------------------------------------------------------ */
+
+#define CK(call)                                                                                     \
+  do {                                                                                               \
+    const pstar_status st_ = (call);                                                                 \
+    if (st_ != PSTAR_OK) {                                                                           \
+      if (out->status == PSTAR_OK) {                                                                 \
+        out->status = st_;                                                                           \
+        snprintf(out->msg, sizeof out->msg, "line %d: %s -> %s: %s", __LINE__, #call,                \
+                 pstar_status_name(st_), pstar_last_error_message());                                \
+      }                                                                                              \
+      goto fail;                                                                                     \
+    }                                                                                                \
+  } while (0)
+
+typedef struct rank_ctx {
+  const scenario *sc;
+  int ref, rank;
+  pstar_engine *e;
+  uint32_t ids[N_PARAMS];
+  pstar_dtype dt;
+  uint64_t hash;
+  float g[2560];
+  uint64_t nonmodel;
+} rank_ctx;
+
+static uint64_t hash_bytes(uint64_t h, const void *p, size_t n) {
+  const unsigned char *b = (const unsigned char *)p;
+  for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 0x100000001B3ull;
+  return h;
+}
+
+static size_t dt_size(pstar_dtype dt) { return dt == PSTAR_DTYPE_F32 ? 4u : 2u; }
+
+/* Non-model bytes this rank reports (different per rank with `varied`). */
+static uint64_t nonmodel_for(const rank_ctx *c, int level) {
+  if (!c->sc->varied || c->ref) return 0;
+  return (uint64_t)level * (uint64_t)(c->rank * 3 + 1) * 192u;
+}
+
+static pstar_status use_param(rank_ctx *c, rank_out *out, int pid, pstar_stage stage, int step, int micro, int use) {
+  void *w = NULL;
+  pstar_status st = pstar_param_acquire(c->e, c->ids[pid], stage, NULL, &w);
+  if (st != PSTAR_OK) return st;
+  c->hash = hash_bytes(mix64(c->hash, (uint64_t)pid), w, (size_t)k_numel[pid] * dt_size(c->dt));
+  if (stage == PSTAR_STAGE_BACKWARD && !(k_flags[pid] & PSTAR_PARAM_FROZEN)) {
+    make_grad(c->sc, c->ref, c->rank, step, micro, use, pid, w, c->dt, c->g, (size_t)k_numel[pid]);
+    st = pstar_grad_write(c->e, c->ids[pid], c->g, (uint64_t)k_numel[pid], PSTAR_DTYPE_F32, PSTAR_MEM_HOST, NULL);
+    if (st != PSTAR_OK) return st;
+  }
+  (void)out;
+  return pstar_param_release(c->e, c->ids[pid], NULL);
+}
+
+static const int k_fwd[] = {P_EMB, P_W1, P_B1, P_FROZEN, P_W2, P_BIG, P_B2, P_EMB};
+static const int k_fwd_diverged[] = {P_EMB, P_W1, P_B1, P_FROZEN, P_BIG, P_W2, P_B2, P_EMB};
+enum { N_USES = 8 };
+
+static pstar_status forward(rank_ctx *c, rank_out *out, int step, int micro, int eval) {
+  const int *order = (c->sc->diverge_step && step >= c->sc->diverge_step) ? k_fwd_diverged : k_fwd;
+  for (int u = 0; u < N_USES; ++u) {
+    pstar_status st = pstar_nonmodel_report(c->e, nonmodel_for(c, u + 1));
+    if (st != PSTAR_OK) return st;
+    st = use_param(c, out, order[u], PSTAR_STAGE_FORWARD, step, micro, eval ? 100 + u : u);
+    if (st != PSTAR_OK) return st;
+  }
+  return PSTAR_OK;
+}
+
+static pstar_status backward(rank_ctx *c, rank_out *out, int step, int micro) {
+  const int *order = (c->sc->diverge_step && step >= c->sc->diverge_step) ? k_fwd_diverged : k_fwd;
+  for (int u = N_USES - 1; u >= 0; --u) {
+    pstar_status st = use_param(c, out, order[u], PSTAR_STAGE_BACKWARD, step, micro, 50 + u);
+    if (st != PSTAR_OK) return st;
+    st = pstar_nonmodel_report(c->e, nonmodel_for(c, u));
+    if (st != PSTAR_OK) return st;
+  }
+  return PSTAR_OK;
+}
+
+static void initial_values(int pid, float *v, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    const uint64_t h = mix64(mix64(999, (uint64_t)pid), (uint64_t)i);
+    v[i] = ((float)((h >> 11) & 0xffffffu) / 16777216.0f - 0.5f) * 0.2f;
+  }
+}
+
+/* Runs the scenario on one rank (ref: the one-process reference). */
+static int run_one(const scenario *sc, int ref, int rank, rank_out *out) {
+  rank_ctx *c = (rank_ctx *)calloc(1, sizeof *c);
+  float *vals = (float *)calloc(TOTAL_ELEMS, sizeof(float));
+  pstar_engine_options o;
+  out->status = PSTAR_OK;
+  if (c == NULL || vals == NULL) return 2;
+  c->sc = sc;
+  c->ref = ref;
+  c->rank = rank;
+  c->dt = sc->dtype;
+  CK(pstar_engine_options_init(&o));
+  o.compute_dtype = sc->dtype;
+  o.chunk_elems = CHUNK;
+  o.threads = 1;
+  o.lr = 0.01f;
+  o.weight_decay = 0.1f;
+  o.adamw = 1;
+  o.clip_norm = sc->clip;
+  o.grad_accumulation = sc->accumulation;
+  o.strict = sc->strict;
+  o.strict_seed = 7 + (uint64_t)rank;
+  o.comm_timeout_ms = sc->comm_timeout_ms;
+  if (ref) {
+    o.world_size = 1;
+  } else if (sc->from_env) {
+    char buf[16];
+    snprintf(buf, sizeof buf, "%d", rank);
+    setenv("RANK", buf, 1);
+    snprintf(buf, sizeof buf, "%d", sc->world);
+    setenv("WORLD_SIZE", buf, 1);
+    o.world_size = 0;
+  } else {
+    o.rank = rank;
+    o.world_size = sc->world;
+  }
+  if (sc->varied && !ref) {
+    /* Ranks differ in capacity, policy and prefetch: placement differs,
+     * collectives must not. */
+    static const pstar_policy policies[4] = {PSTAR_POLICY_OPT, PSTAR_POLICY_LRU, PSTAR_POLICY_STATIC,
+                                             PSTAR_POLICY_OPT};
+    o.placement_policy = policies[rank % 4];
+    o.prefetch = rank % 4 != 3;
+    /* Tight ranks: at big's backward use (non-model bytes then at level
+     * 6) the emb chunk must leave for the jumbo chunk and its gradient. */
+    o.device_capacity_bytes = rank % 2 == 0 ? 0 : sc->tight_capacity + nonmodel_for(c, 6);
+    if (rank % 4 == 2) o.device_capacity_bytes = 2 * sc->tight_capacity;
+  }
+  CK(pstar_engine_create(&o, &c->e));
+  for (int p = 0; p < N_PARAMS; ++p) {
+    CK(pstar_param_register(c->e, k_names[p], 1, &k_numel[p], k_flags[p], &c->ids[p]));
+  }
+  if (rank == sc->mismatch_rank && !ref) {
+    uint32_t extra;
+    const int64_t n = 10;
+    CK(pstar_param_register(c->e, "extra", 1, &n, 0, &extra));
+  }
+  CK(pstar_engine_build(c->e));
+  for (int p = 0; p < N_PARAMS; ++p) {
+    initial_values(p, vals, (size_t)k_numel[p]);
+    CK(pstar_param_write(c->e, c->ids[p], vals, (uint64_t)k_numel[p], PSTAR_DTYPE_F32));
+  }
+  for (int s = 1; s <= sc->steps; ++s) {
+    pstar_step_result r;
+    c->hash = 0;
+    CK(pstar_iteration_begin(c->e, PSTAR_ITERATION_TRAIN));
+    for (int m = 0; m < sc->micro; ++m) {
+      CK(forward(c, out, s, m, 0));
+      if (s == sc->die_step && !ref) {
+        if (rank == sc->die_rank) _exit(3); /* gone mid-step, without a word */
+        const double t0 = d_now();
+        pstar_status st = backward(c, out, s, m);
+        if (st == PSTAR_OK) {
+          pstar_step_result_init(&r);
+          st = pstar_step(c->e, &r);
+        }
+        out->fail_seconds = d_now() - t0;
+        out->status = st;
+        snprintf(out->msg, sizeof out->msg, "%s", pstar_last_error_message());
+        out->after_status = pstar_step(c->e, NULL);
+        snprintf(out->after_msg, sizeof out->after_msg, "%s", pstar_last_error_message());
+        void *w = NULL;
+        out->later_status = pstar_param_acquire(c->e, c->ids[P_W1], PSTAR_STAGE_FORWARD, NULL, &w);
+        pstar_engine_destroy(c->e);
+        free(c);
+        free(vals);
+        return 0;
+      }
+      CK(backward(c, out, s, m));
+    }
+    CK(pstar_step_result_init(&r));
+    CK(pstar_step(c->e, &r));
+    out->steps[s - 1].grad_norm = r.grad_norm;
+    out->steps[s - 1].skipped = r.skipped;
+    out->steps[s - 1].params_updated = r.params_updated;
+    out->steps[s - 1].loss_scale = r.loss_scale;
+    out->use_hash[s - 1] = c->hash;
+    if (s == sc->eval_after_step) {
+      CK(pstar_iteration_begin(c->e, PSTAR_ITERATION_EVAL));
+      CK(forward(c, out, s, 0, 1));
+      CK(pstar_nonmodel_report(c->e, 0));
+      CK(pstar_iteration_end(c->e));
+    }
+  }
+  {
+    size_t off = 0;
+    for (int p = 0; p < N_PARAMS; ++p) { /* collective with world > 1 */
+      CK(pstar_param_read(c->e, c->ids[p], out->params + off, (uint64_t)k_numel[p], PSTAR_DTYPE_F32));
+      off += (size_t)k_numel[p];
+    }
+  }
+  CK(pstar_stats_init(&out->stats));
+  CK(pstar_engine_get_stats(c->e, &out->stats));
+  CK(pstar_engine_destroy(c->e));
+  free(c);
+  free(vals);
+  return 0;
+fail:
+  pstar_engine_destroy(c->e);
+  free(c);
+  free(vals);
+  return 1;
+}
+
+static int rank_main(int rank, void *arg) {
+  const job *j = (const job *)arg;
+  return run_one(j->sc, 0, rank, &j->out[rank]);
+}
+
+static int ref_main(int rank, void *arg) {
+  const job *j = (const job *)arg;
+  (void)rank;
+  return run_one(j->sc, 1, 0, &j->out[j->sc->world]);
+}
+
+/* Runs the ranks and the reference; returns the shared results. */
+static rank_out *run_scenario(const scenario *sc, int expect_ok) {
+  rank_out *out = (rank_out *)d_shared((size_t)(sc->world + 1) * sizeof(rank_out));
+  job j = {sc, out};
+  int status[D_MAX_RANKS];
+  const int failed = d_run_ranks(sc->world, rank_main, &j, 60.0, status);
+  cr_assert_leq(failed, sc->world, "ranks hung (killed after 60 s)");
+  if (expect_ok) {
+    for (int r = 0; r < sc->world; ++r) {
+      cr_assert_eq(out[r].status, PSTAR_OK, "rank %d: %s", r, out[r].msg);
+      cr_assert(WIFEXITED(status[r]) && WEXITSTATUS(status[r]) == 0, "rank %d exited with status %d", r,
+                status[r]);
+    }
+    int rs[1];
+    cr_assert_eq(d_run_ranks(1, ref_main, &j, 60.0, rs), 0, "reference: %s", out[sc->world].msg);
+  }
+  return out;
+}
+
+static int ulp_raw(float a, float b);
+
+/* Distance in units in the last place of fp32 at the values' scale: raw
+ * ulps, except that values below 1/16 in magnitude count in ulps of 1/16.
+ * Parameters start in [-0.1, 0.1] and move by about lr per step, so some
+ * pass near zero on the way; there a difference that is a rounding of the
+ * operands (ulps of about 0.1) is thousands of ulps of the tiny result. */
+static int ulp_distance(float a, float b) {
+  const float floor_ = 0.0625f;
+  if (fabsf(a) >= floor_ || fabsf(b) >= floor_) return ulp_raw(a, b);
+  const double ulp_at_floor = ldexp(1.0, -4 - 23);
+  return (int)ceil(fabs((double)a - (double)b) / ulp_at_floor);
+}
+
+static int ulp_raw(float a, float b) {
+  int32_t ia, ib;
+  memcpy(&ia, &a, sizeof ia);
+  memcpy(&ib, &b, sizeof ib);
+  if (ia < 0) ia = INT32_MIN - ia;
+  if (ib < 0) ib = INT32_MIN - ib;
+  const int64_t d = (int64_t)ia - (int64_t)ib;
+  return (int)(d < 0 ? -d : d);
+}
+
+/* Every rank's values, step results and acquired contents equal the
+ * reference's: bit for bit (max_ulp 0), or within max_ulp of fp32. */
+static void expect_equal_to_reference(const scenario *sc, const rank_out *out, int max_ulp) {
+  const rank_out *ref = &out[sc->world];
+  for (int r = 0; r < sc->world; ++r) {
+    int worst = 0;
+    size_t worst_i = 0;
+    for (size_t i = 0; i < TOTAL_ELEMS; ++i) {
+      const int d = ulp_distance(out[r].params[i], ref->params[i]);
+      if (d > worst) {
+        worst = d;
+        worst_i = i;
+      }
+    }
+    cr_assert_leq(worst, max_ulp, "rank %d of %d: element %zu is %d ulp from the reference (%.9g vs %.9g)", r,
+                  sc->world, worst_i, worst, (double)out[r].params[worst_i], (double)ref->params[worst_i]);
+    for (int s = 0; s < sc->steps; ++s) {
+      cr_assert_eq(out[r].steps[s].skipped, ref->steps[s].skipped, "rank %d step %d", r, s + 1);
+      cr_assert_eq(out[r].steps[s].params_updated, ref->steps[s].params_updated, "rank %d step %d", r, s + 1);
+      cr_assert_eq(out[r].steps[s].loss_scale, ref->steps[s].loss_scale, "rank %d step %d", r, s + 1);
+      if (max_ulp == 0) {
+        cr_assert_eq(out[r].steps[s].grad_norm, ref->steps[s].grad_norm, "rank %d step %d: norm %.17g vs %.17g", r,
+                     s + 1, out[r].steps[s].grad_norm, ref->steps[s].grad_norm);
+        cr_assert_eq(out[r].use_hash[s], ref->use_hash[s], "rank %d step %d: acquired contents differ", r, s + 1);
+      } else {
+        cr_assert(fabs(out[r].steps[s].grad_norm - ref->steps[s].grad_norm) <= 1e-6 * ref->steps[s].grad_norm,
+                  "rank %d step %d: norm %.17g vs %.17g", r, s + 1, out[r].steps[s].grad_norm,
+                  ref->steps[s].grad_norm);
+      }
+    }
+    /* Every rank issued the same collectives. */
+    cr_assert_eq(out[r].stats.collectives, out[0].stats.collectives, "rank %d", r);
+    cr_assert_eq(out[r].stats.bytes_all_gathered, out[0].stats.bytes_all_gathered, "rank %d", r);
+    cr_assert_eq(out[r].stats.bytes_reduce_scattered, out[0].stats.bytes_reduce_scattered, "rank %d", r);
+    cr_assert_eq(out[r].stats.rank, r);
+    cr_assert_eq(out[r].stats.world_size, sc->world);
+  }
+  cr_assert_eq(ref->stats.world_size, 1);
+  cr_assert_eq(ref->stats.collectives, 0);
+}
+
+static scenario base(int world, pstar_dtype dtype) {
+  scenario sc;
+  memset(&sc, 0, sizeof sc);
+  sc.world = world;
+  sc.dtype = dtype;
+  sc.exact = 1;
+  sc.steps = 4;
+  sc.micro = 1;
+  sc.die_rank = -1;
+  sc.mismatch_rank = -1;
+  sc.comm_timeout_ms = 20000;
+  return sc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* (a) bit-identical to one process on exactly representable gradients       */
+/* ------------------------------------------------------------------------ */
+
+Test(dist_engine, two_ranks_bf16_strict_bit_identical) {
+  scenario sc = base(2, PSTAR_DTYPE_BF16);
+  sc.strict = 1;
+  sc.eval_after_step = 2;
+  rank_out *out = run_scenario(&sc, 1);
+  expect_equal_to_reference(&sc, out, 0);
+  for (int s = 0; s < sc.steps; ++s) cr_assert_eq(out[0].steps[s].params_updated, 6);
+  /* Per iteration: forward gathers emb twice and every other chunk once,
+   * backward every chunk once more; every trainable chunk is reduced once. */
+  cr_assert_gt(out[0].stats.bytes_all_gathered, 0);
+  cr_assert_gt(out[0].stats.bytes_reduce_scattered, 0);
+}
+
+Test(dist_engine, four_ranks_bf16_bit_identical) {
+  scenario sc = base(4, PSTAR_DTYPE_BF16);
+  sc.eval_after_step = 1;
+  expect_equal_to_reference(&sc, run_scenario(&sc, 1), 0);
+}
+
+Test(dist_engine, four_ranks_f16_overflow_skips_everywhere_and_clipping) {
+  scenario sc = base(4, PSTAR_DTYPE_F16);
+  sc.overflow_step = 2;
+  sc.clip = 1e-3f; /* the exact norm makes the clip factor exact too */
+  rank_out *out = run_scenario(&sc, 1);
+  expect_equal_to_reference(&sc, out, 0);
+  cr_assert_eq(out[0].steps[1].skipped, 1, "the inf on the last rank skips every rank's step");
+  cr_assert_eq(out[1].steps[1].skipped, 1);
+}
+
+Test(dist_engine, two_ranks_gradient_accumulation_two_micro_batches) {
+  scenario sc = base(2, PSTAR_DTYPE_BF16);
+  sc.accumulation = 1;
+  sc.micro = 2;
+  sc.steps = 3;
+  expect_equal_to_reference(&sc, run_scenario(&sc, 1), 0);
+}
+
+Test(dist_engine, trace_divergence_changes_placement_not_collectives) {
+  scenario sc = base(2, PSTAR_DTYPE_BF16);
+  sc.steps = 5;
+  sc.diverge_step = 3; /* every rank changes its order at step 3 */
+  sc.varied = 1;
+  sc.tight_capacity = 18 * 1024;
+  rank_out *out = run_scenario(&sc, 1);
+  expect_equal_to_reference(&sc, out, 0);
+  cr_assert_eq(out[0].stats.trace_fallbacks, 1, "OPT rank 0 falls back once");
+}
+
+Test(dist_engine, world_from_the_environment) {
+  scenario sc = base(2, PSTAR_DTYPE_BF16);
+  sc.steps = 2;
+  sc.from_env = 1;
+  expect_equal_to_reference(&sc, run_scenario(&sc, 1), 0);
+}
+
+/* ------------------------------------------------------------------------ */
+/* (b) real-valued gradients: within 4 ulp of fp32 after M steps             */
+/* ------------------------------------------------------------------------ */
+
+Test(dist_engine, real_gradients_within_4_ulp_two_and_four_ranks) {
+  for (int world = 2; world <= 4; world += 2) {
+    scenario sc = base(world, PSTAR_DTYPE_F32);
+    sc.exact = 0;
+    sc.steps = 6;
+    rank_out *out = run_scenario(&sc, 1);
+    expect_equal_to_reference(&sc, out, 4);
+    int differing = 0, raw = 0;
+    double worst_abs = 0.0;
+    for (size_t i = 0; i < TOTAL_ELEMS; ++i) {
+      differing += out[0].params[i] != out[world].params[i];
+      const int d = ulp_raw(out[0].params[i], out[world].params[i]);
+      raw = d > raw ? d : raw;
+      const double a = fabs((double)out[0].params[i] - (double)out[world].params[i]);
+      worst_abs = a > worst_abs ? a : worst_abs;
+    }
+    cr_log_info("%d ranks, real gradients, %d steps: %d of %d elements differ from one process; largest "
+                "difference %.3g (raw ulps of the smaller values up to %d)",
+                world, sc.steps, differing, TOTAL_ELEMS, worst_abs, raw);
+  }
+}
+
+/* ------------------------------------------------------------------------ */
+/* (c) memory: each rank's peak model-data bytes                             */
+/* ------------------------------------------------------------------------ */
+
+/* Host: this rank's shards of every list (compute dtype, fp32 master, m, v,
+ * and the fp32 gradient list with accumulation: the full lists / N) plus
+ * the reduce-scatter's fp32 staging for the largest trainable chunk C and
+ * its output shard (4 C + 4 C / N); gathered chunks stay on the (unlimited)
+ * device.  Device chunks: at most the gathered chunks in flight: through
+ * backward the tied emb chunk waits for its second backward use while the
+ * others pass one at a time, the largest being the jumbo chunk. */
+static void expect_memory_formula(int world, int accumulation) {
+  scenario sc = base(world, PSTAR_DTYPE_BF16);
+  sc.accumulation = accumulation;
+  sc.steps = 2;
+  rank_out *out = run_scenario(&sc, 1);
+  expect_equal_to_reference(&sc, out, 0);
+  const uint64_t lists = accumulation ? 4 : 3;
+  const uint64_t jumbo = (2300 + 128u * (uint64_t)world - 1) / (128u * (uint64_t)world) * (128u * (uint64_t)world);
+  const uint64_t chunk_elems[6] = {CHUNK, CHUNK, CHUNK, CHUNK, jumbo, CHUNK}; /* emb w1b1 frozen w2 big b2 */
+  const uint64_t trainable_elems = 4 * CHUNK + jumbo;
+  uint64_t all_elems = 0;
+  for (int k = 0; k < 6; ++k) all_elems += chunk_elems[k];
+  for (int r = 0; r < world; ++r) {
+    const pstar_stats *s = &out[r].stats;
+    cr_assert_eq(s->compute_list_bytes, all_elems * 2, "rank %d", r);
+    cr_assert_eq(s->optimizer_list_bytes, trainable_elems * 4, "rank %d", r);
+    const uint64_t shards = (s->compute_list_bytes + lists * s->optimizer_list_bytes) / (uint64_t)world;
+    const uint64_t staging = 4 * jumbo + 4 * jumbo / (uint64_t)world;
+    cr_assert_eq(s->peak_host_bytes, shards + staging, "rank %d of %d: peak host %llu, formula %llu", r, world,
+                 (unsigned long long)s->peak_host_bytes, (unsigned long long)(shards + staging));
+    cr_assert_eq(s->host_bytes, shards + staging, "rank %d", r);
+    cr_assert_eq(s->peak_device_chunk_bytes, (CHUNK + jumbo) * 2, "rank %d of %d: peak gathered %llu", r, world,
+                 (unsigned long long)s->peak_device_chunk_bytes);
+    cr_assert_eq(s->evictions, 0);
+  }
+  const pstar_stats *one = &out[world].stats;
+  cr_log_info("%d ranks%s: host model data per rank %llu bytes, one process %llu", world,
+              accumulation ? " (accumulation)" : "", (unsigned long long)out[0].stats.peak_host_bytes,
+              (unsigned long long)one->peak_host_bytes);
+}
+
+Test(dist_engine, memory_formula_two_and_four_ranks) {
+  expect_memory_formula(2, 0);
+  expect_memory_formula(4, 0);
+  expect_memory_formula(2, 1);
+}
+
+/* ------------------------------------------------------------------------ */
+/* (d) different capacities, policies and non-model reports                  */
+/* ------------------------------------------------------------------------ */
+
+Test(dist_engine, ranks_with_different_capacities_agree_and_finish) {
+  scenario sc = base(4, PSTAR_DTYPE_BF16);
+  sc.varied = 1;
+  sc.steps = 5;
+  sc.strict = 1;
+  sc.tight_capacity = 18 * 1024;
+  rank_out *out = run_scenario(&sc, 1);
+  expect_equal_to_reference(&sc, out, 0);
+  cr_assert_eq(out[0].stats.evictions, 0, "rank 0 has an unlimited device");
+  cr_assert_gt(out[1].stats.evictions, 0, "rank 1's gathered chunks are evicted to the host (moved, not dropped)");
+  cr_assert_gt(out[3].stats.evictions, 0);
+  for (int r = 0; r < 4; ++r) {
+    cr_log_info("rank %d: capacity policy %d, evictions %llu, device peak %llu, host peak %llu", r, r % 4,
+                (unsigned long long)out[r].stats.evictions, (unsigned long long)out[r].stats.peak_device_bytes,
+                (unsigned long long)out[r].stats.peak_host_bytes);
+  }
+}
+
+/* ------------------------------------------------------------------------ */
+/* (e) a rank gone mid-step                                                  */
+/* ------------------------------------------------------------------------ */
+
+static void expect_failure_reported(int world, int die_rank) {
+  scenario sc = base(world, PSTAR_DTYPE_BF16);
+  sc.die_rank = die_rank;
+  sc.die_step = 2;
+  sc.steps = 3;
+  sc.comm_timeout_ms = 3000;
+  const double t0 = d_now();
+  rank_out *out = run_scenario(&sc, 0);
+  const double took = d_now() - t0;
+  for (int r = 0; r < world; ++r) {
+    if (r == die_rank) continue;
+    cr_assert_eq(out[r].status, PSTAR_ERR_COMM, "rank %d: %s (%s)", r, pstar_status_name(out[r].status), out[r].msg);
+    cr_assert(strstr(out[r].msg, "rank") != NULL, "rank %d: the message names the ranks: %s", r, out[r].msg);
+    cr_assert_leq(out[r].fail_seconds, 3.0 + 2.0, "rank %d took %.1f s to report", r, out[r].fail_seconds);
+    cr_assert_eq(out[r].after_status, PSTAR_ERR_COMM, "rank %d: step after the failure: %s", r, out[r].after_msg);
+    cr_assert(strstr(out[r].after_msg, "refused") != NULL, "%s", out[r].after_msg);
+    cr_assert_eq(out[r].later_status, PSTAR_ERR_COMM);
+    cr_log_info("%d ranks, rank %d gone: rank %d reported after %.3f s: %s", world, die_rank, r, out[r].fail_seconds,
+                out[r].msg);
+  }
+  cr_assert_leq(took, 20.0, "the whole run took %.1f s", took);
+}
+
+Test(dist_engine, rank_gone_mid_step_others_report_comm_error) {
+  expect_failure_reported(2, 1);
+  expect_failure_reported(3, 1);
+  expect_failure_reported(3, 0); /* rank 0, the store's host */
+}
+
+/* ------------------------------------------------------------------------ */
+/* Options and mismatches                                                    */
+/* ------------------------------------------------------------------------ */
+
+Test(dist_engine, models_that_differ_fail_the_build_on_every_rank) {
+  scenario sc = base(2, PSTAR_DTYPE_BF16);
+  sc.mismatch_rank = 1;
+  rank_out *out = run_scenario(&sc, 0);
+  for (int r = 0; r < 2; ++r) {
+    cr_assert_eq(out[r].status, PSTAR_ERR_INVALID_ARGUMENT, "rank %d: %s", r, out[r].msg);
+    cr_assert(strstr(out[r].msg, "models differ") != NULL, "%s", out[r].msg);
+  }
+}
+
+Test(dist_engine, option_checks) {
+  pstar_engine_options o;
+  pstar_engine *e = NULL;
+  pstar_engine_options_init(&o);
+  cr_assert_eq(o.world_size, 0);
+  cr_assert_eq(o.rank, 0);
+  cr_assert_eq(o.comm_timeout_ms, 0);
+  o.world_size = 2;
+  o.rank = 2;
+  cr_assert_eq(pstar_engine_create(&o, &e), PSTAR_ERR_INVALID_ARGUMENT);
+  cr_assert(strstr(pstar_last_error_message(), "rank 2") != NULL, "%s", pstar_last_error_message());
+  o.world_size = 0;
+  o.rank = 1;
+  cr_assert_eq(pstar_engine_create(&o, &e), PSTAR_ERR_INVALID_ARGUMENT);
+  o.world_size = -1;
+  o.rank = 0;
+  cr_assert_eq(pstar_engine_create(&o, &e), PSTAR_ERR_INVALID_ARGUMENT);
+  /* More than one rank without a rendezvous address. */
+  d_clear_launch_env();
+  o.world_size = 2;
+  cr_assert_eq(pstar_engine_create(&o, &e), PSTAR_ERR_INVALID_ARGUMENT);
+  cr_assert(strstr(pstar_last_error_message(), "MASTER_ADDR") != NULL, "%s", pstar_last_error_message());
+  setenv("MASTER_ADDR", "127.0.0.1", 1);
+  setenv("MASTER_PORT", "1", 1);
+  /* Refused before anything is connected. */
+  o.device = PSTAR_DEVICE_CUDA;
+  cr_assert_eq(pstar_engine_create(&o, &e), PSTAR_ERR_UNSUPPORTED);
+  cr_assert(strstr(pstar_last_error_message(), "CUDA") != NULL, "%s", pstar_last_error_message());
+  o.device = PSTAR_DEVICE_EMULATED;
+  o.hybrid_optimizer = 1;
+  cr_assert_eq(pstar_engine_create(&o, &e), PSTAR_ERR_UNSUPPORTED);
+  cr_assert(strstr(pstar_last_error_message(), "hybrid_optimizer") != NULL, "%s", pstar_last_error_message());
+  o.hybrid_optimizer = 0;
+  o.dry_run = 1;
+  cr_assert_eq(pstar_engine_create(&o, &e), PSTAR_ERR_UNSUPPORTED);
+  /* An explicit world of 1 ignores a launcher's environment. */
+  setenv("RANK", "1", 1);
+  setenv("WORLD_SIZE", "4", 1);
+  pstar_engine_options_init(&o);
+  o.world_size = 1;
+  cr_assert_eq(pstar_engine_create(&o, &e), PSTAR_OK, "%s", pstar_last_error_message());
+  pstar_stats s;
+  pstar_stats_init(&s);
+  cr_assert_eq(pstar_engine_get_stats(e, &s), PSTAR_OK);
+  cr_assert_eq(s.world_size, 1);
+  cr_assert_eq(s.rank, 0);
+  cr_assert_eq(pstar_engine_destroy(e), PSTAR_OK);
+}
