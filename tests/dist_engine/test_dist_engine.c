@@ -42,6 +42,9 @@ typedef struct scenario {
   int eval_after_step;     /* an EVAL iteration after this step; 0 none */
   int varied;              /* per-rank capacities, policies and non-model bytes */
   int die_rank, die_step;  /* a rank that _exits after the forward of die_step; -1 none */
+  int stall;               /* instead of exiting, that rank stops answering for 5 s */
+  int recompute;           /* activation checkpointing: RECOMPUTE before every backward use */
+  int b1_no_backward;      /* b1 has forward uses but no backward one: its chunk is reduced at the step */
   int from_env;            /* ranks take rank and world from RANK/WORLD_SIZE */
   int mismatch_rank;       /* this rank registers one parameter more; -1 none */
   uint32_t comm_timeout_ms;
@@ -216,7 +219,13 @@ static pstar_status forward(rank_ctx *c, rank_out *out, int step, int micro, int
 static pstar_status backward(rank_ctx *c, rank_out *out, int step, int micro) {
   const int *order = (c->sc->diverge_step && step >= c->sc->diverge_step) ? k_fwd_diverged : k_fwd;
   for (int u = N_USES - 1; u >= 0; --u) {
-    pstar_status st = use_param(c, out, order[u], PSTAR_STAGE_BACKWARD, step, micro, 50 + u);
+    pstar_status st;
+    if (c->sc->recompute) {
+      st = use_param(c, out, order[u], PSTAR_STAGE_RECOMPUTE, step, micro, 30 + u);
+      if (st != PSTAR_OK) return st;
+    }
+    if (c->sc->b1_no_backward && order[u] == P_B1) continue;
+    st = use_param(c, out, order[u], PSTAR_STAGE_BACKWARD, step, micro, 50 + u);
     if (st != PSTAR_OK) return st;
     st = pstar_nonmodel_report(c->e, nonmodel_for(c, u));
     if (st != PSTAR_OK) return st;
@@ -300,6 +309,10 @@ static int run_one(const scenario *sc, int ref, int rank, rank_out *out) {
     for (int m = 0; m < sc->micro; ++m) {
       CK(forward(c, out, s, m, 0));
       if (s == sc->die_step && !ref) {
+        if (rank == sc->die_rank && sc->stall) {
+          sleep(5); /* alive, silent, its connections open */
+          _exit(4);
+        }
         if (rank == sc->die_rank) _exit(3); /* gone mid-step, without a word */
         const double t0 = d_now();
         pstar_status st = backward(c, out, s, m);
@@ -516,6 +529,18 @@ Test(dist_engine, trace_divergence_changes_placement_not_collectives) {
   cr_assert_eq(out[0].stats.trace_fallbacks, 1, "OPT rank 0 falls back once");
 }
 
+Test(dist_engine, recompute_and_a_parameter_without_backward) {
+  for (int world = 2; world <= 4; world += 2) {
+    scenario sc = base(world, PSTAR_DTYPE_BF16);
+    sc.recompute = 1;
+    sc.b1_no_backward = 1;
+    sc.strict = world == 2;
+    rank_out *out = run_scenario(&sc, 1);
+    expect_equal_to_reference(&sc, out, 0);
+    cr_assert_eq(out[0].steps[0].params_updated, 5, "b1 had no gradient");
+  }
+}
+
 Test(dist_engine, world_from_the_environment) {
   scenario sc = base(2, PSTAR_DTYPE_BF16);
   sc.steps = 2;
@@ -623,9 +648,10 @@ Test(dist_engine, ranks_with_different_capacities_agree_and_finish) {
 /* (e) a rank gone mid-step                                                  */
 /* ------------------------------------------------------------------------ */
 
-static void expect_failure_reported(int world, int die_rank) {
+static void expect_failure_reported(int world, int die_rank, int stall) {
   scenario sc = base(world, PSTAR_DTYPE_BF16);
   sc.die_rank = die_rank;
+  sc.stall = stall;
   sc.die_step = 2;
   sc.steps = 3;
   sc.comm_timeout_ms = 3000;
@@ -640,16 +666,20 @@ static void expect_failure_reported(int world, int die_rank) {
     cr_assert_eq(out[r].after_status, PSTAR_ERR_COMM, "rank %d: step after the failure: %s", r, out[r].after_msg);
     cr_assert(strstr(out[r].after_msg, "refused") != NULL, "%s", out[r].after_msg);
     cr_assert_eq(out[r].later_status, PSTAR_ERR_COMM);
-    cr_log_info("%d ranks, rank %d gone: rank %d reported after %.3f s: %s", world, die_rank, r, out[r].fail_seconds,
-                out[r].msg);
+    cr_log_info("%d ranks, rank %d %s: rank %d reported after %.3f s: %s", world, die_rank,
+                stall ? "silent" : "gone", r, out[r].fail_seconds, out[r].msg);
   }
   cr_assert_leq(took, 20.0, "the whole run took %.1f s", took);
 }
 
 Test(dist_engine, rank_gone_mid_step_others_report_comm_error) {
-  expect_failure_reported(2, 1);
-  expect_failure_reported(3, 1);
-  expect_failure_reported(3, 0); /* rank 0, the store's host */
+  expect_failure_reported(2, 1, 0);
+  expect_failure_reported(3, 1, 0);
+  expect_failure_reported(3, 0, 0); /* rank 0, the store's host */
+}
+
+Test(dist_engine, silent_rank_mid_step_others_time_out) {
+  expect_failure_reported(2, 1, 1); /* within comm_timeout_ms (3 s) plus slack */
 }
 
 /* ------------------------------------------------------------------------ */
