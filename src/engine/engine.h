@@ -246,7 +246,10 @@ class Engine {
   // iteration's collective hash.
   template <class F>
   void collective(const char* what, uint32_t kind, uint64_t chunk, F&& f);
-  void require_comm_ok(const char* what) const;
+  void require_comm_ok(const char* what) const {
+    if (comm_failed_) throw_comm_refused(what);
+  }
+  [[noreturn]] void throw_comm_refused(const char* what) const;
   // The owned range of chunk k: [lo, lo + shard_elems).
   uint64_t shard_lo(uint32_t k) const { return static_cast<uint64_t>(rank_) * chunks_[k].shard_elems; }
   void gather(uint32_t k);

@@ -75,8 +75,7 @@ void Engine::connect_group() {
   ++stats_.collectives;  // the group's barrier
 }
 
-void Engine::require_comm_ok(const char* what) const {
-  if (!comm_failed_) return;
+void Engine::throw_comm_refused(const char* what) const {
   throw Error(PSTAR_ERR_COMM, std::string(what) + ": refused: a collective of this engine failed earlier (" +
                                   comm_failure_ +
                                   "); the group is broken: destroy the engine and start the ranks again");

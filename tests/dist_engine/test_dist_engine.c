@@ -45,6 +45,7 @@ typedef struct scenario {
   int stall;               /* instead of exiting, that rank stops answering for 5 s */
   int recompute;           /* activation checkpointing: RECOMPUTE before every backward use */
   int b1_no_backward;      /* b1 has forward uses but no backward one: its chunk is reduced at the step */
+  int virtual_clock;       /* the emulated device on the modelled clock */
   int from_env;            /* ranks take rank and world from RANK/WORLD_SIZE */
   int mismatch_rank;       /* this rank registers one parameter more; -1 none */
   uint32_t comm_timeout_ms;
@@ -263,6 +264,7 @@ static int run_one(const scenario *sc, int ref, int rank, rank_out *out) {
   o.strict = sc->strict;
   o.strict_seed = 7 + (uint64_t)rank;
   o.comm_timeout_ms = sc->comm_timeout_ms;
+  o.virtual_clock = sc->virtual_clock;
   if (ref) {
     o.world_size = 1;
   } else if (sc->from_env) {
@@ -539,6 +541,17 @@ Test(dist_engine, recompute_and_a_parameter_without_backward) {
     expect_equal_to_reference(&sc, out, 0);
     cr_assert_eq(out[0].steps[0].params_updated, 5, "b1 had no gradient");
   }
+  /* With accumulation w1's chunk never completes its backward (b1 has
+   * none): w1's gradient waits in its buffer across micro-batches and is
+   * reduced at the step.  On the virtual clock. */
+  scenario sc = base(2, PSTAR_DTYPE_BF16);
+  sc.b1_no_backward = 1;
+  sc.accumulation = 1;
+  sc.micro = 2;
+  sc.virtual_clock = 1;
+  rank_out *out = run_scenario(&sc, 1);
+  expect_equal_to_reference(&sc, out, 0);
+  cr_assert_eq(out[0].steps[0].params_updated, 5);
 }
 
 Test(dist_engine, world_from_the_environment) {
