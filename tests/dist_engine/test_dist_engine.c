@@ -675,6 +675,11 @@ static void expect_failure_reported(int world, int die_rank, int stall) {
     if (r == die_rank) continue;
     cr_assert_eq(out[r].status, PSTAR_ERR_COMM, "rank %d: %s (%s)", r, pstar_status_name(out[r].status), out[r].msg);
     cr_assert(strstr(out[r].msg, "rank") != NULL, "rank %d: the message names the ranks: %s", r, out[r].msg);
+    if (!stall) {
+      char peer[32];
+      snprintf(peer, sizeof peer, "(that is rank %d)", die_rank);
+      cr_assert(strstr(out[r].msg, peer) != NULL, "rank %d: the message names the peer gone: %s", r, out[r].msg);
+    }
     cr_assert_leq(out[r].fail_seconds, 3.0 + 2.0, "rank %d took %.1f s to report", r, out[r].fail_seconds);
     cr_assert_eq(out[r].after_status, PSTAR_ERR_COMM, "rank %d: step after the failure: %s", r, out[r].after_msg);
     cr_assert(strstr(out[r].after_msg, "refused") != NULL, "%s", out[r].after_msg);

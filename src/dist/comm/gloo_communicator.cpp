@@ -10,6 +10,7 @@
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
 
+#include <algorithm>
 #include <cstring>
 #include <exception>
 #include <limits>
@@ -39,6 +40,7 @@ class GlooCommunicator final : public Communicator {
       context->connectFullMesh(prefixed, device_);
       context_ = context;
     });
+    learn_peer_addresses();
     log::debug("gloo: rank " + std::to_string(config.rank) + " of " + std::to_string(config.size) + " connected");
   }
 
@@ -149,6 +151,35 @@ class GlooCommunicator final : public Communicator {
   }
 
  private:
+  // The address each rank's pair to this rank listens on, as Gloo prints a
+  // peer in its errors ("[ip]:port"): every rank contributes the addresses
+  // of its pairs (one per peer), all-gathered once the mesh is up, so that
+  // a failure naming a peer's address can name its rank too.
+  void learn_peer_addresses() {
+    constexpr size_t kLen = 64;
+    const size_t n = static_cast<size_t>(config_.size);
+    std::vector<char> mine(kLen * n, '\0'), all(kLen * n * n, '\0');
+    for (int i = 0; i < config_.size; ++i) {
+      if (i == config_.rank) continue;
+      const std::string a = context_->getPair(i)->address().str();
+      std::memcpy(&mine[static_cast<size_t>(i) * kLen], a.data(), std::min(a.size(), kLen - 1));
+    }
+    all_gather(mine.data(), all.data(), kLen * n);
+    peers_.assign(n, std::string());
+    for (size_t r = 0; r < n; ++r) {
+      peers_[r] = std::string(&all[(r * n + static_cast<size_t>(config_.rank)) * kLen]);
+    }
+  }
+
+  // " (that is rank k)" for the rank whose pair address appears in `what`.
+  std::string name_peer(const std::string& what) const {
+    for (size_t r = 0; r < peers_.size(); ++r) {
+      if (static_cast<int>(r) == config_.rank || peers_[r].empty()) continue;
+      if (what.find(peers_[r]) != std::string::npos) return " (that is rank " + std::to_string(r) + ")";
+    }
+    return "";
+  }
+
   // Runs a Gloo call; any failure marks the communicator failed and becomes
   // Error(PSTAR_ERR_COMM).  pstar::Error (argument checks) passes through.
   template <class F>
@@ -169,7 +200,7 @@ class GlooCommunicator final : public Communicator {
       failed_ = true;
       failure_ = std::string(op) + ": " + e.what();
       throw Error(PSTAR_ERR_COMM, "gloo: " + std::string(op) + " failed on rank " + std::to_string(config_.rank) +
-                                      " of " + std::to_string(config_.size) + ": " + e.what());
+                                      " of " + std::to_string(config_.size) + ": " + e.what() + name_peer(e.what()));
     }
   }
 
@@ -180,6 +211,7 @@ class GlooCommunicator final : public Communicator {
   bool failed_ = false;
   std::string failure_;
   std::vector<float> scratch_;  // one received block of reduce_scatter_sum
+  std::vector<std::string> peers_;  // every rank's address as Gloo prints it
 };
 
 }  // namespace

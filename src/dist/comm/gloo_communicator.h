@@ -7,7 +7,10 @@
 // barrier are Gloo's own collectives; the reduce-scatter is a ring over
 // Gloo's unbound buffers (see reduce_scatter_sum in the .cpp for why not
 // Gloo's halving-doubling), in fp32 (the Debian 2022 snapshot has no bf16,
-// and ZeRO reduces gradients in fp32 anyway).
+// and ZeRO reduces gradients in fp32 anyway).  Once the mesh is up the
+// ranks all-gather their pairs' addresses, so that a failure Gloo reports
+// with a peer's address ("Connection closed by peer [ip]:port") also names
+// the peer's rank.
 #pragma once
 
 #include <chrono>
