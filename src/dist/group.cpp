@@ -12,6 +12,7 @@
 #if defined(PSTAR_HAVE_GLOO) && defined(PSTAR_HAVE_LIBUV)
 #include <arpa/inet.h>
 #include <netdb.h>
+#include <signal.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -94,6 +95,28 @@ void ensure_server(const LaunchInfo& li) {
   log::debug("rendezvous store served on " + server->endpoint());
 }
 
+// Gloo's TCP transport writes to its sockets without MSG_NOSIGNAL: when a
+// peer dies, the next write raises SIGPIPE, whose default action kills this
+// rank before the collective can fail with PSTAR_ERR_COMM.  The default is
+// replaced by "ignore" (writes then fail with EPIPE); a handler or
+// disposition the program chose is left alone.
+void ignore_sigpipe_if_default() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction current;
+    if (::sigaction(SIGPIPE, nullptr, &current) != 0) return;
+    if (current.sa_handler != SIG_DFL || (current.sa_flags & SA_SIGINFO) != 0) return;
+    struct sigaction ignore;
+    std::memset(&ignore, 0, sizeof ignore);
+    ignore.sa_handler = SIG_IGN;
+    sigemptyset(&ignore.sa_mask);
+    if (::sigaction(SIGPIPE, &ignore, nullptr) == 0) {
+      log::info("data parallelism: SIGPIPE is now ignored (it was at its default, which would kill this rank "
+                "when a peer dies)");
+    }
+  });
+}
+
 std::atomic<uint64_t>& group_counter() {
   static std::atomic<uint64_t> n{0};
   return n;
@@ -107,6 +130,7 @@ std::unique_ptr<Communicator> form_cpu_group(const GroupOptions& o) {
           "form_cpu_group: needs a rank of a world of two or more");
   require(li.master_port != 0 && !li.master_addr.empty(), PSTAR_ERR_INVALID_ARGUMENT,
           "form_cpu_group: no rendezvous address (MASTER_ADDR, MASTER_PORT)");
+  ignore_sigpipe_if_default();
   const uint64_t group = group_counter().fetch_add(1);
   if (li.rank == 0) ensure_server(li);
   StoreClientOptions co;

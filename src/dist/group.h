@@ -15,6 +15,10 @@
 // the master address is a loopback address, else the address of the local
 // interface that routes to the master (found by connecting a UDP socket to
 // it, which sends nothing), or PSTAR_GLOO_ADDR when set.
+//
+// Forming a group sets SIGPIPE to "ignore" if it is at its default action:
+// Gloo writes to its sockets without MSG_NOSIGNAL, and a peer that dies
+// would otherwise kill this rank instead of failing the collective.
 #pragma once
 
 #include <chrono>

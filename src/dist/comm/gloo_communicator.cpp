@@ -172,11 +172,15 @@ class GlooCommunicator final : public Communicator {
   }
 
   // " (that is rank k)" for the rank whose pair address appears in `what`.
+  // Gloo names a peer by the address its pair listens on when this side
+  // connected to it, but by the peer's ephemeral port when the peer
+  // connected here; that one maps to no rank, except in a group of two.
   std::string name_peer(const std::string& what) const {
     for (size_t r = 0; r < peers_.size(); ++r) {
       if (static_cast<int>(r) == config_.rank || peers_[r].empty()) continue;
       if (what.find(peers_[r]) != std::string::npos) return " (that is rank " + std::to_string(r) + ")";
     }
+    if (config_.size == 2) return " (the peer is rank " + std::to_string(1 - config_.rank) + ")";
     return "";
   }
 
