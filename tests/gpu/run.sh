@@ -18,6 +18,9 @@ status=0
   nvidia-smi || echo "nvidia-smi: not available"
   cmake -S . -B "$build" -DPSTAR_WITH_CUDA=ON -DPSTAR_CRITERION=OFF -DCMAKE_BUILD_TYPE=Release || exit 1
   cmake --build "$build" -j "$(nproc)" --target cuda_engine_check adam_cuda_check || exit 1
+  if [ -f "$build/CMakeCache.txt" ] && grep -q "^PSTAR_NCCL_LIBRARY:FILEPATH=/" "$build/CMakeCache.txt"; then
+    cmake --build "$build" -j "$(nproc)" --target nccl_check || exit 1
+  fi
   echo "==> adam_cuda_check"
   "$build/bin/adam_cuda_check" "$out"; rc=$?
   [ $rc = 77 ] && echo "adam_cuda_check: skipped (no CUDA device)"
@@ -26,6 +29,14 @@ status=0
   "$build/bin/cuda_engine_check"; rc=$?
   [ $rc = 77 ] && echo "cuda_engine_check: skipped (no CUDA device)"
   [ $rc != 0 ] && [ $rc != 77 ] && status=1
+  if [ -x "$build/bin/nccl_check" ]; then
+    echo "==> nccl_check"
+    "$build/bin/nccl_check"; rc=$?
+    [ $rc = 77 ] && echo "nccl_check: skipped (no CUDA device)"
+    [ $rc != 0 ] && [ $rc != 77 ] && status=1
+  else
+    echo "nccl_check: not built (no NCCL)"
+  fi
   echo "gpu run.sh: exit status $status"
   exit $status
 } 2>&1 | tee "$out/gpu-run.log"
