@@ -1182,21 +1182,12 @@ void Engine::step_update_local(pstar_step_result& r) {
     overflow = overflow || p.grad_nonfinite != 0;
   }
   const float scale = scaler_.scale();
-  r.loss_scale = scale;
-  r.grad_norm = std::sqrt(sumsq) / static_cast<double>(scale);
-  double clip_coef = 1.0;
-  if (clip_norm_ > 0.0f && std::isfinite(r.grad_norm) && r.grad_norm > clip_norm_) {
-    clip_coef = static_cast<double>(clip_norm_) / (r.grad_norm + 1e-6);
-  }
-  r.clip_coef = static_cast<float>(clip_coef);
+  const double clip_coef = unscale_and_clip(sumsq, &r);
   if (overflow) {
     for (uint32_t id = 0; id < params_.size(); ++id) {
       if (params_[id].slot_is_grad) restore_slot(id);
     }
-    r.skipped = 1;
-    ++stats_.skipped_steps;
-    scaler_.update(true);
-    log::info("step skipped: inf or NaN in a gradient; loss scale now " + std::to_string(scaler_.scale()));
+    note_skipped_step(&r);
   } else {
     ++adam_step_;
     const double grad_mul = clip_coef / static_cast<double>(scale);
@@ -1282,6 +1273,30 @@ void Engine::step_update_local(pstar_step_result& r) {
     ++stats_.steps;
     scaler_.update(false);
   }
+}
+
+// Fills the result's loss scale, gradient norm (unscaled) and clipping
+// coefficient from the squared norm of the scaled gradients; returns the
+// coefficient.  Shared by the one-process and the sharded step.
+double Engine::unscale_and_clip(double sumsq, pstar_step_result* r) const {
+  const float scale = scaler_.scale();
+  r->loss_scale = scale;
+  r->grad_norm = std::sqrt(sumsq) / static_cast<double>(scale);
+  double clip_coef = 1.0;
+  if (clip_norm_ > 0.0f && std::isfinite(r->grad_norm) && r->grad_norm > clip_norm_) {
+    clip_coef = static_cast<double>(clip_norm_) / (r->grad_norm + 1e-6);
+  }
+  r->clip_coef = static_cast<float>(clip_coef);
+  return clip_coef;
+}
+
+// The bookkeeping of a step skipped for an inf or NaN gradient (the caller
+// restores the weights).
+void Engine::note_skipped_step(pstar_step_result* r) {
+  r->skipped = 1;
+  ++stats_.skipped_steps;
+  scaler_.update(true);
+  log::info("step skipped: inf or NaN in a gradient; loss scale now " + std::to_string(scaler_.scale()));
 }
 
 pstar_step_result Engine::step() {

@@ -392,21 +392,12 @@ void Engine::step_update_sharded(pstar_step_result& r) {
   }
 
   const float scale = scaler_.scale();
-  r.loss_scale = scale;
-  r.grad_norm = std::sqrt(sumsq) / static_cast<double>(scale);
-  double clip_coef = 1.0;
-  if (clip_norm_ > 0.0f && std::isfinite(r.grad_norm) && r.grad_norm > clip_norm_) {
-    clip_coef = static_cast<double>(clip_norm_) / (r.grad_norm + 1e-6);
-  }
-  r.clip_coef = static_cast<float>(clip_coef);
+  const double clip_coef = unscale_and_clip(sumsq, &r);
   if (overflow) {
     for (uint32_t id = 0; id < params_.size(); ++id) {
       if (params_[id].slot_is_grad) restore_slot_sharded(id);
     }
-    r.skipped = 1;
-    ++stats_.skipped_steps;
-    scaler_.update(true);
-    log::info("step skipped: inf or NaN in a gradient; loss scale now " + std::to_string(scaler_.scale()));
+    note_skipped_step(&r);
   } else {
     ++adam_step_;
     const double grad_mul = clip_coef / static_cast<double>(scale);
