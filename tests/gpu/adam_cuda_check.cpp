@@ -51,6 +51,41 @@ void expect(bool ok, const std::string& what) {
     }                                                                                         \
   } while (0)
 
+// On a mismatch: the step, the array, the first index and both bit patterns,
+// so that one GPU run says where the paths part.
+void report_first_difference(uint64_t step, const std::vector<float>& gm, const std::vector<float>& cm,
+                             const std::vector<float>& gmm, const std::vector<float>& cmm,
+                             const std::vector<float>& gv, const std::vector<float>& cv,
+                             const std::vector<char>& gslot, const std::vector<char>& cslot, size_t eb) {
+  const struct {
+    const char* name;
+    const std::vector<float>& gpu;
+    const std::vector<float>& cpu;
+  } lists[] = {{"master", gm, cm}, {"exp_avg", gmm, cmm}, {"exp_avg_sq", gv, cv}};
+  for (const auto& l : lists) {
+    for (size_t i = 0; i < l.gpu.size(); ++i) {
+      uint32_t a, b;
+      std::memcpy(&a, &l.gpu[i], 4);
+      std::memcpy(&b, &l.cpu[i], 4);
+      if (a != b) {
+        std::fprintf(stderr, "  step %llu: %s[%zu] gpu 0x%08x (%.9g) cpu 0x%08x (%.9g)\n",
+                     static_cast<unsigned long long>(step), l.name, i, a, l.gpu[i], b, l.cpu[i]);
+        break;
+      }
+    }
+  }
+  for (size_t i = 0; i < gslot.size() / eb; ++i) {
+    if (std::memcmp(&gslot[i * eb], &cslot[i * eb], eb) != 0) {
+      uint32_t a = 0, b = 0;
+      std::memcpy(&a, &gslot[i * eb], eb);
+      std::memcpy(&b, &cslot[i * eb], eb);
+      std::fprintf(stderr, "  step %llu: slot[%zu] gpu 0x%x cpu 0x%x\n", static_cast<unsigned long long>(step), i, a,
+                   b);
+      break;
+    }
+  }
+}
+
 void bit_identity(pstar_dtype dtype, bool grad_list, size_t n) {
   std::mt19937 rng(static_cast<unsigned>(n * 7 + dtype));
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -108,6 +143,7 @@ void bit_identity(pstar_dtype dtype, bool grad_list, size_t n) {
     CU(cudaMemcpy(gslot.data(), dslot, n * eb, cudaMemcpyDeviceToHost));
     same = std::memcmp(gm.data(), master.data(), n * 4) == 0 && std::memcmp(gmm.data(), m.data(), n * 4) == 0 &&
            std::memcmp(gv.data(), v.data(), n * 4) == 0 && std::memcmp(gslot.data(), slot.data(), n * eb) == 0;
+    if (!same) report_first_difference(step, gm, master, gmm, m, gv, v, gslot, slot, eb);
   }
   expect(same, std::string("CUDA kernel bit-identical to the CPU path: ") + dtype_name(dtype) +
                    (grad_list ? " with fp32 gradient list" : "") + ", n=" + std::to_string(n));
