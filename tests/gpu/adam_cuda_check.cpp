@@ -86,7 +86,10 @@ void report_first_difference(uint64_t step, const std::vector<float>& gm, const 
   }
 }
 
-void bit_identity(pstar_dtype dtype, bool grad_list, size_t n) {
+// `offset` elements into every array (an unaligned head for the vector
+// path); `slot_skew` elements more into the slot only (arrays not co-aligned:
+// the one-element path).
+void bit_identity(pstar_dtype dtype, bool grad_list, size_t n, size_t offset = 0, size_t slot_skew = 0) {
   std::mt19937 rng(static_cast<unsigned>(n * 7 + dtype));
   std::normal_distribution<float> normal(0.0f, 1.0f);
   const size_t eb = dtype_size(dtype);
@@ -95,11 +98,18 @@ void bit_identity(pstar_dtype dtype, bool grad_list, size_t n) {
   for (size_t i = 0; i < n; ++i) master[i] = normal(rng) * 0.1f;
   float *dmaster, *dm, *dv, *dg32;
   void* dslot;
-  CU(cudaMalloc(&dmaster, n * 4));
-  CU(cudaMalloc(&dm, n * 4));
-  CU(cudaMalloc(&dv, n * 4));
-  CU(cudaMalloc(&dg32, n * 4));
-  CU(cudaMalloc(&dslot, n * eb));
+  float *amaster, *am, *av, *ag32;
+  char* aslot;
+  CU(cudaMalloc(&amaster, (n + offset) * 4));
+  CU(cudaMalloc(&am, (n + offset) * 4));
+  CU(cudaMalloc(&av, (n + offset) * 4));
+  CU(cudaMalloc(&ag32, (n + offset) * 4));
+  CU(cudaMalloc(&aslot, (n + offset + slot_skew) * eb));
+  dmaster = amaster + offset;
+  dm = am + offset;
+  dv = av + offset;
+  dg32 = ag32 + offset;
+  dslot = aslot + (offset + slot_skew) * eb;
   CU(cudaMemcpy(dmaster, master.data(), n * 4, cudaMemcpyHostToDevice));
   CU(cudaMemset(dm, 0, n * 4));
   CU(cudaMemset(dv, 0, n * 4));
@@ -146,12 +156,13 @@ void bit_identity(pstar_dtype dtype, bool grad_list, size_t n) {
     if (!same) report_first_difference(step, gm, master, gmm, m, gv, v, gslot, slot, eb);
   }
   expect(same, std::string("CUDA kernel bit-identical to the CPU path: ") + dtype_name(dtype) +
-                   (grad_list ? " with fp32 gradient list" : "") + ", n=" + std::to_string(n));
-  cudaFree(dmaster);
-  cudaFree(dm);
-  cudaFree(dv);
-  cudaFree(dg32);
-  cudaFree(dslot);
+                   (grad_list ? " with fp32 gradient list" : "") + ", n=" + std::to_string(n) +
+                   ", offset " + std::to_string(offset) + ", slot skew " + std::to_string(slot_skew));
+  cudaFree(amaster);
+  cudaFree(am);
+  cudaFree(av);
+  cudaFree(ag32);
+  cudaFree(aslot);
 }
 
 template <class F>
@@ -193,6 +204,15 @@ int main(int argc, char** argv) {
       bit_identity(d, false, n);
     }
     bit_identity(d, true, 4097);
+    // Unaligned heads and tails (vector path) and arrays not co-aligned
+    // (one-element path).
+    for (size_t off : {size_t{1}, size_t{2}, size_t{3}}) {
+      bit_identity(d, false, 4099, off);
+      bit_identity(d, true, 4099, off);
+      bit_identity(d, false, 2, off);
+    }
+    bit_identity(d, false, 4099, 0, 1);
+    bit_identity(d, true, 4099, 2, 1);
   }
 
   // Bandwidth of the kernel (bf16 params, fp32 master/m/v: 28 B/element).
