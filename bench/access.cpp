@@ -8,14 +8,17 @@
 // layer: the handle registry, status and exception translation.
 //
 // The engine runs on the emulated device with default options, chunks of
-// 4096 elements and unlimited capacity, so every parameter stays resident.
+// 4096 elements and unlimited capacity, and the parameters are frozen, so
+// every parameter stays resident: a trained chunk would go to the host at
+// every step for the CPU optimizer (as on a GPU), and with the hybrid
+// placement the next forward would wait for the device's Adam instead.
 // One TRAIN iteration warms up (and records the engine's access trace);
 // then each measured iteration is a TRAIN iteration of its own:
 //
 //   iteration_begin(TRAIN)
 //   [timed]  forward: acquire(FORWARD) + release of every parameter, in order
-//   backward: acquire(BACKWARD) + grad_write + release, in reverse order
-//   step
+//   backward: acquire(BACKWARD) + release, in reverse order
+//   step (nothing to update)
 //
 // Only the forward loop is timed, so every timed acquire is one the engine
 // checks against its trace (and, with the default OPT policy, re-keys in the
@@ -106,7 +109,7 @@ int run_access(const AccessOptions& o) {
   for (uint32_t i = 0; i < P; ++i) {
     const int64_t shape[2] = {kParamRows, param_cols(static_cast<int>(i))};
     const std::string name = "p" + std::to_string(i);
-    PSTAR_CHECK(pstar_param_register(e, name.c_str(), 2, shape, PSTAR_PARAM_DEFAULT, &ids[i]));
+    PSTAR_CHECK(pstar_param_register(e, name.c_str(), 2, shape, PSTAR_PARAM_FROZEN, &ids[i]));
     numel[i] = static_cast<uint64_t>(shape[0] * shape[1]);
     total_elems += numel[i];
   }
@@ -114,11 +117,6 @@ int run_access(const AccessOptions& o) {
 
   void* stream = nullptr;
   PSTAR_CHECK(pstar_engine_compute_stream(e, &stream));
-
-  // A small gradient, the same for every parameter (only its cost outside the
-  // timed region matters).
-  const uint64_t max_numel = *std::max_element(numel.begin(), numel.end());
-  const std::vector<float> grad(max_numel, 1e-3f);
 
   pstar_stats stats;
   PSTAR_CHECK(pstar_stats_init(&stats));
@@ -147,7 +145,6 @@ int run_access(const AccessOptions& o) {
     moves_in_timed += moves_now() - m0;
     for (uint32_t k = P; k-- > 0;) {
       PSTAR_CHECK(pstar_param_acquire(e, ids[k], PSTAR_STAGE_BACKWARD, stream, &ptr));
-      PSTAR_CHECK(pstar_grad_write(e, ids[k], grad.data(), numel[k], PSTAR_DTYPE_F32, PSTAR_MEM_HOST, stream));
       PSTAR_CHECK(pstar_param_release(e, ids[k], stream));
     }
     PSTAR_CHECK(pstar_step(e, nullptr));

@@ -17,7 +17,9 @@
 //                   going back are reported apart as bytes_d2h)
 //   critical_bytes  bytes an acquire waited for
 //   lower_bound_bytes  the least host-to-device bytes any schedule can move
-//                   in one iteration that starts from the best resident set
+//                   in one iteration that starts from an empty device: every
+//                   chunk of these models is trained, and the step sends each
+//                   one to the host for the CPU optimizer
 //                   (bench/placement_optimum.h: exact by Belady or exhaustive
 //                   search where possible, else the fractional relaxation).
 //                   It is computed from the workload, the chunk layout and
@@ -91,7 +93,6 @@ struct PlacementOptions {
   // PCIe 4.0 x16 from pinned memory (~25 GB/s each way): a link that leaves
   // room, next to --tflops of compute, for the shapes here.
   double h2d_gbps = 25.0;
-  uint32_t bound_repetitions = 16;
   bool json = false;
 };
 
@@ -194,10 +195,13 @@ int run_placement(const PlacementOptions& o) {
           mm.peak_transient + static_cast<uint64_t>(f * static_cast<double>(mm.compute_chunk_bytes));
       std::vector<uint64_t> budget_at;
       for (uint64_t t : mm.transient_at) budget_at.push_back(capacity > t ? capacity - t : 0);
-      PlacementOptimum best =
-          placement_optimum(steady_state_problem(mm.chunk_at, budget_at, mm.chunk_bytes, o.bound_repetitions));
-      // Per iteration, rounded up: a steady state moves whole bytes.
-      best.bytes_fetched = (best.bytes_fetched + o.bound_repetitions - 1) / o.bound_repetitions;
+      // One iteration from an empty device: the step before it sent every
+      // (trained) chunk to the host for the CPU optimizer.
+      PlacementProblem problem;
+      problem.chunk_at = mm.chunk_at;
+      problem.budget_at = budget_at;
+      problem.bytes = mm.chunk_bytes;
+      const PlacementOptimum best = placement_optimum(problem);
       Row row{f, {}, best.bytes_fetched, 0.0};
       if (const char* dir = std::getenv("PSTAR_BENCH_TIMELINES")) {
         nlohmann::json d;
@@ -320,10 +324,6 @@ CLI::App* add_placement_subcommand(CLI::App& app, std::function<int()>* run) {
       ->capture_default_str();
   sub->add_option("--tflops", o->tflops, "modelled compute throughput, TFLOP/s")->capture_default_str();
   sub->add_option("--h2d-gbps", o->h2d_gbps, "modelled link bandwidth each way, GB/s")->capture_default_str();
-  sub->add_option("--bound-repetitions", o->bound_repetitions,
-                  "iterations the lower bound spans (its per-iteration figure grows towards the best steady state)")
-      ->capture_default_str()
-      ->check(CLI::Range(1u, 64u));
   sub->add_flag("--json", o->json, "one JSON object per line");
   *run = [o] { return run_placement(*o); };
   return sub;

@@ -390,6 +390,13 @@ void Engine::write(uint32_t id, const void* src, uint64_t count, pstar_dtype dty
   }
   const auto& place = layout_->param(id);
   if (p.frozen()) {
+    if (chunks_[place.chunk].tier == Tier::kDevice) {
+      // Written where the chunk is: values never move a chunk.
+      std::vector<float> staging(count);
+      convert_to_f32(src, dtype, staging.data(), count);
+      write_slot_on_device(id, staging.data());
+      return;
+    }
     void* payload = host_view(place.chunk);
     for (uint64_t i = 0; i < count; ++i) {
       store_as(payload, opt_.compute_dtype, place.offset_elems + i, load_as(src, dtype, i));
@@ -397,7 +404,7 @@ void Engine::write(uint32_t id, const void* src, uint64_t count, pstar_dtype dty
     return;
   }
   ChunkState& c = chunks_[place.chunk];
-  if (c.opt_device != nullptr && !device_->host_accessible()) {
+  if (c.opt_device != nullptr) {
     // The master lives in device memory: stage through the host.
     sync_optimizer(place.chunk);
     std::vector<float> staging(count);
@@ -406,7 +413,6 @@ void Engine::write(uint32_t id, const void* src, uint64_t count, pstar_dtype dty
     write_slot_on_device(id, staging.data());
     return;
   }
-  if (c.opt_device != nullptr) sync_optimizer(place.chunk);
   convert_to_f32(src, dtype, c.master + place.offset_elems, count);
   restore_slot(id);
 }
@@ -424,13 +430,22 @@ void Engine::read(uint32_t id, void* dst, uint64_t count, pstar_dtype dtype) {
     std::vector<float> staging;
     if (c.opt_device != nullptr) {
       sync_optimizer(place.chunk);
-      if (!device_->host_accessible()) {
-        staging.resize(count);
-        copy_sync(staging.data(), master, count * sizeof(float), memory::CopyKind::kDeviceToHost);
-        master = staging.data();
-      }
+      staging.resize(count);
+      copy_sync(staging.data(), master, count * sizeof(float), memory::CopyKind::kDeviceToHost);
+      master = staging.data();
     }
     convert_from_f32(master, dst, dtype, count);
+    return;
+  }
+  const ChunkState& c = chunks_[place.chunk];
+  if (c.tier == Tier::kDevice) {
+    // Read where the chunk is (a copy of the slice): values never move a chunk.
+    std::vector<unsigned char> staging(count * elem_bytes());
+    memory::Stream* s = device_->compute_stream();
+    device_->stream_wait(s, c.ready);
+    copy_sync(staging.data(), static_cast<const char*>(c.device) + place.offset_elems * elem_bytes(), staging.size(),
+              memory::CopyKind::kDeviceToHost);
+    for (uint64_t i = 0; i < count; ++i) store_as(dst, dtype, i, load_as(staging.data(), opt_.compute_dtype, i));
     return;
   }
   const void* payload = host_view(place.chunk);
@@ -911,9 +926,15 @@ memory::EventPtr Engine::copy_out(uint32_t k) {
   return done;
 }
 
+// The chunk's payload for the engine's own host code (the CPU optimizer,
+// value reads and writes of frozen parameters): a chunk on the device is
+// evicted first.  On every device, the emulated and modelled ones included:
+// they pose as a discrete accelerator, so that tests and the planner see the
+// copies (and their bytes and waits) that a GPU needs, not shortcuts through
+// memory the host happens to share with them.
 void* Engine::host_view(uint32_t k) {
   ChunkState& c = chunks_[k];
-  if (c.tier == Tier::kDevice && !device_->host_accessible()) {
+  if (c.tier == Tier::kDevice) {
     if (c.opt_device != nullptr) internal_error("host view of a chunk that stays on the device");
     evict(k);
   }
@@ -951,8 +972,14 @@ void Engine::trace_iteration_begin() {
     return;
   }
   following_ = true;
+  rekey_for_next_iteration();
+}
+
+// Placement as at the start of an iteration that follows the trace: moment
+// 0, nothing prefetched yet, resident chunks keyed by their first use.
+void Engine::rekey_for_next_iteration() {
+  moment_ = 0;
   prefetch_frontier_ = 0;
-  // Resident chunks enter the iteration keyed by their first use in it.
   opt_policy_.reset(2 * trace_.moments() + 1);
   for (uint32_t k = 0; k < chunks_.size(); ++k) {
     if (chunks_[k].tier != Tier::kDevice) continue;
@@ -1047,6 +1074,7 @@ void Engine::prefetch_ahead() {
     ChunkState& c = chunks_[k];
     if (c.tier == Tier::kDevice) continue;
     if (c.tier == Tier::kNone) return;  // world > 1: gathered by its acquire (a collective), never ahead
+    if (c.awaiting_update) return;      // in the step: its new values are not written yet
     const uint64_t growth = transient_peak - transient_now;
     reclaim_deferred(false);
     const uint64_t free = device_free();
@@ -1101,13 +1129,16 @@ void Engine::restore_slot(uint32_t id) {
   ChunkState& c = chunks_[place.chunk];
   if (c.opt_device != nullptr) {
     sync_optimizer(place.chunk);
-    if (!device_->host_accessible()) {
-      std::vector<float> staging(place.numel);
-      copy_sync(staging.data(), c.master + place.offset_elems, place.numel * sizeof(float),
-                memory::CopyKind::kDeviceToHost);
-      write_slot_on_device(id, staging.data());
-      return;
-    }
+    std::vector<float> staging(place.numel);
+    copy_sync(staging.data(), c.master + place.offset_elems, place.numel * sizeof(float),
+              memory::CopyKind::kDeviceToHost);
+    write_slot_on_device(id, staging.data());
+    return;
+  }
+  if (c.tier == Tier::kDevice) {
+    // Written where the chunk is (a skipped step keeps placement as it is).
+    write_slot_on_device(id, c.master + place.offset_elems);
+    return;
   }
   void* payload = host_view(place.chunk);
   const float* master = c.master + place.offset_elems;
@@ -1135,19 +1166,15 @@ void Engine::fold_gradient(uint32_t id, memory::Stream* s) {
     p.has_grad = true;
     return;
   }
-  const float* src = p.grad_acc;
-  float* staging = nullptr;
-  if (!device_->host_accessible()) {
-    staging = static_cast<float*>(host_->acquire(bytes));
-    device_->copy_async(s, staging, p.grad_acc, bytes, memory::CopyKind::kDeviceToHost);
-    src = staging;
-  }
+  float* staging = static_cast<float*>(host_->acquire(bytes));
+  device_->copy_async(s, staging, p.grad_acc, bytes, memory::CopyKind::kDeviceToHost);
+  const float* src = staging;
   device_->synchronize(s);
   float* dst = chunks_[place.chunk].grad32 + place.offset_elems;
   if (payloads_) {
     for (uint64_t i = 0; i < p.numel; ++i) dst[i] += src[i];
   }
-  if (staging != nullptr) host_->release(staging, bytes);
+  host_->release(staging, bytes);
   device_->deallocate(p.grad_acc, bytes);
   device_grad_bytes_ -= bytes;
   device_used_ -= bytes;
@@ -1165,18 +1192,19 @@ void Engine::step_update_local(pstar_step_result& r) {
   for (uint32_t id = 0; id < params_.size(); ++id) {
     Param& p = params_[id];
     if (!p.has_grad) continue;
-    if (opt_.grad_accumulation && payloads_) {
+    if (opt_.grad_accumulation) {
       // The sum over micro-batches is complete only now.
       const auto& place = layout_->param(id);
       const ChunkState& c = chunks_[place.chunk];
       const float* grad = c.grad32 + place.offset_elems;
-      if (c.opt_device != nullptr && !device_->host_accessible()) {
+      if (c.opt_device != nullptr) {
+        // A dry run makes the copy too (its modelled time), into no memory.
         device_->stream_wait(device_->compute_stream(), c.last_use);
-        staging.resize(p.numel);
+        if (payloads_) staging.resize(p.numel);
         copy_sync(staging.data(), grad, p.numel * sizeof(float), memory::CopyKind::kDeviceToHost);
         grad = staging.data();
       }
-      memory::host_grad_norm(grad, p.numel, &p.grad_sumsq, &p.grad_nonfinite);
+      if (payloads_) memory::host_grad_norm(grad, p.numel, &p.grad_sumsq, &p.grad_nonfinite);
     }
     sumsq += p.grad_sumsq;  // parameter order: deterministic
     overflow = overflow || p.grad_nonfinite != 0;
@@ -1244,32 +1272,56 @@ void Engine::step_update_local(pstar_step_result& r) {
       c.ready = done;
       c.last_use = done;
     }
-    // The other chunks on the host.  On an accelerator the host cannot read,
-    // every such chunk still there is copied out first, all at once, so that
-    // the update of one chunk overlaps the copies of the next ones.
-    if (!device_->host_accessible()) {
-      for (uint32_t k : host_chunks) {
-        if (chunks_[k].tier != Tier::kDevice) continue;
-        bool any = false;
-        for (uint32_t id : layout_->chunks()[k].params) any = any || params_[id].has_grad;
-        if (any) evict(k);
-      }
+    // The other chunks are updated by the CPU.  The host's code never
+    // touches device memory (see host_view), so every such chunk still on the
+    // device goes to the host first: all copies are queued at once, so that
+    // the update of one chunk overlaps the copies of the next ones.  They are
+    // evictions, not round trips: which chunks come back before their next
+    // use, and when, is placement's decision (on-demand fetches, or
+    // prefetch along the trace from the next iteration's first acquire);
+    // copying every one back at once would move bytes for chunks evicted
+    // again before they are used.
+    for (uint32_t k : host_chunks) {
+      if (chunks_[k].tier != Tier::kDevice) continue;
+      bool any = false;
+      for (uint32_t id : layout_->chunks()[k].params) any = any || params_[id].has_grad;
+      if (any) evict(k);
+    }
+    // When this iteration followed the trace to its end, the next one will
+    // too: the CPU updates the chunks in the order of their first use in it,
+    // and after each update prefetch runs along the next iteration's trace
+    // (it stops at a chunk still waiting for its update), so the chunks the
+    // forward needs first come back while the CPU updates the others.
+    const bool ahead = opt_.prefetch && following_ && moment_ == trace_.moments() && trace_.moments() > 0;
+    const uint64_t moment_saved = moment_;
+    if (ahead) {
+      std::stable_sort(host_chunks.begin(), host_chunks.end(),
+                       [&](uint32_t a, uint32_t b) { return trace_.first_use(a) < trace_.first_use(b); });
+      for (uint32_t k : host_chunks) chunks_[k].awaiting_update = chunks_[k].tier != Tier::kDevice;
+      rekey_for_next_iteration();
     }
     for (uint32_t k : host_chunks) {
-      if (!segments_of(k)) continue;
       ChunkState& c = chunks_[k];
-      void* payload = host_view(k);
-      if (!payloads_) continue;  // a dry run places chunks; it computes nothing
-      // One parallel pass over the chunk: a deterministic split into blocks
-      // of whole grains, each updating the segments it overlaps.
-      pool_->parallel_for(layout_->chunks()[k].used_elems, kAdamGrainElems, [&](size_t b, size_t e) {
-        for (const Segment& sg : segments) {
-          const uint64_t lo = std::max<uint64_t>(b, sg.begin), hi = std::min<uint64_t>(e, sg.end);
-          if (lo >= hi) continue;
-          optim::adam_update(adam_isa_, sg.constants, range_of(c, payload, lo, hi));
+      if (segments_of(k)) {
+        void* payload = host_view(k);
+        if (payloads_) {  // a dry run places chunks; it computes nothing
+          // One parallel pass over the chunk: a deterministic split into
+          // blocks of whole grains, each updating the segments it overlaps.
+          pool_->parallel_for(layout_->chunks()[k].used_elems, kAdamGrainElems, [&](size_t b, size_t e) {
+            for (const Segment& sg : segments) {
+              const uint64_t lo = std::max<uint64_t>(b, sg.begin), hi = std::min<uint64_t>(e, sg.end);
+              if (lo >= hi) continue;
+              optim::adam_update(adam_isa_, sg.constants, range_of(c, payload, lo, hi));
+            }
+          });
         }
-      });
+      }
+      if (ahead) {
+        c.awaiting_update = false;
+        prefetch_ahead();
+      }
     }
+    if (ahead) moment_ = moment_saved;  // the iteration ends as it was followed
     ++stats_.steps;
     scaler_.update(false);
   }

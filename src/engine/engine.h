@@ -163,6 +163,9 @@ class Engine {
     bool prefetched = false;      // fetched ahead of use, not acquired since
     bool pinned_static = false;   // static policy: never evicted once fetched
     bool evicted = false;         // left the accelerator at least once
+    // In a step that prefetches for the next iteration: on the host, its CPU
+    // update not done yet, so not to be fetched (prefetch stops at it).
+    bool awaiting_update = false;
     uint64_t last_acquire = 0;    // 1 + acquires before its latest acquire; 0 = never
     // fp32 optimizer twins (trainable chunks only): on the host, or with
     // hybrid placement in one device buffer (opt_device), for good.
@@ -224,6 +227,7 @@ class Engine {
 
   // Trace-guided placement.
   void trace_iteration_begin();
+  void rekey_for_next_iteration();
   void trace_check(uint32_t chunk);
   void trace_note_access(uint32_t chunk);
   void trace_iteration_end();

@@ -176,8 +176,15 @@ static void check_determinism(pstar_dtype dt, int inject_overflow) {
   const pstar_stats *fs = &free_run.stats;
   const uint64_t list = fs->compute_list_bytes;
   cr_assert_gt(fs->compute_chunks, 8, "the model should span several chunks (%u)", fs->compute_chunks);
-  cr_assert_eq(fs->evictions, 0, "unlimited device: no eviction");
-  cr_assert_eq(fs->bytes_host_to_device, list, "unlimited device: each chunk moves once");
+  /* Unlimited device: no eviction for room, only at each step (the CPU
+   * optimizer updates the chunks on the host): each chunk moves in at most
+   * once per iteration (the last step's prefetch for a next iteration
+   * included), and the first iteration fetches the whole list. */
+  cr_assert_leq(fs->evictions, (uint64_t)ITERS * fs->compute_chunks, "unlimited device: %llu evictions",
+                (unsigned long long)fs->evictions);
+  cr_assert_leq(fs->bytes_host_to_device, (uint64_t)(ITERS + 1) * list, "unlimited device: %llu bytes in",
+                (unsigned long long)fs->bytes_host_to_device);
+  cr_assert_geq(fs->bytes_host_to_device, list);
 
   /* About a quarter of the compute list, but never less than what must be
    * resident at once. */
