@@ -1,14 +1,18 @@
 /* CUDA tier check, a plain C program (the GPU machine has no Criterion).
  * Trains the same small model on the CUDA device (capacity-constrained) and
- * on the emulated device and requires bit-identical parameters.  Exits 77
+ * on the emulated device and requires bit-identical parameters.  The model
+ * has a frozen parameter; values are read and rewritten between steps (a
+ * trained and the frozen one: written where their chunks are), and one step
+ * is skipped for an overflowing gradient (weights restored in place).  Exits 77
  * (CTest's skip code) with "skipped: no CUDA device" where CUDA cannot be
  * used, so a skip is never counted as a pass.  Prints "N passed, N failed". */
+#include <math.h>
 #include <pstar/pstar.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-enum { kParams = 5, kElems = 3000, kSteps = 6 };
+enum { kParams = 5, kElems = 3000, kSteps = 6, kFrozen = 2, kOverflowStep = 3, kRewriteStep = 2 };
 
 static int failures = 0, passes = 0;
 
@@ -42,7 +46,7 @@ static pstar_status train(pstar_device_kind device, uint64_t capacity, pstar_dty
   for (p = 0; p < kParams; ++p) {
     char name[16];
     sprintf(name, "p%d", p);
-    TRY(pstar_param_register(e, name, 1, shape, 0, &id[p]));
+    TRY(pstar_param_register(e, name, 1, shape, p == kFrozen ? PSTAR_PARAM_FROZEN : 0, &id[p]));
   }
   TRY(pstar_engine_build(e));
   for (p = 0; p < kParams; ++p) {
@@ -58,11 +62,23 @@ static pstar_status train(pstar_device_kind device, uint64_t capacity, pstar_dty
     }
     for (p = kParams - 1; p >= 0; --p) {
       TRY(pstar_param_acquire(e, id[p], PSTAR_STAGE_BACKWARD, NULL, &w));
-      for (i = 0; i < kElems; ++i) buf[i] = (float)(((i + s * 31 + p) % 17) - 8) / 64.0f;
-      TRY(pstar_grad_write(e, id[p], buf, kElems, PSTAR_DTYPE_F32, PSTAR_MEM_HOST, NULL));
+      if (p != kFrozen) {
+        for (i = 0; i < kElems; ++i) buf[i] = (float)(((i + s * 31 + p) % 17) - 8) / 64.0f;
+        if (s == kOverflowStep && p == 4) buf[5] = INFINITY;
+        TRY(pstar_grad_write(e, id[p], buf, kElems, PSTAR_DTYPE_F32, PSTAR_MEM_HOST, NULL));
+      }
       TRY(pstar_param_release(e, id[p], NULL));
     }
     TRY(pstar_step(e, NULL));
+    if (s == kRewriteStep) {
+      /* Read, change and write back a trained and the frozen parameter. */
+      int q;
+      for (q = 1; q <= kFrozen; ++q) {
+        TRY(pstar_param_read(e, id[q], buf, kElems, PSTAR_DTYPE_F32));
+        for (i = 0; i < kElems; ++i) buf[i] = buf[i] * 0.5f + 0.125f;
+        TRY(pstar_param_write(e, id[q], buf, kElems, PSTAR_DTYPE_F32));
+      }
+    }
   }
   for (p = 0; p < kParams; ++p) TRY(pstar_param_read(e, id[p], out + (size_t)p * kElems, kElems, PSTAR_DTYPE_F32));
   pstar_stats_init(stats);
@@ -102,6 +118,7 @@ int main(void) {
     st = train(PSTAR_DEVICE_EMULATED, 0, dtypes[d], 0, emu_out, &es);
     expect(st == PSTAR_OK, "train on the emulated device");
     expect(memcmp(cuda_out, emu_out, sizeof cuda_out) == 0, "CUDA and emulated parameters bit-identical");
+    expect(cs.skipped_steps == 1 && es.skipped_steps == 1, "the overflowing step skipped on both devices");
     expect(cs.evictions > 0, "constrained CUDA run evicted chunks");
     expect(cs.peak_device_bytes <= cap, "CUDA peak within capacity");
     /* Hybrid placement: some optimizer state updated by the CUDA kernel,
