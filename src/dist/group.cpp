@@ -9,7 +9,7 @@
 #include "util/error.h"
 #include "util/log.h"
 
-#if defined(PSTAR_HAVE_GLOO) && defined(PSTAR_HAVE_LIBUV)
+#if defined(PSTAR_HAVE_LIBUV)
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <signal.h>
@@ -17,13 +17,26 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "dist/comm/gloo_communicator.h"
-#include "dist/store/gloo_store.h"
 #include "dist/store/store_client.h"
 #include "dist/store/store_server.h"
 #endif
+#if defined(PSTAR_HAVE_GLOO) && defined(PSTAR_HAVE_LIBUV)
+#include "dist/comm/gloo_communicator.h"
+#include "dist/store/gloo_store.h"
+#endif
+#if defined(PSTAR_HAVE_NCCL) && defined(PSTAR_HAVE_LIBUV)
+#include "dist/comm/nccl_communicator.h"
+#endif
 
 namespace pstar::dist {
+
+bool cuda_groups_available() {
+#if defined(PSTAR_HAVE_NCCL) && defined(PSTAR_HAVE_LIBUV)
+  return true;
+#else
+  return false;
+#endif
+}
 
 bool cpu_groups_available() {
 #if defined(PSTAR_HAVE_GLOO) && defined(PSTAR_HAVE_LIBUV)
@@ -33,17 +46,17 @@ bool cpu_groups_available() {
 #endif
 }
 
-#if defined(PSTAR_HAVE_GLOO) && defined(PSTAR_HAVE_LIBUV)
+#if defined(PSTAR_HAVE_LIBUV)
 namespace {
 
-bool is_loopback(const std::string& host) {
+[[maybe_unused]] bool is_loopback(const std::string& host) {
   return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
 }
 
 // The address of the local interface that routes to `host` (a UDP
 // connect() chooses it without sending anything); 0.0.0.0-style failures
 // fall back to the host name, which Gloo resolves itself.
-std::string local_address_towards(const std::string& host, uint16_t port) {
+[[maybe_unused]] std::string local_address_towards(const std::string& host, uint16_t port) {
   addrinfo hints{};
   hints.ai_family = AF_INET;
   hints.ai_socktype = SOCK_DGRAM;
@@ -82,7 +95,7 @@ std::map<uint16_t, StoreServer*>& servers() {
   return *m;
 }
 
-void ensure_server(const LaunchInfo& li) {
+[[maybe_unused]] void ensure_server(const LaunchInfo& li) {
   std::lock_guard<std::mutex> lock(servers_mutex());
   if (servers().count(li.master_port) != 0) return;
   StoreServerOptions so;
@@ -100,7 +113,7 @@ void ensure_server(const LaunchInfo& li) {
 // rank before the collective can fail with PSTAR_ERR_COMM.  The default is
 // replaced by "ignore" (writes then fail with EPIPE); a handler or
 // disposition the program chose is left alone.
-void ignore_sigpipe_if_default() {
+[[maybe_unused]] void ignore_sigpipe_if_default() {
   static std::once_flag once;
   std::call_once(once, [] {
     struct sigaction current;
@@ -117,13 +130,15 @@ void ignore_sigpipe_if_default() {
   });
 }
 
-std::atomic<uint64_t>& group_counter() {
+[[maybe_unused]] std::atomic<uint64_t>& group_counter() {
   static std::atomic<uint64_t> n{0};
   return n;
 }
 
 }  // namespace
+#endif
 
+#if defined(PSTAR_HAVE_GLOO) && defined(PSTAR_HAVE_LIBUV)
 std::unique_ptr<Communicator> form_cpu_group(const GroupOptions& o) {
   const LaunchInfo& li = o.launch;
   require(li.world_size >= 2 && li.rank >= 0 && li.rank < li.world_size, PSTAR_ERR_INVALID_ARGUMENT,
@@ -165,6 +180,52 @@ std::unique_ptr<Communicator> form_cpu_group(const GroupOptions&) {
               "(install libgloo-dev and libuv1-dev and rebuild)");
 }
 
+#endif
+
+#if defined(PSTAR_HAVE_NCCL) && defined(PSTAR_HAVE_LIBUV)
+std::unique_ptr<Communicator> form_cuda_group(const GroupOptions& o, int device) {
+  const LaunchInfo& li = o.launch;
+  require(li.world_size >= 2 && li.rank >= 0 && li.rank < li.world_size, PSTAR_ERR_INVALID_ARGUMENT,
+          "form_cuda_group: needs a rank of a world of two or more");
+  require(li.master_port != 0 && !li.master_addr.empty(), PSTAR_ERR_INVALID_ARGUMENT,
+          "form_cuda_group: no rendezvous address (MASTER_ADDR, MASTER_PORT)");
+  const uint64_t group = group_counter().fetch_add(1);
+  if (li.rank == 0) ensure_server(li);
+  StoreClientOptions co;
+  co.host = li.master_addr;
+  co.port = li.master_port;
+  co.connect_timeout = o.timeout;
+  co.timeout = o.timeout;
+  StoreClient client(co);
+  const std::string key = "pstar/group/" + std::to_string(group) + "/nccl-id";
+  // Rank 0's ncclUniqueId through the store: it sets the key, the others
+  // wait for it (within the timeout) and read it.
+  NcclIdExchange exchange = [&](std::vector<char>& id) {
+    if (li.rank == 0) {
+      client.set(key, id.data(), id.size());
+    } else {
+      client.wait({key}, o.timeout);
+      const StoreClient::Bytes got = client.get(key, o.timeout);
+      id.assign(got.begin(), got.end());
+    }
+  };
+  NcclConfig nc;
+  nc.rank = li.rank;
+  nc.size = li.world_size;
+  nc.device = device;
+  nc.timeout = o.timeout;
+  std::unique_ptr<Communicator> comm = make_nccl_communicator(nc, exchange);
+  comm->barrier();
+  log::info("data-parallel group " + std::to_string(group) + " formed: " + describe(li) + ", nccl on CUDA device " +
+            std::to_string(device));
+  return comm;
+}
+#else
+std::unique_ptr<Communicator> form_cuda_group(const GroupOptions&, int) {
+  throw Error(PSTAR_ERR_UNSUPPORTED,
+              "data parallelism on CUDA devices needs NCCL and libuv, and this build lacks one or both (install "
+              "the CUDA toolkit with NCCL and libuv1-dev, then rebuild)");
+}
 #endif
 
 }  // namespace pstar::dist

@@ -46,4 +46,15 @@ bool cpu_groups_available();
 // Gloo or libuv, PSTAR_ERR_INVALID_ARGUMENT for a bad launch description.
 std::unique_ptr<Communicator> form_cpu_group(const GroupOptions& options);
 
+// True when this build can form groups of CUDA ranks (built with NCCL and
+// libuv: the store carries rank 0's ncclUniqueId to the others).
+bool cuda_groups_available();
+
+// Forms a group of CUDA ranks: the same store as form_cpu_group (rank 0
+// serves it), through which rank 0's ncclUniqueId reaches the others, then an
+// NCCL communicator on CUDA device `device` (dist/comm/nccl_communicator.h)
+// and a barrier.  Throws as form_cpu_group; PSTAR_ERR_UNSUPPORTED without
+// NCCL or libuv.
+std::unique_ptr<Communicator> form_cuda_group(const GroupOptions& options, int device);
+
 }  // namespace pstar::dist

@@ -123,9 +123,24 @@ optim::LossScalerConfig scaler_config(const pstar_engine_options& o) {
 }
 }  // namespace
 
-Engine::Engine(const pstar_engine_options& options)
+Engine::Engine(const pstar_engine_options& options) : Engine(options, nullptr) {}
+
+Engine::Engine(const pstar_engine_options& options, std::unique_ptr<dist::Communicator> group)
     : opt_(validate_options(options)), scaler_(scaler_config(opt_)) {
-  resolve_world();
+  if (group != nullptr) {
+    require(!opt_.dry_run && !opt_.hybrid_optimizer, PSTAR_ERR_UNSUPPORTED,
+            "engine: a sharded engine has no dry run and no hybrid optimizer placement yet");
+    // A CUDA engine needs a group that takes device memory; the emulated
+    // device's memory is host memory, so either kind serves it (tests run
+    // the device-buffer code paths there).
+    require(opt_.device != PSTAR_DEVICE_CUDA || group->device_buffers(), PSTAR_ERR_INVALID_ARGUMENT,
+            [&] { return std::string("engine: a ") + group->backend() + " group takes host memory, not CUDA memory"; });
+    rank_ = group->rank();
+    world_ = group->size();
+    comm_ = std::move(group);
+  } else {
+    resolve_world();
+  }
   device_ = memory::make_device(opt_);
   host_ = std::make_unique<memory::HostPool>(device_.get(), opt_.host_capacity_bytes);
   // Placement's limit: the margin stays free for what the caller does not report.
@@ -272,10 +287,13 @@ void Engine::build() {
     if (sharded() && largest_trainable != 0) {
       // The reduce-scatter's fp32 staging (one whole chunk of gradients) and
       // its output (one shard), held for the engine's life.
-      rs_staging_bytes_ = largest_trainable * sizeof(float);
-      rs_out_bytes_ = rs_staging_bytes_ / static_cast<uint64_t>(world_);
-      rs_staging_ = static_cast<float*>(host_->acquire(rs_staging_bytes_));
+      // (NCCL stages on the device: only the output is on the host.)
+      rs_out_bytes_ = largest_trainable / static_cast<uint64_t>(world_) * sizeof(float);
       rs_out_ = static_cast<float*>(host_->acquire(rs_out_bytes_));
+      if (!comm_->device_buffers()) {
+        rs_staging_bytes_ = largest_trainable * sizeof(float);
+        rs_staging_ = static_cast<float*>(host_->acquire(rs_staging_bytes_));
+      }
     }
   } catch (...) {
     for (size_t i = 0; i < chunks.size(); ++i) {

@@ -56,6 +56,11 @@ pstar_engine_options validate_options(const pstar_engine_options& in);
 class Engine {
  public:
   explicit Engine(const pstar_engine_options& options);
+  // Internal (tests, embedders that form their own groups): an engine
+  // sharded over `group`, formed by the caller, whatever its size (one rank
+  // included: the sharded code paths with a group of one).  The options'
+  // rank and world_size are ignored; the group's are used.
+  Engine(const pstar_engine_options& options, std::unique_ptr<dist::Communicator> group);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -98,10 +103,11 @@ class Engine {
   void fill_stats(pstar_stats* out) const;
 
   // Data parallelism (docs/distributed.md): this engine's rank and the
-  // number of ranks; sharded() when there is more than one.
+  // number of ranks; sharded() when it has a group (more than one rank, or
+  // a group handed to the constructor).
   int rank() const { return rank_; }
   int world() const { return world_; }
-  bool sharded() const { return world_ > 1; }
+  bool sharded() const { return comm_ != nullptr; }
 
  private:
   // kNone: with world > 1, a chunk that is not gathered (only its shards
@@ -259,6 +265,7 @@ class Engine {
   // The owned range of chunk k: [lo, lo + shard_elems).
   uint64_t shard_lo(uint32_t k) const { return static_cast<uint64_t>(rank_) * chunks_[k].shard_elems; }
   void gather(uint32_t k);
+  void all_gather_host(const void* mine, void* all, size_t bytes);
   void drop_gathered(uint32_t k);
   void drop_all_gathered();
   void after_release_sharded(uint32_t id, uint32_t k, pstar_stage stage);

@@ -42,17 +42,20 @@ void Engine::resolve_world() {
   }
   launch_ = dist::resolve_launch(request);
   if (launch_.world_size == 1) return;
-  require(opt_.device == PSTAR_DEVICE_EMULATED, PSTAR_ERR_UNSUPPORTED, [&] {
-    return "options: " + std::to_string(launch_.world_size) +
-           " data-parallel ranks on a CUDA device: sharding over NCCL is not built yet (only emulated-device ranks "
-           "shard, over Gloo); set world_size to 1 to train this process alone";
-  });
+  if (opt_.device == PSTAR_DEVICE_CUDA) {
+    require(dist::cuda_groups_available(), PSTAR_ERR_UNSUPPORTED,
+            "options: data parallelism on CUDA devices needs NCCL and libuv, and this libpstar was built without "
+            "one or both (install the CUDA toolkit with NCCL and libuv1-dev, then rebuild)");
+    // One GPU per rank: the node-local rank picks it unless the caller chose
+    // another ordinal than the default.
+    if (opt_.device_ordinal == 0) opt_.device_ordinal = launch_.local_rank;
+  }
   require(!opt_.dry_run, PSTAR_ERR_UNSUPPORTED,
           "options: a dry run has no payloads to exchange; it models one rank (set world_size to 1)");
   require(!opt_.hybrid_optimizer, PSTAR_ERR_UNSUPPORTED,
           "options: hybrid_optimizer with world_size > 1 is not supported yet (each rank updates its shards on the "
           "CPU); unset one of them");
-  require(dist::cpu_groups_available(), PSTAR_ERR_UNSUPPORTED,
+  require(opt_.device == PSTAR_DEVICE_CUDA || dist::cpu_groups_available(), PSTAR_ERR_UNSUPPORTED,
           "options: data parallelism on the emulated device needs Gloo and libuv, and this libpstar was built "
           "without them (install libgloo-dev and libuv1-dev and rebuild)");
   rank_ = launch_.rank;
@@ -60,14 +63,15 @@ void Engine::resolve_world() {
 }
 
 // With more than one rank, forms the group: the rendezvous store and the
-// communicator (dist/group.h).
+// communicator (dist/group.h): NCCL for CUDA ranks, Gloo for emulated ones.
 void Engine::connect_group() {
-  if (!sharded()) return;
+  if (world_ < 2 || comm_ != nullptr) return;
   dist::GroupOptions go;
   go.launch = launch_;
   go.timeout = std::chrono::milliseconds(opt_.comm_timeout_ms);
   try {
-    comm_ = dist::form_cpu_group(go);
+    comm_ = opt_.device == PSTAR_DEVICE_CUDA ? dist::form_cuda_group(go, opt_.device_ordinal)
+                                              : dist::form_cpu_group(go);
   } catch (const Error& e) {
     throw Error(e.status(), "engine_create: forming the data-parallel group failed (" + dist::describe(launch_) +
                                 "): " + e.what());
@@ -103,6 +107,32 @@ void Engine::collective(const char* what, uint32_t kind, uint64_t chunk, F&& f) 
   throw Error(PSTAR_ERR_COMM, comm_failure_);
 }
 
+// An all-gather of host memory: directly where the communicator takes host
+// buffers (Gloo); through a device scratch buffer where it takes device
+// memory (NCCL), made room for and counted like a chunk while it lives.
+void Engine::all_gather_host(const void* mine, void* all, size_t bytes) {
+  if (!comm_->device_buffers()) {
+    comm_->all_gather(mine, all, bytes);
+    return;
+  }
+  const size_t total = bytes * static_cast<size_t>(world_);
+  void* scratch = device_alloc(total, -1, "all-gather scratch");
+  device_used_ += total;
+  note_device_peak();
+  try {
+    void* own = static_cast<char*>(scratch) + static_cast<size_t>(rank_) * bytes;
+    copy_sync(own, mine, bytes, memory::CopyKind::kHostToDevice);
+    comm_->all_gather(own, scratch, bytes);
+    copy_sync(all, scratch, total, memory::CopyKind::kDeviceToHost);
+  } catch (...) {
+    device_->deallocate(scratch, total);
+    device_used_ -= total;
+    throw;
+  }
+  device_->deallocate(scratch, total);  // copy_sync waited: nothing uses it
+  device_used_ -= total;
+}
+
 // ---------------------------------------------------------------------------
 // Build
 
@@ -129,7 +159,7 @@ void Engine::check_layout_agrees(uint64_t chunk_elems) {
   }
   const uint64_t mine[3] = {h, params_.size(), total};
   std::vector<uint64_t> all(3 * static_cast<size_t>(world_));
-  collective("engine_build: layout check", kCollLayout, 0, [&] { comm_->all_gather(mine, all.data(), sizeof mine); });
+  collective("engine_build: layout check", kCollLayout, 0, [&] { all_gather_host(mine, all.data(), sizeof mine); });
   for (int r = 1; r < world_; ++r) {
     const uint64_t* o = &all[3 * static_cast<size_t>(r)];
     if (o[0] == all[0]) continue;
@@ -155,8 +185,13 @@ void Engine::gather(uint32_t k) {
   require_comm_ok("param_acquire");
   void* dst = device_alloc(c.bytes, k, "gathered chunk " + std::to_string(k));
   try {
-    collective("param_acquire: all-gather", kCollGather, k,
-               [&] { comm_->all_gather(c.shard, dst, c.shard_elems * elem_bytes()); });
+    // This rank's shard goes to its block of the buffer (a host-to-device
+    // copy), then the all-gather fills the other blocks in place: the same
+    // steps for Gloo on the emulated device and NCCL on a GPU.
+    const size_t shard_bytes = c.shard_elems * elem_bytes();
+    void* mine = static_cast<char*>(dst) + static_cast<size_t>(rank_) * shard_bytes;
+    copy_sync(mine, c.shard, shard_bytes, memory::CopyKind::kHostToDevice);
+    collective("param_acquire: all-gather", kCollGather, k, [&] { comm_->all_gather(mine, dst, shard_bytes); });
   } catch (...) {
     device_->deallocate(dst, c.bytes);
     throw;
@@ -238,17 +273,51 @@ void Engine::after_release_sharded(uint32_t id, uint32_t k, pstar_stage stage) {
 void Engine::reduce_chunk(uint32_t k) {
   ChunkState& c = chunks_[k];
   const auto& info = layout_->chunks()[k];
-  if (rs_staging_ == nullptr || c.elems * sizeof(float) > rs_staging_bytes_) internal_error("no reduce-scatter staging");
-  std::memset(rs_staging_, 0, c.elems * sizeof(float));
-  for (uint32_t id : info.params) {
-    Param& p = params_[id];
-    if (!p.grad_pending) continue;
-    device_->synchronize(p.grad_ready);
-    check_ready(p.grad_ready, "gradient buffer");
-    std::memcpy(rs_staging_ + layout_->param(id).offset_elems, p.grad_acc, p.numel * sizeof(float));
+  if (rs_out_ == nullptr || c.shard_elems * sizeof(float) > rs_out_bytes_) internal_error("no reduce-scatter output");
+  if (comm_->device_buffers()) {
+    // NCCL reduces device memory: the gradient buffers are laid out as the
+    // chunk in a device staging buffer (made room for like a chunk, counted
+    // while it lives), reduce-scattered there, and this rank's block is
+    // copied to the host, where the shards live.
+    const uint64_t bytes = (c.elems + c.shard_elems) * sizeof(float);
+    auto* stage = static_cast<float*>(device_alloc(bytes, -1, "reduce-scatter staging of chunk " + std::to_string(k)));
+    device_used_ += bytes;
+    note_device_peak();
+    float* out = stage + c.elems;
+    try {
+      memory::Stream* s = device_->compute_stream();
+      device_->memset_async(s, stage, 0, c.elems * sizeof(float));
+      for (uint32_t id : info.params) {
+        const Param& p = params_[id];
+        if (!p.grad_pending) continue;
+        device_->stream_wait(s, p.grad_ready);
+        device_->copy_async(s, stage + layout_->param(id).offset_elems, p.grad_acc, p.numel * sizeof(float),
+                            memory::CopyKind::kDeviceToDevice);
+      }
+      device_->synchronize(s);
+      collective("reduce-scatter of gradients", kCollReduce, k,
+                 [&] { comm_->reduce_scatter_sum(stage, out, c.shard_elems); });
+      copy_sync(rs_out_, out, c.shard_elems * sizeof(float), memory::CopyKind::kDeviceToHost);
+    } catch (...) {
+      device_->deallocate(stage, bytes);
+      device_used_ -= bytes;
+      throw;
+    }
+    device_->deallocate(stage, bytes);  // copy_sync waited: nothing uses it
+    device_used_ -= bytes;
+  } else {
+    if (rs_staging_ == nullptr || c.elems * sizeof(float) > rs_staging_bytes_) internal_error("no reduce-scatter staging");
+    std::memset(rs_staging_, 0, c.elems * sizeof(float));
+    for (uint32_t id : info.params) {
+      Param& p = params_[id];
+      if (!p.grad_pending) continue;
+      device_->synchronize(p.grad_ready);
+      check_ready(p.grad_ready, "gradient buffer");
+      std::memcpy(rs_staging_ + layout_->param(id).offset_elems, p.grad_acc, p.numel * sizeof(float));
+    }
+    collective("reduce-scatter of gradients", kCollReduce, k,
+               [&] { comm_->reduce_scatter_sum(rs_staging_, rs_out_, c.shard_elems); });
   }
-  collective("reduce-scatter of gradients", kCollReduce, k,
-             [&] { comm_->reduce_scatter_sum(rs_staging_, rs_out_, c.shard_elems); });
   stats_.bytes_reduce_scattered += c.elems * sizeof(float);
   const uint64_t lo = shard_lo(k), hi = lo + c.shard_elems;
   const float n = static_cast<float>(world_);
@@ -307,14 +376,14 @@ void Engine::read_sharded(uint32_t id, void* dst, pstar_dtype dtype) {
   if (!p.frozen()) {
     std::vector<float> full(c.elems);
     collective("param_read: all-gather", kCollRead, place.chunk,
-               [&] { comm_->all_gather(c.master, full.data(), c.shard_elems * sizeof(float)); });
+               [&] { all_gather_host(c.master, full.data(), c.shard_elems * sizeof(float)); });
     stats_.bytes_all_gathered += c.elems * sizeof(float);
     convert_from_f32(full.data() + place.offset_elems, dst, dtype, place.numel);
     return;
   }
   std::vector<unsigned char> full(c.bytes);
   collective("param_read: all-gather", kCollRead, place.chunk,
-             [&] { comm_->all_gather(c.shard, full.data(), c.shard_elems * elem_bytes()); });
+             [&] { all_gather_host(c.shard, full.data(), c.shard_elems * elem_bytes()); });
   stats_.bytes_all_gathered += c.bytes;
   for (uint64_t i = 0; i < place.numel; ++i) {
     store_as(dst, dtype, i, load_as(full.data(), opt_.compute_dtype, place.offset_elems + i));
@@ -373,7 +442,7 @@ void Engine::step_update_sharded(pstar_step_result& r) {
   const Exchange mine{sumsq_local, overflow_local ? 1u : 0u, collective_hash_};
   std::vector<Exchange> all(static_cast<size_t>(world_));
   collective("step: norm and overflow exchange", kCollStep, 0,
-             [&] { comm_->all_gather(&mine, all.data(), sizeof mine); });
+             [&] { all_gather_host(&mine, all.data(), sizeof mine); });
   collective_hash_ = 0;
   double sumsq = 0.0;
   bool overflow = false;

@@ -53,7 +53,7 @@ run_check() {
   t0=$SECONDS
   cmake -S . -B "$build" "${cmake_args[@]}" || exit 1
   targets=(cuda_engine_check adam_cuda_check cuda_engine_bench)
-  grep -q "^PSTAR_NCCL_LIBRARY:FILEPATH=/" "$build/CMakeCache.txt" && targets+=(nccl_check)
+  grep -q "^PSTAR_NCCL_LIBRARY:FILEPATH=/" "$build/CMakeCache.txt" && targets+=(nccl_check nccl_engine_check)
   cmake --build "$build" -j "$(nproc)" --target "${targets[@]}" || exit 1
   echo "build: $((SECONDS - t0)) s"
 
@@ -61,6 +61,7 @@ run_check() {
   run_check cuda_engine_check "$build/bin/cuda_engine_check"
   if [ -x "$build/bin/nccl_check" ]; then
     run_check nccl_check "$build/bin/nccl_check"
+    run_check nccl_engine_check "$build/bin/nccl_engine_check"
   else
     echo "nccl_check: not built (no NCCL)"
   fi

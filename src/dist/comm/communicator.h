@@ -33,6 +33,10 @@ class Communicator {
   virtual const char* backend() const = 0;
   // True once a collective has failed; every call throws from then on.
   virtual bool failed() const = 0;
+  // True when all_gather, reduce_scatter_sum and broadcast take device
+  // memory (NCCL: the rank's CUDA device); false for host memory (Gloo,
+  // whose ranks' "device" is the emulated one, host memory too).
+  virtual bool device_buffers() const { return false; }
 
   // Every rank contributes `shard_bytes` bytes; `out` (size() * shard_bytes)
   // receives them in rank order.  `shard` may point into `out` at this

@@ -51,6 +51,7 @@ class NcclCommunicator final : public Communicator {
   int rank() const override { return config_.rank; }
   int size() const override { return config_.size; }
   const char* backend() const override { return "nccl"; }
+  bool device_buffers() const override { return true; }
   bool failed() const override { return failed_; }
 
   void all_gather(const void* shard, void* out, size_t shard_bytes) override {

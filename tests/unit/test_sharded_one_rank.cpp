@@ -1,0 +1,145 @@
+// The engine's sharded code paths with a group of one rank, on the emulated
+// device in strict mode: once with a communicator that takes host memory (as
+// Gloo) and once with one that takes device memory (as NCCL: gathers through
+// the device buffer, gradients through a device staging buffer, host values
+// through a device scratch buffer).  With exactly representable gradients
+// the parameters must equal, bit for bit, those of the same steps without a
+// group, at an unlimited and at a constrained capacity.  The GPU twin of
+// this test, over a real one-rank NCCL group, is tests/gpu/nccl_engine_check.
+#include <criterion/criterion.h>
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dist/comm/communicator.h"
+#include "engine/engine.h"
+#include "util/error.h"
+
+using namespace pstar;
+
+namespace {
+
+// A group of one: every collective is a copy or nothing.
+class OneRank final : public dist::Communicator {
+ public:
+  explicit OneRank(bool device_buffers) : device_buffers_(device_buffers) {}
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  const char* backend() const override { return device_buffers_ ? "one-rank (device buffers)" : "one-rank"; }
+  bool failed() const override { return false; }
+  bool device_buffers() const override { return device_buffers_; }
+  void all_gather(const void* shard, void* out, size_t shard_bytes) override {
+    ++calls;
+    if (shard != out) std::memmove(out, shard, shard_bytes);
+  }
+  void reduce_scatter_sum(float* data, float* out, size_t block_elems) override {
+    ++calls;
+    std::memcpy(out, data, block_elems * sizeof(float));
+  }
+  void all_reduce_sum(double*, size_t) override { ++calls; }
+  void all_reduce_max(int64_t*, size_t) override { ++calls; }
+  void broadcast(void*, size_t, int) override { ++calls; }
+  void barrier() override { ++calls; }
+  static inline int calls = 0;
+
+ private:
+  bool device_buffers_;
+};
+
+constexpr int kParams = 5, kElems = 3000, kSteps = 5, kFrozen = 2;
+
+std::vector<float> train(int group, uint64_t capacity, pstar_dtype dtype, pstar_stats* stats) {
+  pstar_engine_options o;
+  pstar_engine_options_init(&o);
+  o.device = PSTAR_DEVICE_EMULATED;
+  o.strict = 1;
+  o.strict_seed = 7;
+  o.device_capacity_bytes = capacity;
+  o.chunk_elems = 4096;
+  o.compute_dtype = dtype;
+  o.lr = 1e-2f;
+  std::unique_ptr<dist::Communicator> comm;
+  if (group != 0) comm = std::make_unique<OneRank>(group == 2);
+  engine::Engine e(o, std::move(comm));
+  std::vector<uint32_t> id(kParams);
+  const int64_t shape[1] = {kElems};
+  for (int p = 0; p < kParams; ++p) {
+    const std::string name = "p" + std::to_string(p);
+    id[p] = e.register_param(name.c_str(), 1, shape, p == kFrozen ? PSTAR_PARAM_FROZEN : 0);
+  }
+  e.build();
+  std::vector<float> buf(kElems);
+  for (int p = 0; p < kParams; ++p) {
+    for (int i = 0; i < kElems; ++i) buf[i] = static_cast<float>((i * 7 + p * 13) % 101) / 128.0f - 0.375f;
+    e.write(id[p], buf.data(), kElems, PSTAR_DTYPE_F32);
+  }
+  for (int s = 0; s < kSteps; ++s) {
+    e.iteration_begin(PSTAR_ITERATION_TRAIN);
+    for (int p = 0; p < kParams; ++p) {
+      e.acquire(id[p], PSTAR_STAGE_FORWARD, nullptr);
+      e.release(id[p], nullptr);
+    }
+    for (int p = kParams - 1; p >= 0; --p) {
+      e.acquire(id[p], PSTAR_STAGE_BACKWARD, nullptr);
+      if (p != kFrozen) {
+        for (int i = 0; i < kElems; ++i) buf[i] = static_cast<float>(((i + s * 31 + p) % 17) - 8) / 64.0f;
+        e.grad_write(id[p], buf.data(), kElems, PSTAR_DTYPE_F32, PSTAR_MEM_HOST, nullptr);
+      }
+      e.release(id[p], nullptr);
+    }
+    e.step();
+  }
+  std::vector<float> out(static_cast<size_t>(kParams) * kElems);
+  for (int p = 0; p < kParams; ++p) e.read(id[p], out.data() + static_cast<size_t>(p) * kElems, kElems, PSTAR_DTYPE_F32);
+  pstar_stats_init(stats);
+  e.fill_stats(stats);
+  return out;
+}
+
+void check(pstar_dtype dtype, uint64_t capacity) {
+  pstar_stats plain_stats, host_stats, dev_stats;
+  const std::vector<float> plain = train(0, capacity, dtype, &plain_stats);
+  const std::vector<float> host = train(1, capacity, dtype, &host_stats);
+  const std::vector<float> dev = train(2, capacity, dtype, &dev_stats);
+  cr_assert_eq(std::memcmp(plain.data(), host.data(), plain.size() * sizeof(float)), 0,
+               "host-buffer group of one differs from no group (capacity %llu)", (unsigned long long)capacity);
+  cr_assert_eq(std::memcmp(plain.data(), dev.data(), plain.size() * sizeof(float)), 0,
+               "device-buffer group of one differs from no group (capacity %llu)", (unsigned long long)capacity);
+  for (const pstar_stats* s : {&host_stats, &dev_stats}) {
+    cr_assert_eq(s->world_size, 1);
+    cr_assert_gt(s->bytes_all_gathered, 0u);
+    cr_assert_gt(s->bytes_reduce_scattered, 0u);
+    if (capacity != 0) {
+      cr_assert_leq(s->peak_device_bytes, capacity, "peak %llu over %llu", (unsigned long long)s->peak_device_bytes,
+                    (unsigned long long)capacity);
+    }
+  }
+  cr_assert_eq(host_stats.collectives, dev_stats.collectives, "the same collectives whatever the buffers");
+  // The device-buffer path stages gradients on the device: a higher peak.
+  cr_assert_geq(dev_stats.peak_device_bytes, host_stats.peak_device_bytes);
+}
+
+// Two bf16 chunks with their gradient buffers, and one reduce-scatter's
+// device staging (a chunk and a shard of fp32).
+constexpr uint64_t kTight = 2 * 4096 * 2 + 2 * kElems * 4 + 2 * 4096 * 4 + 4096 * 4;
+
+}  // namespace
+
+Test(sharded_one_rank, bf16_unlimited) { check(PSTAR_DTYPE_BF16, 0); }
+Test(sharded_one_rank, bf16_constrained) { check(PSTAR_DTYPE_BF16, kTight); }
+Test(sharded_one_rank, f16_constrained) { check(PSTAR_DTYPE_F16, kTight); }
+
+Test(sharded_one_rank, a_cuda_engine_refuses_a_host_memory_group) {
+  pstar_engine_options o;
+  pstar_engine_options_init(&o);
+  o.device = PSTAR_DEVICE_CUDA;
+  bool refused = false;
+  try {
+    engine::Engine e(o, std::make_unique<OneRank>(false));
+  } catch (const Error& err) {
+    refused = err.status() == PSTAR_ERR_INVALID_ARGUMENT && std::string(err.what()).find("host memory") != std::string::npos;
+  }
+  cr_assert(refused, "a CUDA engine accepted a group that takes host memory");
+}
