@@ -7,7 +7,7 @@ set -euo pipefail
 packages=(
   build-essential cmake pkg-config
   libuv1-dev libcriterion-dev nlohmann-json3-dev libcli11-dev libxxhash-dev libgloo-dev
-  python3 python3-venv python3-dev
+  python3 python3-venv python3-dev swig
 )
 
 missing=()
