@@ -8,6 +8,7 @@ packages=(
   build-essential cmake pkg-config
   libuv1-dev libcriterion-dev nlohmann-json3-dev libcli11-dev libxxhash-dev libgloo-dev
   python3 python3-venv python3-dev swig
+  cargo rustc bindgen
 )
 
 missing=()

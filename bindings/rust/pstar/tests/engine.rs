@@ -1,0 +1,140 @@
+// The safe crate against the library: errors with the library's status and
+// message, values, and training while chunks move.
+use pstar::{status, Device, Dtype, Engine, Options, Stage};
+
+fn small(capacity: u64) -> Options {
+    Options::new()
+        .device(Device::Emulated)
+        .chunk_elems(256)
+        .compute_dtype(Dtype::F32)
+        .device_capacity(capacity)
+        .lr(1e-2)
+        .weight_decay(0.0)
+}
+
+#[test]
+fn version_and_status_names() {
+    assert_eq!(pstar::version(), "0.1.0");
+    assert_eq!(pstar::status_name(status::BUSY), "PSTAR_ERR_BUSY");
+    assert_eq!(pstar::status_name(-999), "PSTAR_ERR_UNKNOWN");
+}
+
+#[test]
+fn wrong_calls_return_the_library_status_and_message() {
+    let mut e = Engine::new(&small(0)).unwrap();
+    let w = e.register("w", &[4, 4], false).unwrap();
+    let taken = e.register("w", &[4], false).unwrap_err();
+    assert_eq!(taken.status, status::INVALID_ARGUMENT);
+    assert_eq!(taken.name, "PSTAR_ERR_INVALID_ARGUMENT");
+    assert_eq!(taken.call, "pstar_param_register");
+    assert!(!taken.message.is_empty());
+    e.build().unwrap();
+    let late = e.register("late", &[4], false).unwrap_err();
+    assert_eq!(late.status, status::INVALID_STATE);
+    let short = e.write_f32(w, &[0.0; 15]).unwrap_err();
+    assert_eq!(short.status, status::INVALID_ARGUMENT);
+    assert!(short.message.contains("15"), "{}", short);
+    assert_eq!(e.find("nope").unwrap_err().status, status::NOT_FOUND);
+    let mut bad = small(0);
+    bad.raw_mut().beta1 = 1.5;
+    let created = Engine::new(&bad);
+    assert_eq!(created.err().map(|x| x.status), Some(status::INVALID_ARGUMENT));
+}
+
+#[test]
+fn a_view_of_host_memory_shows_the_values() {
+    let mut e = Engine::new(&small(0)).unwrap();
+    let w = e.register("w", &[2, 3], false).unwrap();
+    e.build().unwrap();
+    let values = [0.5f32, 1.0, 1.5, 2.0, 2.5, 3.0];
+    e.write_f32(w, &values).unwrap();
+    e.begin_eval().unwrap();
+    let v = e.acquire(w, Stage::Forward).unwrap();
+    assert_eq!(v.as_f32().unwrap(), &values);
+    assert!(v.as_u16().is_none());
+    v.release().unwrap();
+    e.end_iteration().unwrap();
+    let mut back = [0.0f32; 6];
+    e.read_f32(w, &mut back).unwrap();
+    assert_eq!(back, values);
+}
+
+/// Least squares through a chain of tanh layers; returns the losses.
+fn train(capacity: u64, steps: usize) -> (Vec<f32>, u64) {
+    const N: usize = 16;
+    const B: usize = 32;
+    let mut e = Engine::new(&small(capacity)).unwrap();
+    let layers: Vec<_> = (0..4).map(|i| e.register(&format!("w{}", i), &[N as i64, N as i64], false).unwrap()).collect();
+    e.build().unwrap();
+    let mut seed = 12345u64;
+    let mut rnd = move || {
+        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        ((seed >> 33) as f32 / (1u64 << 31) as f32) - 0.5
+    };
+    for &w in &layers {
+        let v: Vec<f32> = (0..N * N).map(|_| rnd() * 0.6).collect();
+        e.write_f32(w, &v).unwrap();
+    }
+    let x: Vec<f32> = (0..B * N).map(|_| rnd() * 2.0).collect();
+    let mix: Vec<f32> = (0..N * N).map(|_| rnd() * 0.6).collect();
+    let y: Vec<f32> = matmul(&x, &mix, B, N, N).iter().map(|v| v.tanh()).collect();
+    let mut losses = Vec::new();
+    for _ in 0..steps {
+        e.begin_train().unwrap();
+        let mut acts = vec![x.clone()];
+        for &w in &layers {
+            let v = e.acquire(w, Stage::Forward).unwrap();
+            let z = matmul(acts.last().unwrap(), v.as_f32().unwrap(), B, N, N);
+            v.release().unwrap();
+            acts.push(z.iter().map(|a| a.tanh()).collect());
+        }
+        let out = acts.last().unwrap();
+        let err: Vec<f32> = out.iter().zip(&y).map(|(a, b)| a - b).collect();
+        losses.push(err.iter().map(|d| d * d).sum::<f32>() / err.len() as f32);
+        let mut grad: Vec<f32> = err.iter().map(|d| 2.0 * d / err.len() as f32).collect();
+        for i in (0..layers.len()).rev() {
+            let v = e.acquire(layers[i], Stage::Backward).unwrap();
+            let dz: Vec<f32> = grad.iter().zip(&acts[i + 1]).map(|(g, a)| g * (1.0 - a * a)).collect();
+            let gw = matmul(&transpose(&acts[i], B, N), &dz, N, B, N);
+            e.grad_write_f32(layers[i], &gw).unwrap();
+            grad = matmul(&dz, &transpose(v.as_f32().unwrap(), N, N), B, N, N);
+            v.release().unwrap();
+        }
+        e.step().unwrap();
+    }
+    (losses, e.stats().unwrap().evictions)
+}
+
+fn matmul(a: &[f32], b: &[f32], n: usize, k: usize, m: usize) -> Vec<f32> {
+    let mut c = vec![0.0f32; n * m];
+    for i in 0..n {
+        for p in 0..k {
+            let aip = a[i * k + p];
+            for j in 0..m {
+                c[i * m + j] += aip * b[p * m + j];
+            }
+        }
+    }
+    c
+}
+
+fn transpose(a: &[f32], n: usize, m: usize) -> Vec<f32> {
+    let mut t = vec![0.0f32; n * m];
+    for i in 0..n {
+        for j in 0..m {
+            t[j * n + i] = a[i * m + j];
+        }
+    }
+    t
+}
+
+#[test]
+fn training_reduces_the_loss_while_chunks_move() {
+    // Four 1 KiB chunks; the device holds two and a gradient buffer.
+    let (losses, evictions) = train(2 * 1024 + 2 * 1024 + 512, 80);
+    assert!(losses[losses.len() - 1] < 0.5 * losses[0], "{:?}", &losses[..5]);
+    assert!(evictions > 0);
+    let (free, _) = train(0, 10);
+    let (tight, _) = train(2 * 1024 + 2 * 1024 + 512, 10);
+    assert_eq!(free, tight, "the capacity changed the results");
+}
