@@ -5,7 +5,15 @@ import gc
 import numpy as np
 import pytest
 
-import pstar
+# With a CUDA build, libpstar and PyTorch each bring a libnccl.so.2 (and the
+# CUDA runtime): the first one loaded serves both, and PyTorch's is the newer
+# one it needs, so PyTorch goes first (docs/python.md).
+try:
+    import torch  # noqa: F401
+except ImportError:
+    pass
+
+import pstar  # noqa: E402
 from pstar import _dlpack
 
 
