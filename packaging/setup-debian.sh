@@ -9,6 +9,7 @@ packages=(
   libuv1-dev libcriterion-dev nlohmann-json3-dev libcli11-dev libxxhash-dev libgloo-dev
   python3 python3-venv python3-dev swig
   cargo rustc bindgen
+  default-jdk junit5
 )
 
 missing=()
