@@ -184,6 +184,20 @@ pstar_status pstar_param_read(pstar_engine* engine, uint32_t id, void* dst, uint
   return guarded([&] { live(engine).read(id, dst, count, dtype); });
 }
 
+pstar_status pstar_param_pin(pstar_engine* engine, uint32_t id, void** out_ptr, pstar_dtype* out_dtype) {
+  return guarded([&] {
+    auto& e = live(engine);
+    require_out(out_ptr, "out_ptr");
+    require_out(out_dtype, "out_dtype");
+    *out_ptr = e.pin(id);
+    *out_dtype = PSTAR_DTYPE_F32;
+  });
+}
+
+pstar_status pstar_param_unpin(pstar_engine* engine, uint32_t id) {
+  return guarded([&] { live(engine).unpin(id); });
+}
+
 pstar_status pstar_iteration_begin(pstar_engine* engine, pstar_iteration_kind kind) {
   return guarded([&] { live(engine).iteration_begin(kind); });
 }

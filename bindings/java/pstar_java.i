@@ -30,6 +30,7 @@
 %apply long long *OUTPUT { uint64_t *out_numel };
 %apply unsigned int *OUTPUT { uint32_t *out_id, uint32_t *out_count };
 %apply double *OUTPUT { double *out_value, double *out_seconds };
+%apply int *OUTPUT { pstar_dtype *out_dtype };
 
 /* The engine handle as a long. */
 %typemap(jni) pstar_engine * "jlong"

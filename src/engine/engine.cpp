@@ -356,6 +356,32 @@ uint32_t Engine::find(const char* name) const {
 
 uint64_t Engine::numel(uint32_t id) const { return param_checked(id).numel; }
 
+float* Engine::pin(uint32_t id) {
+  require_built("param_pin");
+  Param& p = param_checked(id);
+  require(!p.frozen(), PSTAR_ERR_UNSUPPORTED, [&] {
+    return "param_pin of '" + p.name + "': a frozen parameter has no fp32 master (read it with pstar_param_read)";
+  });
+  require(payloads_, PSTAR_ERR_UNSUPPORTED, "param_pin: a dry run holds no values");
+  require(!sharded(), PSTAR_ERR_UNSUPPORTED, "param_pin: with world_size > 1 a rank holds only its shard of a master");
+  const auto& place = layout_->param(id);
+  ChunkState& c = chunks_[place.chunk];
+  require(c.opt_device == nullptr, PSTAR_ERR_UNSUPPORTED, [&] {
+    return "param_pin of '" + p.name + "': its optimizer state lives on the accelerator (hybrid placement)";
+  });
+  ++p.pins;
+  ++c.master_pins;
+  return c.master + place.offset_elems;
+}
+
+void Engine::unpin(uint32_t id) {
+  require_built("param_unpin");
+  Param& p = param_checked(id);
+  require(p.pins > 0, PSTAR_ERR_INVALID_STATE, [&] { return "param_unpin of '" + p.name + "': it is not pinned"; });
+  --p.pins;
+  --chunks_[layout_->param(id).chunk].master_pins;
+}
+
 void Engine::set_lr_scale(uint32_t id, float lr_scale) {
   Param& p = param_checked(id);
   require(!(iteration_active_ && iteration_kind_ == PSTAR_ITERATION_TRAIN), PSTAR_ERR_INVALID_STATE,
@@ -1380,6 +1406,14 @@ pstar_step_result Engine::step() {
     require(p.backward_uses == 0 || p.backward_uses == p.forward_uses, PSTAR_ERR_INVALID_STATE, [&] { return "step: parameter " + std::to_string(id) + " ('" + p.name + "') had " + std::to_string(p.backward_uses) +
                 " backward uses for " + std::to_string(p.forward_uses) + " forward uses"; });
   }
+  // A pinned master the step would update: refuse before anything changes.
+  for (uint32_t id = 0; id < params_.size(); ++id) {
+    const Param& p = params_[id];
+    require(p.pins == 0 || !p.has_grad, PSTAR_ERR_BUSY, [&] {
+      return "step: parameter '" + p.name + "' has a gradient to apply but its master is pinned (pstar_param_pin); "
+             "unpin it and call pstar_step again";
+    });
+  }
   pstar_step_result r;
   pstar_step_result_init(&r);
   if (sharded()) {
@@ -1460,6 +1494,7 @@ void Engine::place_optimizer_state() {
   const uint64_t initial_margin = margin;
   for (uint32_t k : order) {
     const ChunkState& c = chunks_[k];
+    if (c.master_pins != 0) continue;  // exported masters stay where they are
     // The payload is pinned resident from now on: it costs room unless it
     // has stayed on the device since it first arrived.
     const uint64_t cost = optimizer_state_bytes(k) + (c.tier == Tier::kDevice && !c.evicted ? 0 : c.bytes);

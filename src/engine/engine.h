@@ -77,6 +77,9 @@ class Engine {
 
   void write(uint32_t id, const void* src, uint64_t count, pstar_dtype dtype);
   void read(uint32_t id, void* dst, uint64_t count, pstar_dtype dtype);
+  // pstar_param_pin/unpin: the fp32 master in place, pinned.
+  float* pin(uint32_t id);
+  void unpin(uint32_t id);
 
   void iteration_begin(pstar_iteration_kind kind);
   void iteration_end();
@@ -139,6 +142,7 @@ class Engine {
     // Written by the device when the gradient is finalized.
     double grad_sumsq = 0.0;
     int grad_nonfinite = 0;
+    uint32_t pins = 0;           // outstanding pstar_param_pin exports of the master
     bool frozen() const { return (flags & PSTAR_PARAM_FROZEN) != 0; }
   };
 
@@ -165,7 +169,8 @@ class Engine {
     memory::EventPtr ready;       // completes when the payload at its tier is valid
     memory::EventPtr last_use;    // completes when queued work that uses it is done
     uint32_t compute_refs = 0;    // tensors in COMPUTE
-    uint32_t pins = 0;            // outstanding exports
+    uint32_t pins = 0;            // outstanding exports of the compute payload (none yet)
+    uint32_t master_pins = 0;     // pinned masters of its parameters (pstar_param_pin)
     bool prefetched = false;      // fetched ahead of use, not acquired since
     bool pinned_static = false;   // static policy: never evicted once fetched
     bool evicted = false;         // left the accelerator at least once

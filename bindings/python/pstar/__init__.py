@@ -17,7 +17,7 @@ message).  The C API itself is pstar.capi (SWIG); this package is the
 Pythonic surface over it.
 """
 from . import capi
-from ._engine import Engine, Options, Param, StepResult, View
+from ._engine import Engine, Options, Param, PinnedMaster, StepResult, View
 from ._errors import (BusyError, CommError, DeviceError, InternalError, InvalidArgumentError, InvalidHandleError,
                       InvalidStateError, NotFoundError, OutOfMemoryError, PstarError, PstarIOError, UnsupportedError,
                       VersionError, check, error_for)
@@ -25,7 +25,7 @@ from ._errors import (BusyError, CommError, DeviceError, InternalError, InvalidA
 __version__ = capi.pstar_version_string()
 
 __all__ = [
-    "Engine", "Options", "Param", "StepResult", "View", "PstarError", "BusyError", "CommError", "DeviceError",
+    "Engine", "Options", "Param", "PinnedMaster", "StepResult", "View", "PstarError", "BusyError", "CommError", "DeviceError",
     "InternalError", "InvalidArgumentError", "InvalidHandleError", "InvalidStateError", "NotFoundError",
     "OutOfMemoryError", "PstarIOError", "UnsupportedError", "VersionError", "check", "error_for", "capi",
 ]

@@ -184,9 +184,14 @@ class View:
         if self._exports:
             _raise(BusyError, "PSTAR_ERR_BUSY",
                    f"{self._exports} DLPack export(s) of {self.param.name!r} not freed by their consumer",
-                   "pstar_param_release")
-        check(_c.pstar_param_release(self.engine._handle(), self.param.id, self.stream), "pstar_param_release")
+                   self._release_call)
+        self._release_now()
         self.released = True
+
+    _release_call = "pstar_param_release"
+
+    def _release_now(self):
+        check(_c.pstar_param_release(self.engine._handle(), self.param.id, self.stream), "pstar_param_release")
 
     def __enter__(self):
         return self
@@ -194,6 +199,33 @@ class View:
     def __exit__(self, *exc):
         self.release()
         return False
+
+
+class PinnedMaster(View):
+    """A parameter's fp32 master in host memory, without a copy
+    (pstar_param_pin), read-only, valid until ``unpin()`` (or the end of its
+    ``with`` block).  While pinned, a step that would update the parameter
+    raises BusyError; ``unpin()`` raises BusyError while a DLPack export of
+    it is alive."""
+
+    _release_call = "pstar_param_unpin"
+
+    def __init__(self, engine, param, address):
+        super().__init__(engine, param, address, "pin", False, None)
+        self.dtype = "f32"
+
+    def memoryview(self) -> memoryview:
+        self._check_live()
+        raw = (ctypes.c_char * self.nbytes).from_address(self.address)
+        return memoryview(raw).cast("B").cast("f", self.param.shape or (1,)).toreadonly()
+
+    def __dlpack_device__(self):
+        return (_dlpack.KDL_CPU, 0)
+
+    def _release_now(self):
+        check(_c.pstar_param_unpin(self.engine._handle(), self.param.id), "pstar_param_unpin")
+
+    unpin = View.release
 
 
 class Engine:
@@ -298,6 +330,11 @@ class Engine:
         self._check_count(param, mv, dtype, "read")
         check(_c.pstar_param_read(self._handle(), param.id, out, param.numel, _DTYPES[dtype]), "pstar_param_read")
         return out
+
+    def pin(self, param: Param) -> PinnedMaster:
+        """The parameter's fp32 master in place (pstar_param_pin)."""
+        address, _dtype = check(_c.pstar_param_pin(self._handle(), param.id), "pstar_param_pin")
+        return PinnedMaster(self, param, address)
 
     def set_lr_scale(self, param: Param, scale: float):
         check(_c.pstar_param_set_lr_scale(self._handle(), param.id, float(scale)), "pstar_param_set_lr_scale")

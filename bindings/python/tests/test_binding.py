@@ -251,3 +251,45 @@ def test_dlpack_to_torch_in_bf16_is_zero_copy():
                 np.testing.assert_array_equal(t.float().numpy(), values)
                 del t
                 gc.collect()
+
+
+# -- pinned masters ---------------------------------------------------------------
+
+def test_a_pinned_master_is_zero_copy_and_refuses_a_step_that_would_update_it():
+    with small_engine(compute_dtype="bf16") as e:
+        w = e.register("w", (4, 8))
+        e.build()
+        values = np.linspace(-1, 1, 32, dtype=np.float32).reshape(4, 8)
+        e.write(w, values)
+        with e.pin(w) as m:
+            arr = np.from_dlpack(m)
+            assert arr.dtype == np.float32 and arr.ctypes.data == m.address
+            np.testing.assert_array_equal(arr, values)  # fp32 master, not the bf16 copy
+            assert m.memoryview().readonly
+            with e.train_iteration():
+                with e.acquire(w, "forward"):
+                    pass
+                with e.acquire(w, "backward"):
+                    e.grad_write(w, np.ones((4, 8), np.float32))
+                with pytest.raises(pstar.BusyError) as info:
+                    e.step()
+                assert "pinned" in info.value.message
+                np.testing.assert_array_equal(arr, values)  # nothing changed
+                with pytest.raises(pstar.BusyError):
+                    m.unpin()  # the array still uses it
+                del arr
+                gc.collect()
+                m.unpin()
+                e.step()
+        with e.pin(w) as m:
+            assert not np.array_equal(np.asarray(m.memoryview()), values)
+        with pytest.raises(pstar.InvalidStateError, match="not pinned"):
+            pstar.check(pstar.capi.pstar_param_unpin(e._handle(), w.id), "pstar_param_unpin")
+
+
+def test_a_frozen_parameter_cannot_be_pinned():
+    with small_engine() as e:
+        f = e.register("f", (4,), frozen=True)
+        e.build()
+        with pytest.raises(pstar.UnsupportedError, match="frozen"):
+            e.pin(f)

@@ -211,6 +211,10 @@ pstar_param_write(engine, id, src, count, dtype) =
 pstar_param_read(engine, id, dst, count, dtype) =
     ccall((:pstar_param_read, libpstar), Cint, (Ptr{Cvoid}, UInt32, Ptr{Cvoid}, UInt64, Cint),
           engine, id, dst, count, dtype)
+pstar_param_pin(engine, id, out_ptr, out_dtype) =
+    ccall((:pstar_param_pin, libpstar), Cint, (Ptr{Cvoid}, UInt32, Ref{Ptr{Cvoid}}, Ref{Cint}),
+          engine, id, out_ptr, out_dtype)
+pstar_param_unpin(engine, id) = ccall((:pstar_param_unpin, libpstar), Cint, (Ptr{Cvoid}, UInt32), engine, id)
 pstar_iteration_begin(engine, kind) =
     ccall((:pstar_iteration_begin, libpstar), Cint, (Ptr{Cvoid}, Cint), engine, kind)
 pstar_iteration_end(engine) = ccall((:pstar_iteration_end, libpstar), Cint, (Ptr{Cvoid},), engine)
@@ -333,6 +337,24 @@ function read(e::Engine, id::UInt32)
     return out
 end
 
+"""
+    pin(e, id) -> Vector{Float32}
+
+The parameter's fp32 master in place (`unsafe_wrap`, no copy); read-only by
+contract; valid until `unpin!`.  A step that would update it throws
+PstarError(PSTAR_ERR_BUSY) meanwhile.
+"""
+function pin(e::Engine, id::UInt32)
+    p = Ref{Ptr{Cvoid}}(C_NULL)
+    dt = Ref{Cint}(0)
+    @check pstar_param_pin(e.ptr, id, p, dt)
+    n = Ref{UInt64}(0)
+    @check pstar_param_numel(e.ptr, id, n)
+    return unsafe_wrap(Vector{Float32}, Ptr{Float32}(p[]), Int(n[]); own = false)
+end
+
+unpin!(e::Engine, id::UInt32) = @check pstar_param_unpin(e.ptr, id)
+
 begin_train!(e::Engine) = @check pstar_iteration_begin(e.ptr, PSTAR_ITERATION_TRAIN)
 
 """
@@ -370,6 +392,6 @@ function stats(e::Engine)
 end
 
 export Engine, EngineOptions, PstarError, @check, options, register!, build!, write!, read, begin_train!,
-       acquire, release!, grad_write!, step!, stats
+       acquire, release!, grad_write!, step!, stats, pin, unpin!
 
 end # module

@@ -253,6 +253,11 @@ impl Engine {
         self.dtype
     }
 
+    /// The C handle, for calls the safe API does not cover.
+    pub fn raw_handle(&self) -> *mut sys::pstar_engine {
+        self.raw
+    }
+
     pub fn register(&mut self, name: &str, shape: &[i64], frozen: bool) -> Result<Param> {
         let cname = CString::new(name).map_err(|_| Error {
             status: status::INVALID_ARGUMENT,
@@ -305,6 +310,16 @@ impl Engine {
             },
             "pstar_param_read",
         )
+    }
+
+    /// The parameter's fp32 master in place (pstar_param_pin), read-only;
+    /// unpinned when the guard is dropped (or by `unpin`, with its status).
+    /// While pinned, a step that would update it fails with BUSY.
+    pub fn pin(&self, p: Param) -> Result<Pinned<'_>> {
+        let mut ptr: *mut c_void = std::ptr::null_mut();
+        let mut dtype: sys::pstar_dtype = 0;
+        check(unsafe { sys::pstar_param_pin(self.raw, p.id, &mut ptr, &mut dtype) }, "pstar_param_pin")?;
+        Ok(Pinned { engine: self, param: p, ptr: ptr as *const f32, unpinned: false })
     }
 
     pub fn begin_train(&mut self) -> Result<()> {
@@ -410,6 +425,35 @@ impl<'a> Drop for View<'a> {
             // A drop cannot report: the status is dropped with it.  Call
             // release() to see it.
             unsafe { sys::pstar_param_release(self.engine.raw, self.param.id, std::ptr::null_mut()) };
+        }
+    }
+}
+
+/// A pinned fp32 master (see `Engine::pin`).
+pub struct Pinned<'a> {
+    engine: &'a Engine,
+    param: Param,
+    ptr: *const f32,
+    unpinned: bool,
+}
+
+impl<'a> Pinned<'a> {
+    /// The master values, in place.
+    pub fn as_slice(&self) -> &[f32] {
+        unsafe { std::slice::from_raw_parts(self.ptr, self.param.numel as usize) }
+    }
+
+    /// Unpins and reports the status.
+    pub fn unpin(mut self) -> Result<()> {
+        self.unpinned = true;
+        check(unsafe { sys::pstar_param_unpin(self.engine.raw, self.param.id) }, "pstar_param_unpin")
+    }
+}
+
+impl<'a> Drop for Pinned<'a> {
+    fn drop(&mut self) {
+        if !self.unpinned {
+            unsafe { sys::pstar_param_unpin(self.engine.raw, self.param.id) };
         }
     }
 }

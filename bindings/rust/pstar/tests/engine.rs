@@ -138,3 +138,42 @@ fn training_reduces_the_loss_while_chunks_move() {
     let (tight, _) = train(2 * 1024 + 2 * 1024 + 512, 10);
     assert_eq!(free, tight, "the capacity changed the results");
 }
+
+#[test]
+fn a_pinned_master_is_the_values_in_place_and_blocks_a_step() {
+    let mut e = Engine::new(&small(0).compute_dtype(Dtype::Bf16)).unwrap();
+    let w = e.register("w", &[8], false).unwrap();
+    e.build().unwrap();
+    let values = [0.1f32, -0.2, 0.3, -0.4, 0.5, -0.6, 0.7, -0.8];
+    e.write_f32(w, &values).unwrap();
+    {
+        let pinned = e.pin(w).unwrap();
+        assert_eq!(pinned.as_slice(), &values); // fp32, not rounded to bf16
+        pinned.unpin().unwrap();
+    }
+    let guard = e.pin(w).unwrap();
+    let ptr = guard.as_slice().as_ptr();
+    drop(guard);
+    e.begin_train().unwrap();
+    e.acquire(w, Stage::Forward).unwrap().release().unwrap();
+    let v = e.acquire(w, Stage::Backward).unwrap();
+    e.grad_write_f32(w, &[1.0; 8]).unwrap();
+    v.release().unwrap();
+    {
+        let pinned = e.pin(w).unwrap();
+        assert_eq!(pinned.as_slice().as_ptr(), ptr);
+        // The step needs &mut: it cannot run while the guard borrows the
+        // engine; pin through the raw API to show the library's answer.
+        drop(pinned);
+    }
+    let mut out = std::ptr::null_mut();
+    let mut dt = 0;
+    assert_eq!(unsafe { pstar::sys::pstar_param_pin(engine_raw(&e), w.id, &mut out, &mut dt) }, status::OK);
+    assert_eq!(e.step().unwrap_err().status, status::BUSY);
+    assert_eq!(unsafe { pstar::sys::pstar_param_unpin(engine_raw(&e), w.id) }, status::OK);
+    e.step().unwrap();
+}
+
+fn engine_raw(e: &Engine) -> *mut pstar::sys::pstar_engine {
+    e.raw_handle()
+}

@@ -134,6 +134,18 @@ public final class Engine implements AutoCloseable {
     b.asFloatBuffer().get(out);
   }
 
+  /**
+   * The parameter's fp32 master in place (pstar_param_pin), read-only; close
+   * the returned view to unpin. While pinned, a step that would update the
+   * parameter throws {@link PstarException.Busy}.
+   */
+  public PinnedMaster pin(Param p) {
+    long[] ptr = new long[1];
+    int[] dtype = new int[1];
+    PstarException.check(PstarC.pstar_param_pin(handle, p.id, ptr, dtype), "pstar_param_pin");
+    return new PinnedMaster(this, p, ptr[0]);
+  }
+
   public void beginTrain() {
     PstarException.check(PstarC.pstar_iteration_begin(handle, PstarC.PSTAR_ITERATION_TRAIN), "pstar_iteration_begin");
   }

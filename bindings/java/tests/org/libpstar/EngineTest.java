@@ -85,6 +85,35 @@ class EngineTest {
     }
   }
 
+  @Test
+  void aPinnedMasterIsTheValuesInPlaceAndBlocksAStep() {
+    try (Engine e = new Engine(small(0).computeDtype(PstarC.PSTAR_DTYPE_BF16))) {
+      Engine.Param w = e.register("w", 8);
+      e.build();
+      float[] values = {0.1f, -0.2f, 0.3f, -0.4f, 0.5f, -0.6f, 0.7f, -0.8f};
+      e.write(w, values);
+      try (PinnedMaster m = e.pin(w)) {
+        float[] seen = new float[8];
+        m.floats().get(seen);
+        assertArrayEquals(values, seen); // fp32, not rounded to bf16
+        assertTrue(m.floats().isReadOnly());
+        e.beginTrain();
+        e.acquire(w, Engine.Stage.FORWARD).close();
+        try (View v = e.acquire(w, Engine.Stage.BACKWARD)) {
+          float[] g = new float[8];
+          java.util.Arrays.fill(g, 1f);
+          e.gradWrite(w, g);
+        }
+        PstarException.Busy busy = assertThrows(PstarException.Busy.class, e::step);
+        assertTrue(busy.libraryMessage().contains("pinned"));
+      }
+      e.step();
+      try (PinnedMaster m = e.pin(w)) {
+        assertTrue(m.floats().get(0) != values[0], "the step updated the master");
+      }
+    }
+  }
+
   /** Least squares through tanh layers; returns the losses. */
   static float[] train(long capacity, int steps) {
     final int n = 16, batch = 32, layers = 4;
