@@ -14,7 +14,46 @@
 %module(jniclassname="PstarJNI") PstarC
 
 %{
+#include <pthread.h>
 #include <stdint.h>
+#include <pstar/pstar.h>
+
+/* The log handler: an object with void log(int level, String message),
+ * called on whichever thread logs.  A thread the JVM does not know (the
+ * library's own) is attached for the call, as a daemon, and detached after.
+ * The mutex keeps the handler alive during a call; a handler must not set
+ * another handler from inside log(). */
+static JavaVM *pstar_java_vm = NULL;
+static jobject pstar_java_log_handler = NULL;  /* a global reference */
+static jmethodID pstar_java_log_method = NULL;
+static pthread_mutex_t pstar_java_log_mutex = PTHREAD_MUTEX_INITIALIZER;
+
+static void pstar_java_log_trampoline(pstar_log_level level, const char *message, void *user) {
+  JNIEnv *env = NULL;
+  int attached = 0;
+  (void)user;
+  pthread_mutex_lock(&pstar_java_log_mutex);
+  if (pstar_java_vm != NULL && pstar_java_log_handler != NULL) {
+    jint rc = (*pstar_java_vm)->GetEnv(pstar_java_vm, (void **)&env, JNI_VERSION_1_8);
+    if (rc == JNI_EDETACHED) {
+      if ((*pstar_java_vm)->AttachCurrentThreadAsDaemon(pstar_java_vm, (void **)&env, NULL) == JNI_OK) attached = 1;
+      else env = NULL;
+    } else if (rc != JNI_OK) {
+      env = NULL;
+    }
+    if (env != NULL) {
+      jstring text = (*env)->NewStringUTF(env, message);
+      (*env)->CallVoidMethod(env, pstar_java_log_handler, pstar_java_log_method, (jint)level, text);
+      if ((*env)->ExceptionCheck(env)) {
+        (*env)->ExceptionDescribe(env);  /* a throwing handler must not break the library */
+        (*env)->ExceptionClear(env);
+      }
+      if (text != NULL) (*env)->DeleteLocalRef(env, text);
+      if (attached) (*pstar_java_vm)->DetachCurrentThread(pstar_java_vm);
+    }
+  }
+  pthread_mutex_unlock(&pstar_java_log_mutex);
+}
 %}
 
 %include <typemaps.i>
@@ -115,6 +154,48 @@ PSTAR_OUT_ADDRESS(float **, out_ptr)
 %inline %{
 jobject pstar_java_wrap(JNIEnv *jenv, long long address, long long bytes) {
   return (*jenv)->NewDirectByteBuffer(jenv, (void *)(intptr_t)address, (jlong)bytes);
+}
+%}
+
+/* The handler object as java.lang.Object (org.libpstar.LogHandler above). */
+%typemap(jni) jobject handler "jobject"
+%typemap(jtype) jobject handler "Object"
+%typemap(jstype) jobject handler "Object"
+%typemap(javain) jobject handler "$javainput"
+%typemap(in) jobject handler %{ $1 = $input; %}
+%inline %{
+/* Sets (an object with log(int, String)) or clears (null) the process-wide
+ * log handler and the minimum level; returns pstar_log_set_callback's
+ * status. */
+int pstar_java_set_log_handler(JNIEnv *jenv, jobject handler, int min_level) {
+  int st;
+  jobject old;
+  pthread_mutex_lock(&pstar_java_log_mutex);
+  old = pstar_java_log_handler;
+  if (handler == NULL) {
+    st = pstar_log_set_callback(NULL, NULL, (pstar_log_level)min_level);
+    if (st == PSTAR_OK) pstar_java_log_handler = NULL;
+  } else {
+    jclass cls = (*jenv)->GetObjectClass(jenv, handler);
+    jmethodID m = (*jenv)->GetMethodID(jenv, cls, "log", "(ILjava/lang/String;)V");
+    if (m == NULL) {
+      (*jenv)->ExceptionClear(jenv);
+      pthread_mutex_unlock(&pstar_java_log_mutex);
+      return PSTAR_ERR_INVALID_ARGUMENT;
+    }
+    if (pstar_java_vm == NULL) (*jenv)->GetJavaVM(jenv, &pstar_java_vm);
+    pstar_java_log_method = m;
+    pstar_java_log_handler = (*jenv)->NewGlobalRef(jenv, handler);
+    st = pstar_log_set_callback(pstar_java_log_trampoline, NULL, (pstar_log_level)min_level);
+    if (st != PSTAR_OK) {
+      (*jenv)->DeleteGlobalRef(jenv, pstar_java_log_handler);
+      pstar_java_log_handler = old;
+      old = NULL;
+    }
+  }
+  if (st == PSTAR_OK && old != NULL) (*jenv)->DeleteGlobalRef(jenv, old);
+  pthread_mutex_unlock(&pstar_java_log_mutex);
+  return st;
 }
 %}
 

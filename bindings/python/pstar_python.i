@@ -11,10 +11,68 @@
  *     the buffer protocol (writable for destinations) or an integer address
  *     (device memory, which no Python buffer describes);
  *   - (ndim, shape) takes a sequence of integers. */
-%module(package="pstar") capi
+%module(package="pstar", threads="1") capi
 
 %{
 #define SWIG_FILE_WITH_INIT
+#include <pstar/pstar.h>
+%}
+
+/* threads="1": every wrapped call releases the GIL while it runs in C, so
+ * that library threads (the rendezvous store's, a device's workers) can take
+ * it to run the log callback while the caller waits in the library. */
+
+/* The log callback: a Python callable(level, message), called under the GIL
+ * from whichever thread logs (the library's own ones included). */
+%{
+static PyObject *pstar_python_log_callable = NULL;
+
+static void pstar_python_log_trampoline(pstar_log_level level, const char *message, void *user) {
+  (void)user;
+  if (!Py_IsInitialized()) return;
+  PyGILState_STATE gil = PyGILState_Ensure();
+  PyObject *callable = pstar_python_log_callable;
+  if (callable != NULL) {
+    Py_INCREF(callable);
+    PyObject *r = PyObject_CallFunction(callable, "is", (int)level, message);
+    if (r == NULL) {
+      PyErr_WriteUnraisable(callable);  /* a raising callback must not break the library */
+    } else {
+      Py_DECREF(r);
+    }
+    Py_DECREF(callable);
+  }
+  PyGILState_Release(gil);
+}
+%}
+
+/* It touches Python objects: no GIL release around it. */
+%nothread pstar_python_set_log_callback;
+%inline %{
+/* Sets (a callable) or clears (None) the process-wide log callback and the
+ * minimum level; returns the status of pstar_log_set_callback. */
+int pstar_python_set_log_callback(PyObject *callable, int min_level) {
+  int st;
+  PyObject *old = pstar_python_log_callable;
+  if (callable == Py_None) {
+    st = pstar_log_set_callback(NULL, NULL, (pstar_log_level)min_level);
+    if (st == PSTAR_OK) {
+      pstar_python_log_callable = NULL;
+      Py_XDECREF(old);
+    }
+    return st;
+  }
+  Py_INCREF(callable);
+  pstar_python_log_callable = callable;
+  st = pstar_log_set_callback(pstar_python_log_trampoline, NULL, (pstar_log_level)min_level);
+  if (st != PSTAR_OK) {
+    pstar_python_log_callable = old;
+    Py_DECREF(callable);
+    return st;
+  }
+  Py_XDECREF(old);
+  return st;
+}
 %}
 
 %include <typemaps.i>

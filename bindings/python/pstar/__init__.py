@@ -24,8 +24,22 @@ from ._errors import (BusyError, CommError, DeviceError, InternalError, InvalidA
 
 __version__ = capi.pstar_version_string()
 
+LOG_DEBUG, LOG_INFO, LOG_WARN, LOG_ERROR, LOG_OFF = (capi.PSTAR_LOG_DEBUG, capi.PSTAR_LOG_INFO, capi.PSTAR_LOG_WARN,
+                                                      capi.PSTAR_LOG_ERROR, capi.PSTAR_LOG_OFF)
+
+
+def set_log_callback(callback, min_level=capi.PSTAR_LOG_WARN):
+    """Routes the library's log to `callback(level, message)` (None: back to
+    stderr) for records at `min_level` and above.  The callback may run on
+    the library's own threads; it is called with the GIL held.  An exception
+    it raises is reported by sys.unraisablehook and otherwise ignored."""
+    if callback is not None and not callable(callback):
+        raise TypeError("set_log_callback: callback must be callable or None")
+    check(capi.pstar_python_set_log_callback(callback, int(min_level)), "pstar_log_set_callback")
+
 __all__ = [
     "Engine", "Options", "Param", "PinnedMaster", "StepResult", "View", "PstarError", "BusyError", "CommError", "DeviceError",
     "InternalError", "InvalidArgumentError", "InvalidHandleError", "InvalidStateError", "NotFoundError",
     "OutOfMemoryError", "PstarIOError", "UnsupportedError", "VersionError", "check", "error_for", "capi",
+    "set_log_callback", "LOG_DEBUG", "LOG_INFO", "LOG_WARN", "LOG_ERROR", "LOG_OFF",
 ]

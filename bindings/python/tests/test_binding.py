@@ -293,3 +293,69 @@ def test_a_frozen_parameter_cannot_be_pinned():
         e.build()
         with pytest.raises(pstar.UnsupportedError, match="frozen"):
             e.pin(f)
+
+
+# -- the log callback ----------------------------------------------------------------
+
+def test_the_log_callback_receives_the_library_records():
+    records = []
+    pstar.set_log_callback(lambda level, message: records.append((level, message)), pstar.LOG_INFO)
+    try:
+        with small_engine() as e:
+            e.register("w", (4,))
+            e.build()
+    finally:
+        pstar.set_log_callback(None)
+    assert any(level == pstar.LOG_INFO and "engine built" in message for level, message in records), records
+    with pytest.raises(TypeError):
+        pstar.set_log_callback(42)
+
+
+def test_a_raising_log_callback_does_not_break_the_library():
+    def bad(level, message):
+        raise RuntimeError("callback failure")
+    seen = []
+    import sys
+    old_hook = sys.unraisablehook
+    sys.unraisablehook = lambda unraisable: seen.append(unraisable.exc_value)
+    pstar.set_log_callback(bad, pstar.LOG_INFO)
+    try:
+        with small_engine() as e:
+            e.register("w", (4,))
+            e.build()  # logs at info: the callback raises, the call succeeds
+    finally:
+        pstar.set_log_callback(None)
+        sys.unraisablehook = old_hook
+    assert any(isinstance(x, RuntimeError) for x in seen)
+
+
+def test_calls_release_the_gil_so_other_threads_run():
+    import threading
+    import time
+    counter = [0]
+    stop = threading.Event()
+
+    def spin():
+        while not stop.is_set():
+            counter[0] += 1
+            time.sleep(0)
+    t = threading.Thread(target=spin)
+    t.start()
+    try:
+        # A long C call: a step over a few MB of parameters.
+        with small_engine(chunk_elems=1 << 20) as e:
+            w = e.register("w", (1 << 20,))
+            e.build()
+            before = counter[0]
+            for _ in range(3):
+                with e.train_iteration():
+                    with e.acquire(w, "forward"):
+                        pass
+                    with e.acquire(w, "backward"):
+                        e.grad_write(w, np.ones(1 << 20, np.float32))
+                    e.step()
+            during = counter[0] - before
+    finally:
+        stop.set()
+        t.join()
+    assert during > 0

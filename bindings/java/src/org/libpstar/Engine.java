@@ -192,6 +192,15 @@ public final class Engine implements AutoCloseable {
     return s;
   }
 
+  /**
+   * Routes the library's log to `handler` (null: back to stderr) for
+   * records at `minLevel` (PstarC.PSTAR_LOG_*) and above. Process-wide.
+   */
+  public static void setLogHandler(LogHandler handler, int minLevel) {
+    Native.load();
+    PstarException.check(PstarC.pstar_java_set_log_handler(handler, minLevel), "pstar_log_set_callback");
+  }
+
   /** The library's version string. */
   public static String version() {
     Native.load();

@@ -114,6 +114,20 @@ class EngineTest {
     }
   }
 
+  @Test
+  void theLogHandlerReceivesTheLibraryRecords() {
+    java.util.List<String> seen = java.util.Collections.synchronizedList(new java.util.ArrayList<>());
+    Engine.setLogHandler((level, message) -> seen.add(level + " " + message), PstarC.PSTAR_LOG_INFO);
+    try (Engine e = new Engine(small(0))) {
+      e.register("w", 4);
+      e.build();
+    } finally {
+      Engine.setLogHandler(null, PstarC.PSTAR_LOG_WARN);
+    }
+    assertTrue(seen.stream().anyMatch(s -> s.startsWith(PstarC.PSTAR_LOG_INFO + " ") && s.contains("engine built")),
+               seen.toString());
+  }
+
   /** Least squares through tanh layers; returns the losses. */
   static float[] train(long capacity, int steps) {
     final int n = 16, batch = 32, layers = 4;
