@@ -184,12 +184,13 @@ pstar_status pstar_param_read(pstar_engine* engine, uint32_t id, void* dst, uint
   return guarded([&] { live(engine).read(id, dst, count, dtype); });
 }
 
-pstar_status pstar_param_pin(pstar_engine* engine, uint32_t id, void** out_ptr, pstar_dtype* out_dtype) {
+pstar_status pstar_param_pin(pstar_engine* engine, uint32_t id, int32_t writable, void** out_ptr,
+                             pstar_dtype* out_dtype) {
   return guarded([&] {
     auto& e = live(engine);
     require_out(out_ptr, "out_ptr");
     require_out(out_dtype, "out_dtype");
-    *out_ptr = e.pin(id);
+    *out_ptr = e.pin(id, writable != 0);
     *out_dtype = PSTAR_DTYPE_F32;
   });
 }

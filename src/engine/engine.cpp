@@ -356,9 +356,12 @@ uint32_t Engine::find(const char* name) const {
 
 uint64_t Engine::numel(uint32_t id) const { return param_checked(id).numel; }
 
-float* Engine::pin(uint32_t id) {
+float* Engine::pin(uint32_t id, bool writable) {
   require_built("param_pin");
   Param& p = param_checked(id);
+  require(!writable || !iteration_active_, PSTAR_ERR_INVALID_STATE, [&] {
+    return "param_pin of '" + p.name + "': a writable pin is legal only outside iterations";
+  });
   require(!p.frozen(), PSTAR_ERR_UNSUPPORTED, [&] {
     return "param_pin of '" + p.name + "': a frozen parameter has no fp32 master (read it with pstar_param_read)";
   });
@@ -370,6 +373,8 @@ float* Engine::pin(uint32_t id) {
     return "param_pin of '" + p.name + "': its optimizer state lives on the accelerator (hybrid placement)";
   });
   ++p.pins;
+  p.pin_writable.push_back(writable);
+  if (writable) ++writable_pins_;
   ++c.master_pins;
   return c.master + place.offset_elems;
 }
@@ -378,6 +383,10 @@ void Engine::unpin(uint32_t id) {
   require_built("param_unpin");
   Param& p = param_checked(id);
   require(p.pins > 0, PSTAR_ERR_INVALID_STATE, [&] { return "param_unpin of '" + p.name + "': it is not pinned"; });
+  const bool writable = p.pin_writable.back();
+  if (writable) restore_slot(id);  // the caller's writes reach the compute copy
+  p.pin_writable.pop_back();
+  if (writable) --writable_pins_;
   --p.pins;
   --chunks_[layout_->param(id).chunk].master_pins;
 }
@@ -507,6 +516,9 @@ void Engine::iteration_begin(pstar_iteration_kind kind) {
           "iteration_begin: unknown iteration kind");
   require(!iteration_active_, PSTAR_ERR_INVALID_STATE,
           "iteration_begin: an iteration is in progress (end it with pstar_step or pstar_iteration_end)");
+  require(writable_pins_ == 0, PSTAR_ERR_INVALID_STATE,
+          "iteration_begin: a parameter is pinned writable (pstar_param_pin); unpin it first, which refreshes its "
+          "compute copy");
   require_comm_ok("iteration_begin");
   if (sharded()) {
     for (Param& p : params_) p.used_marks = 0;

@@ -78,8 +78,9 @@ class Engine {
   void write(uint32_t id, const void* src, uint64_t count, pstar_dtype dtype);
   void read(uint32_t id, void* dst, uint64_t count, pstar_dtype dtype);
   // pstar_param_pin/unpin: the fp32 master in place, pinned.
-  float* pin(uint32_t id);
+  float* pin(uint32_t id, bool writable);
   void unpin(uint32_t id);
+  uint32_t writable_pins_ = 0;  // outstanding writable pins (no iteration may begin)
 
   void iteration_begin(pstar_iteration_kind kind);
   void iteration_end();
@@ -143,6 +144,7 @@ class Engine {
     double grad_sumsq = 0.0;
     int grad_nonfinite = 0;
     uint32_t pins = 0;           // outstanding pstar_param_pin exports of the master
+    std::vector<bool> pin_writable;  // per outstanding pin, oldest first
     bool frozen() const { return (flags & PSTAR_PARAM_FROZEN) != 0; }
   };
 

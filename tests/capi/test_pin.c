@@ -35,7 +35,7 @@ Test(pin, the_master_in_place_and_a_step_refused_while_pinned) {
 
   void *ptr = NULL;
   pstar_dtype dt = PSTAR_DTYPE_BF16;
-  T_OK(pstar_param_pin(e, ids[0], &ptr, &dt));
+  T_OK(pstar_param_pin(e, ids[0], 0, &ptr, &dt));
   cr_assert_eq(dt, PSTAR_DTYPE_F32);
   cr_assert_eq(memcmp(ptr, init, sizeof init), 0, "the pinned master holds the written values");
 
@@ -52,7 +52,7 @@ Test(pin, the_master_in_place_and_a_step_refused_while_pinned) {
 
   /* Pinned again: the same memory, the updated values, equal to a read. */
   void *again = NULL;
-  T_OK(pstar_param_pin(e, ids[0], &again, &dt));
+  T_OK(pstar_param_pin(e, ids[0], 0, &again, &dt));
   cr_assert_eq(again, ptr);
   float back[N];
   t_read_f32(e, ids[0], back, N);
@@ -73,7 +73,7 @@ Test(pin, the_master_in_place_and_a_step_refused_while_pinned) {
   T_OK(pstar_step(e, NULL));
 
   /* Pins nest. */
-  T_OK(pstar_param_pin(e, ids[0], &again, &dt));
+  T_OK(pstar_param_pin(e, ids[0], 0, &again, &dt));
   T_OK(pstar_param_unpin(e, ids[0]));
   T_OK(pstar_param_unpin(e, ids[0]));
   T_FAIL(pstar_param_unpin(e, ids[0]), PSTAR_ERR_INVALID_STATE, "not pinned");
@@ -87,15 +87,15 @@ Test(pin, bad_calls_are_refused_with_a_reason) {
   uint32_t f = t_register(e, "frozen", N, PSTAR_PARAM_FROZEN);
   void *ptr = NULL;
   pstar_dtype dt;
-  T_FAIL(pstar_param_pin(e, w, &ptr, &dt), PSTAR_ERR_INVALID_STATE, "build");
+  T_FAIL(pstar_param_pin(e, w, 0, &ptr, &dt), PSTAR_ERR_INVALID_STATE, "build");
   T_OK(pstar_engine_build(e));
-  T_FAIL(pstar_param_pin(e, f, &ptr, &dt), PSTAR_ERR_UNSUPPORTED, "frozen");
-  T_FAIL(pstar_param_pin(e, 99, &ptr, &dt), PSTAR_ERR_NOT_FOUND, "99");
-  T_FAIL(pstar_param_pin(e, w, NULL, &dt), PSTAR_ERR_INVALID_ARGUMENT, "out_ptr");
-  T_FAIL(pstar_param_pin(e, w, &ptr, NULL), PSTAR_ERR_INVALID_ARGUMENT, "out_dtype");
+  T_FAIL(pstar_param_pin(e, f, 0, &ptr, &dt), PSTAR_ERR_UNSUPPORTED, "frozen");
+  T_FAIL(pstar_param_pin(e, 99, 0, &ptr, &dt), PSTAR_ERR_NOT_FOUND, "99");
+  T_FAIL(pstar_param_pin(e, w, 0, NULL, &dt), PSTAR_ERR_INVALID_ARGUMENT, "out_ptr");
+  T_FAIL(pstar_param_pin(e, w, 0, &ptr, NULL), PSTAR_ERR_INVALID_ARGUMENT, "out_dtype");
   T_FAIL(pstar_param_unpin(e, w), PSTAR_ERR_INVALID_STATE, "not pinned");
   T_OK(pstar_engine_destroy(e));
-  T_FAIL(pstar_param_pin(e, w, &ptr, &dt), PSTAR_ERR_INVALID_HANDLE, "");
+  T_FAIL(pstar_param_pin(e, w, 0, &ptr, &dt), PSTAR_ERR_INVALID_HANDLE, "");
 }
 
 Test(pin, hybrid_placement_leaves_a_pinned_master_on_the_host) {
@@ -109,7 +109,7 @@ Test(pin, hybrid_placement_leaves_a_pinned_master_on_the_host) {
     T_OK(pstar_engine_build(e));
     void *ptr = NULL;
     pstar_dtype dt;
-    if (pinned) T_OK(pstar_param_pin(e, ids[0], &ptr, &dt));
+    if (pinned) T_OK(pstar_param_pin(e, ids[0], 0, &ptr, &dt));
     /* The warm-up iteration (b only) ends with the placement. */
     T_OK(pstar_iteration_begin(e, PSTAR_ITERATION_TRAIN));
     (void)t_acquire(e, ids[1], PSTAR_STAGE_FORWARD);
@@ -120,10 +120,42 @@ Test(pin, hybrid_placement_leaves_a_pinned_master_on_the_host) {
                  s.optimizer_chunks_on_device);
     if (!pinned) {
       /* Placed state cannot be pinned. */
-      T_FAIL(pstar_param_pin(e, ids[0], &ptr, &dt), PSTAR_ERR_UNSUPPORTED, "accelerator");
+      T_FAIL(pstar_param_pin(e, ids[0], 0, &ptr, &dt), PSTAR_ERR_UNSUPPORTED, "accelerator");
     } else {
       T_OK(pstar_param_unpin(e, ids[0]));
     }
     T_OK(pstar_engine_destroy(e));
   }
+}
+
+Test(pin, a_writable_pin_lands_in_the_compute_copy_at_unpin) {
+  pstar_engine_options o = t_options(PSTAR_DTYPE_BF16, 1024);
+  pstar_engine *e = t_create(&o);
+  uint32_t w = t_register(e, "w", N, 0);
+  T_OK(pstar_engine_build(e));
+  float init[N];
+  t_fill(init, N, 5, 0.5f);
+  t_write_f32(e, w, init, N);
+  void *ptr = NULL;
+  pstar_dtype dt;
+  T_OK(pstar_param_pin(e, w, 1, &ptr, &dt));
+  float *m = (float *)ptr;
+  for (int i = 0; i < N; ++i) m[i] = (float)i / 64.0f - 3.0f;
+  /* No iteration while a writable pin is held. */
+  T_FAIL(pstar_iteration_begin(e, PSTAR_ITERATION_EVAL), PSTAR_ERR_INVALID_STATE, "writable");
+  T_OK(pstar_param_unpin(e, w));
+  /* The master holds the writes; the compute copy holds them rounded. */
+  float back[N];
+  t_read_f32(e, w, back, N);
+  for (int i = 0; i < N; ++i) cr_assert_eq(back[i], (float)i / 64.0f - 3.0f);
+  T_OK(pstar_iteration_begin(e, PSTAR_ITERATION_EVAL));
+  const uint16_t *c = (const uint16_t *)t_acquire(e, w, PSTAR_STAGE_FORWARD);
+  for (int i = 0; i < N; ++i) cr_assert_eq(t_bf16_to_f32(c[i]), t_round(PSTAR_DTYPE_BF16, (float)i / 64.0f - 3.0f));
+  T_OK(pstar_param_release(e, w, NULL));
+  /* Inside an iteration a writable pin is refused, a read-only one is not. */
+  T_FAIL(pstar_param_pin(e, w, 1, &ptr, &dt), PSTAR_ERR_INVALID_STATE, "outside iterations");
+  T_OK(pstar_param_pin(e, w, 0, &ptr, &dt));
+  T_OK(pstar_param_unpin(e, w));
+  T_OK(pstar_iteration_end(e));
+  T_OK(pstar_engine_destroy(e));
 }

@@ -203,21 +203,23 @@ class View:
 
 class PinnedMaster(View):
     """A parameter's fp32 master in host memory, without a copy
-    (pstar_param_pin), read-only, valid until ``unpin()`` (or the end of its
-    ``with`` block).  While pinned, a step that would update the parameter
+    (pstar_param_pin), read-only unless pinned writable (outside iterations;
+    the writes reach the compute copy at unpin), valid until ``unpin()`` (or
+    the end of its ``with`` block).  While pinned, a step that would update the parameter
     raises BusyError; ``unpin()`` raises BusyError while a DLPack export of
     it is alive."""
 
     _release_call = "pstar_param_unpin"
 
-    def __init__(self, engine, param, address):
-        super().__init__(engine, param, address, "pin", False, None)
+    def __init__(self, engine, param, address, writable=False):
+        super().__init__(engine, param, address, "pin", writable, None)
         self.dtype = "f32"
 
     def memoryview(self) -> memoryview:
         self._check_live()
         raw = (ctypes.c_char * self.nbytes).from_address(self.address)
-        return memoryview(raw).cast("B").cast("f", self.param.shape or (1,)).toreadonly()
+        mv = memoryview(raw).cast("B").cast("f", self.param.shape or (1,))
+        return mv if self.writable else mv.toreadonly()
 
     def __dlpack_device__(self):
         return (_dlpack.KDL_CPU, 0)
@@ -331,10 +333,11 @@ class Engine:
         check(_c.pstar_param_read(self._handle(), param.id, out, param.numel, _DTYPES[dtype]), "pstar_param_read")
         return out
 
-    def pin(self, param: Param) -> PinnedMaster:
+    def pin(self, param: Param, writable: bool = False) -> PinnedMaster:
         """The parameter's fp32 master in place (pstar_param_pin)."""
-        address, _dtype = check(_c.pstar_param_pin(self._handle(), param.id), "pstar_param_pin")
-        return PinnedMaster(self, param, address)
+        address, _dtype = check(_c.pstar_param_pin(self._handle(), param.id, 1 if writable else 0),
+                                "pstar_param_pin")
+        return PinnedMaster(self, param, address, writable)
 
     def set_lr_scale(self, param: Param, scale: float):
         check(_c.pstar_param_set_lr_scale(self._handle(), param.id, float(scale)), "pstar_param_set_lr_scale")

@@ -359,3 +359,17 @@ def test_calls_release_the_gil_so_other_threads_run():
         stop.set()
         t.join()
     assert during > 0
+
+
+def test_a_writable_pin_reaches_the_compute_copy_at_unpin():
+    with small_engine(compute_dtype="f16") as e:
+        w = e.register("w", (8,))
+        e.build()
+        with e.pin(w, writable=True) as m:
+            np.from_dlpack(m)[:] = 0.25          # through DLPack, writable
+            m.memoryview()[0] = 1.5               # through the buffer protocol
+            gc.collect()
+        np.testing.assert_array_equal(e.read(w), [1.5] + [0.25] * 7)
+        with e.eval_iteration():
+            with e.acquire(w) as v:
+                np.testing.assert_array_equal(np.from_dlpack(v).astype(np.float32), [1.5] + [0.25] * 7)

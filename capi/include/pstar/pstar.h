@@ -448,18 +448,21 @@ PSTAR_API pstar_status pstar_param_read(pstar_engine *engine, uint32_t id, void 
 
 /** Exports parameter `id`'s fp32 master values without a copy: *out_ptr
  *  points to its numel floats in host memory, valid until
- *  pstar_param_unpin(); *out_dtype is PSTAR_DTYPE_F32.  Read-only: writes go
- *  through pstar_param_write().  While a parameter is pinned, a pstar_step()
- *  that would update it returns PSTAR_ERR_BUSY (nothing is changed; unpin
- *  and call it again), and hybrid placement never moves its state.  Pins
- *  nest (one unpin per pin).  PSTAR_ERR_UNSUPPORTED for a frozen parameter
- *  (it has no master; use pstar_param_read), in a dry run, with world_size >
- *  1 (a rank holds only its shard), and for state placed on the accelerator
- *  by hybrid placement. */
-PSTAR_API pstar_status pstar_param_pin(pstar_engine *engine, uint32_t id, void **out_ptr,
-                                       pstar_dtype *out_dtype);
+ *  pstar_param_unpin(); *out_dtype is PSTAR_DTYPE_F32.  Read-only unless
+ *  `writable` is nonzero; a writable pin is legal only outside iterations,
+ *  no iteration may begin while one is held, and its unpin copies the master
+ *  (rounded) into the compute copy, wherever that is.  While a parameter is
+ *  pinned, a pstar_step() that would update it returns PSTAR_ERR_BUSY
+ *  (nothing is changed; unpin and call it again), and hybrid placement never
+ *  moves its state.  Pins nest (one unpin per pin).  PSTAR_ERR_UNSUPPORTED
+ *  for a frozen parameter (it has no master; use pstar_param_read), in a dry
+ *  run, with world_size > 1 (a rank holds only its shard), and for state
+ *  placed on the accelerator by hybrid placement. */
+PSTAR_API pstar_status pstar_param_pin(pstar_engine *engine, uint32_t id, int32_t writable,
+                                       void **out_ptr, pstar_dtype *out_dtype);
 
-/** Ends one pin of parameter `id` (PSTAR_ERR_INVALID_STATE if it has none). */
+/** Ends the latest pin of parameter `id` (PSTAR_ERR_INVALID_STATE if it has
+ *  none); the end of a writable pin refreshes the compute copy. */
 PSTAR_API pstar_status pstar_param_unpin(pstar_engine *engine, uint32_t id);
 
 /* ------------------------------------------------------------------------ */

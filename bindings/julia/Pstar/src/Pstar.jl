@@ -211,9 +211,9 @@ pstar_param_write(engine, id, src, count, dtype) =
 pstar_param_read(engine, id, dst, count, dtype) =
     ccall((:pstar_param_read, libpstar), Cint, (Ptr{Cvoid}, UInt32, Ptr{Cvoid}, UInt64, Cint),
           engine, id, dst, count, dtype)
-pstar_param_pin(engine, id, out_ptr, out_dtype) =
-    ccall((:pstar_param_pin, libpstar), Cint, (Ptr{Cvoid}, UInt32, Ref{Ptr{Cvoid}}, Ref{Cint}),
-          engine, id, out_ptr, out_dtype)
+pstar_param_pin(engine, id, writable, out_ptr, out_dtype) =
+    ccall((:pstar_param_pin, libpstar), Cint, (Ptr{Cvoid}, UInt32, Int32, Ref{Ptr{Cvoid}}, Ref{Cint}),
+          engine, id, writable, out_ptr, out_dtype)
 pstar_param_unpin(engine, id) = ccall((:pstar_param_unpin, libpstar), Cint, (Ptr{Cvoid}, UInt32), engine, id)
 pstar_iteration_begin(engine, kind) =
     ccall((:pstar_iteration_begin, libpstar), Cint, (Ptr{Cvoid}, Cint), engine, kind)
@@ -338,16 +338,17 @@ function read(e::Engine, id::UInt32)
 end
 
 """
-    pin(e, id) -> Vector{Float32}
+    pin(e, id; writable = false) -> Vector{Float32}
 
-The parameter's fp32 master in place (`unsafe_wrap`, no copy); read-only by
-contract; valid until `unpin!`.  A step that would update it throws
-PstarError(PSTAR_ERR_BUSY) meanwhile.
+The parameter's fp32 master in place (`unsafe_wrap`, no copy), valid until
+`unpin!`; read-only by contract unless `writable` (outside iterations; the
+writes reach the compute copy at `unpin!`).  A step that would update it
+throws PstarError(PSTAR_ERR_BUSY) meanwhile.
 """
-function pin(e::Engine, id::UInt32)
+function pin(e::Engine, id::UInt32; writable::Bool = false)
     p = Ref{Ptr{Cvoid}}(C_NULL)
     dt = Ref{Cint}(0)
-    @check pstar_param_pin(e.ptr, id, p, dt)
+    @check pstar_param_pin(e.ptr, id, Int32(writable), p, dt)
     n = Ref{UInt64}(0)
     @check pstar_param_numel(e.ptr, id, n)
     return unsafe_wrap(Vector{Float32}, Ptr{Float32}(p[]), Int(n[]); own = false)

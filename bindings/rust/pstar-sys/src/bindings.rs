@@ -1066,23 +1066,27 @@ extern "C" {
 extern "C" {
     #[doc = " Exports parameter `id`'s fp32 master values without a copy: *out_ptr"]
     #[doc = "  points to its numel floats in host memory, valid until"]
-    #[doc = "  pstar_param_unpin(); *out_dtype is PSTAR_DTYPE_F32.  Read-only: writes go"]
-    #[doc = "  through pstar_param_write().  While a parameter is pinned, a pstar_step()"]
-    #[doc = "  that would update it returns PSTAR_ERR_BUSY (nothing is changed; unpin"]
-    #[doc = "  and call it again), and hybrid placement never moves its state.  Pins"]
-    #[doc = "  nest (one unpin per pin).  PSTAR_ERR_UNSUPPORTED for a frozen parameter"]
-    #[doc = "  (it has no master; use pstar_param_read), in a dry run, with world_size >"]
-    #[doc = "  1 (a rank holds only its shard), and for state placed on the accelerator"]
-    #[doc = "  by hybrid placement."]
+    #[doc = "  pstar_param_unpin(); *out_dtype is PSTAR_DTYPE_F32.  Read-only unless"]
+    #[doc = "  `writable` is nonzero; a writable pin is legal only outside iterations,"]
+    #[doc = "  no iteration may begin while one is held, and its unpin copies the master"]
+    #[doc = "  (rounded) into the compute copy, wherever that is.  While a parameter is"]
+    #[doc = "  pinned, a pstar_step() that would update it returns PSTAR_ERR_BUSY"]
+    #[doc = "  (nothing is changed; unpin and call it again), and hybrid placement never"]
+    #[doc = "  moves its state.  Pins nest (one unpin per pin).  PSTAR_ERR_UNSUPPORTED"]
+    #[doc = "  for a frozen parameter (it has no master; use pstar_param_read), in a dry"]
+    #[doc = "  run, with world_size > 1 (a rank holds only its shard), and for state"]
+    #[doc = "  placed on the accelerator by hybrid placement."]
     pub fn pstar_param_pin(
         engine: *mut pstar_engine,
         id: u32,
+        writable: i32,
         out_ptr: *mut *mut ::std::os::raw::c_void,
         out_dtype: *mut pstar_dtype,
     ) -> pstar_status;
 }
 extern "C" {
-    #[doc = " Ends one pin of parameter `id` (PSTAR_ERR_INVALID_STATE if it has none)."]
+    #[doc = " Ends the latest pin of parameter `id` (PSTAR_ERR_INVALID_STATE if it has"]
+    #[doc = "  none); the end of a writable pin refreshes the compute copy."]
     pub fn pstar_param_unpin(engine: *mut pstar_engine, id: u32) -> pstar_status;
 }
 extern "C" {

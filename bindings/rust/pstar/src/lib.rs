@@ -318,8 +318,17 @@ impl Engine {
     pub fn pin(&self, p: Param) -> Result<Pinned<'_>> {
         let mut ptr: *mut c_void = std::ptr::null_mut();
         let mut dtype: sys::pstar_dtype = 0;
-        check(unsafe { sys::pstar_param_pin(self.raw, p.id, &mut ptr, &mut dtype) }, "pstar_param_pin")?;
+        check(unsafe { sys::pstar_param_pin(self.raw, p.id, 0, &mut ptr, &mut dtype) }, "pstar_param_pin")?;
         Ok(Pinned { engine: self, param: p, ptr: ptr as *const f32, unpinned: false })
+    }
+
+    /// A writable pin of the fp32 master (outside iterations): the writes
+    /// reach the compute copy when the guard is dropped or `unpin`ned.
+    pub fn pin_mut(&mut self, p: Param) -> Result<PinnedMut<'_>> {
+        let mut ptr: *mut c_void = std::ptr::null_mut();
+        let mut dtype: sys::pstar_dtype = 0;
+        check(unsafe { sys::pstar_param_pin(self.raw, p.id, 1, &mut ptr, &mut dtype) }, "pstar_param_pin")?;
+        Ok(PinnedMut { engine: self, param: p, ptr: ptr as *mut f32, unpinned: false })
     }
 
     pub fn begin_train(&mut self) -> Result<()> {
@@ -451,6 +460,34 @@ impl<'a> Pinned<'a> {
 }
 
 impl<'a> Drop for Pinned<'a> {
+    fn drop(&mut self) {
+        if !self.unpinned {
+            unsafe { sys::pstar_param_unpin(self.engine.raw, self.param.id) };
+        }
+    }
+}
+
+/// A writable pin of a master (see `Engine::pin_mut`).
+pub struct PinnedMut<'a> {
+    engine: &'a mut Engine,
+    param: Param,
+    ptr: *mut f32,
+    unpinned: bool,
+}
+
+impl<'a> PinnedMut<'a> {
+    pub fn as_mut_slice(&mut self) -> &mut [f32] {
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.param.numel as usize) }
+    }
+
+    /// Unpins (the compute copy takes the writes) and reports the status.
+    pub fn unpin(mut self) -> Result<()> {
+        self.unpinned = true;
+        check(unsafe { sys::pstar_param_unpin(self.engine.raw, self.param.id) }, "pstar_param_unpin")
+    }
+}
+
+impl<'a> Drop for PinnedMut<'a> {
     fn drop(&mut self) {
         if !self.unpinned {
             unsafe { sys::pstar_param_unpin(self.engine.raw, self.param.id) };

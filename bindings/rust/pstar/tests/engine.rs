@@ -168,7 +168,7 @@ fn a_pinned_master_is_the_values_in_place_and_blocks_a_step() {
     }
     let mut out = std::ptr::null_mut();
     let mut dt = 0;
-    assert_eq!(unsafe { pstar::sys::pstar_param_pin(engine_raw(&e), w.id, &mut out, &mut dt) }, status::OK);
+    assert_eq!(unsafe { pstar::sys::pstar_param_pin(engine_raw(&e), w.id, 0, &mut out, &mut dt) }, status::OK);
     assert_eq!(e.step().unwrap_err().status, status::BUSY);
     assert_eq!(unsafe { pstar::sys::pstar_param_unpin(engine_raw(&e), w.id) }, status::OK);
     e.step().unwrap();
@@ -176,4 +176,24 @@ fn a_pinned_master_is_the_values_in_place_and_blocks_a_step() {
 
 fn engine_raw(e: &Engine) -> *mut pstar::sys::pstar_engine {
     e.raw_handle()
+}
+
+#[test]
+fn a_writable_pin_reaches_the_values_at_unpin() {
+    let mut e = Engine::new(&small(0)).unwrap();
+    let w = e.register("w", &[4], false).unwrap();
+    e.build().unwrap();
+    {
+        let mut m = e.pin_mut(w).unwrap();
+        m.as_mut_slice().copy_from_slice(&[1.0, 2.0, 3.0, 4.0]);
+        m.unpin().unwrap();
+    }
+    let mut back = [0.0f32; 4];
+    e.read_f32(w, &mut back).unwrap();
+    assert_eq!(back, [1.0, 2.0, 3.0, 4.0]);
+    e.begin_eval().unwrap();
+    let v = e.acquire(w, Stage::Forward).unwrap();
+    assert_eq!(v.as_f32().unwrap(), &[1.0, 2.0, 3.0, 4.0]);
+    v.release().unwrap();
+    e.end_iteration().unwrap();
 }

@@ -139,11 +139,17 @@ public final class Engine implements AutoCloseable {
    * the returned view to unpin. While pinned, a step that would update the
    * parameter throws {@link PstarException.Busy}.
    */
-  public PinnedMaster pin(Param p) {
+  public PinnedMaster pin(Param p) { return pin(p, false); }
+
+  /**
+   * A writable pin (outside iterations only): the writes reach the compute
+   * copy when the view is closed.
+   */
+  public PinnedMaster pin(Param p, boolean writable) {
     long[] ptr = new long[1];
     int[] dtype = new int[1];
-    PstarException.check(PstarC.pstar_param_pin(handle, p.id, ptr, dtype), "pstar_param_pin");
-    return new PinnedMaster(this, p, ptr[0]);
+    PstarException.check(PstarC.pstar_param_pin(handle, p.id, writable ? 1 : 0, ptr, dtype), "pstar_param_pin");
+    return new PinnedMaster(this, p, ptr[0], writable);
   }
 
   public void beginTrain() {
