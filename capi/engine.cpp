@@ -199,6 +199,18 @@ pstar_status pstar_param_unpin(pstar_engine* engine, uint32_t id) {
   return guarded([&] { live(engine).unpin(id); });
 }
 
+pstar_status pstar_checkpoint_save(pstar_engine* engine, const char* dir) {
+  return guarded([&] { live(engine).checkpoint_save(dir); });
+}
+
+pstar_status pstar_checkpoint_load(pstar_engine* engine, const char* dir) {
+  return guarded([&] { live(engine).checkpoint_load(dir); });
+}
+
+pstar_status pstar_export_safetensors(pstar_engine* engine, const char* path) {
+  return guarded([&] { live(engine).export_safetensors(path); });
+}
+
 pstar_status pstar_iteration_begin(pstar_engine* engine, pstar_iteration_kind kind) {
   return guarded([&] { live(engine).iteration_begin(kind); });
 }

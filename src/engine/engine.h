@@ -77,10 +77,18 @@ class Engine {
 
   void write(uint32_t id, const void* src, uint64_t count, pstar_dtype dtype);
   void read(uint32_t id, void* dst, uint64_t count, pstar_dtype dtype);
+  // Checkpoints (engine_checkpoint.cpp, docs/checkpoints.md).
+  std::string checkpoint_save(const char* dir);
+  void checkpoint_load(const char* dir);
+  void export_safetensors(const char* path);
+
   // pstar_param_pin/unpin: the fp32 master in place, pinned.
   float* pin(uint32_t id, bool writable);
   void unpin(uint32_t id);
-  uint32_t writable_pins_ = 0;  // outstanding writable pins (no iteration may begin)
+  // One list of a trainable parameter's fp32 state (0 master, 1 exp_avg,
+  // 2 exp_avg_sq), copied out of or into the engine wherever it lives.
+  void read_state(uint32_t id, int list, float* out);
+  void write_state(uint32_t id, int list, const float* in);
 
   void iteration_begin(pstar_iteration_kind kind);
   void iteration_end();
@@ -340,6 +348,7 @@ class Engine {
   float clip_norm_ = 0.0f;
   optim::LossScaler scaler_;
   uint64_t adam_step_ = 0;
+  uint32_t writable_pins_ = 0;  // outstanding writable pins (no iteration may begin)
   optim::AdamIsa adam_isa_ = optim::AdamIsa::kScalar;
   std::unique_ptr<ThreadPool> pool_;  // the CPU optimizer's threads
 

@@ -29,6 +29,14 @@ class LossScaler {
   float scale() const { return scale_; }
   void set_scale(float s) { scale_ = s; }
   bool enabled() const { return cfg_.enabled; }
+  // The state a checkpoint keeps, and its restore.
+  uint32_t clean_steps() const { return clean_steps_; }
+  uint32_t hysteresis_left() const { return hysteresis_left_; }
+  void restore(float scale, uint32_t clean_steps, uint32_t hysteresis_left) {
+    scale_ = scale;
+    clean_steps_ = clean_steps;
+    hysteresis_left_ = hysteresis_left;
+  }
 
   // Records the outcome of a step.
   void update(bool overflow) {

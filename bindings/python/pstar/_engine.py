@@ -339,6 +339,18 @@ class Engine:
                                 "pstar_param_pin")
         return PinnedMaster(self, param, address, writable)
 
+    def save_checkpoint(self, directory: str):
+        """Saves a checkpoint into `directory` (pstar_checkpoint_save)."""
+        check(_c.pstar_checkpoint_save(self._handle(), str(directory)), "pstar_checkpoint_save")
+
+    def load_checkpoint(self, directory: str):
+        """Loads the checkpoint `directory`/LATEST names (pstar_checkpoint_load)."""
+        check(_c.pstar_checkpoint_load(self._handle(), str(directory)), "pstar_checkpoint_load")
+
+    def export_safetensors(self, path: str):
+        """Writes every parameter's fp32 values as a safetensors file."""
+        check(_c.pstar_export_safetensors(self._handle(), str(path)), "pstar_export_safetensors")
+
     def set_lr_scale(self, param: Param, scale: float):
         check(_c.pstar_param_set_lr_scale(self._handle(), param.id, float(scale)), "pstar_param_set_lr_scale")
 

@@ -373,3 +373,42 @@ def test_a_writable_pin_reaches_the_compute_copy_at_unpin():
         with e.eval_iteration():
             with e.acquire(w) as v:
                 np.testing.assert_array_equal(np.from_dlpack(v).astype(np.float32), [1.5] + [0.25] * 7)
+
+
+# -- checkpoints ------------------------------------------------------------------------
+
+def test_checkpoint_round_trip_and_a_corrupted_one(tmp_path):
+    def run(e, w, steps):
+        for s in range(steps):
+            with e.train_iteration():
+                with e.acquire(w, "forward"):
+                    pass
+                with e.acquire(w, "backward"):
+                    e.grad_write(w, np.full(64, 0.01 * (s + 1), np.float32))
+                e.step()
+    with small_engine(compute_dtype="bf16") as a:
+        w = a.register("w", (64,))
+        a.build()
+        a.write(w, np.linspace(-1, 1, 64, dtype=np.float32))
+        run(a, w, 3)
+        a.save_checkpoint(tmp_path / "ck")
+        run(a, w, 2)
+        expected = a.read(w)
+        a.export_safetensors(tmp_path / "w.safetensors")
+    with small_engine(compute_dtype="bf16") as b:
+        w = b.register("w", (64,))
+        b.build()
+        b.load_checkpoint(tmp_path / "ck")
+        run(b, w, 2)
+        np.testing.assert_array_equal(b.read(w), expected)
+    latest = (tmp_path / "ck" / "LATEST").read_text().strip()
+    (tmp_path / "ck" / latest / "masters.f32").write_bytes(b"\0" * 8)
+    with small_engine(compute_dtype="bf16") as c:
+        w = c.register("w", (64,))
+        c.build()
+        with pytest.raises(pstar.PstarIOError, match="masters.f32"):
+            c.load_checkpoint(tmp_path / "ck")
+    # The safetensors file: header length, JSON header, the fp32 data.
+    header_len = int.from_bytes((tmp_path / "w.safetensors").read_bytes()[:8], "little")
+    data = (tmp_path / "w.safetensors").read_bytes()[8 + header_len:]
+    np.testing.assert_array_equal(np.frombuffer(data, np.float32), expected)

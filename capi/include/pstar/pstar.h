@@ -466,6 +466,36 @@ PSTAR_API pstar_status pstar_param_pin(pstar_engine *engine, uint32_t id, int32_
 PSTAR_API pstar_status pstar_param_unpin(pstar_engine *engine, uint32_t id);
 
 /* ------------------------------------------------------------------------ */
+/* Checkpoints                                                               */
+/* ------------------------------------------------------------------------ */
+
+/** Saves the engine's training state into directory `dir` (created if
+ *  missing): every parameter's fp32 master, Adam's m and v, frozen values,
+ *  Adam's step, the loss scaler and the hyperparameters, each file with an
+ *  XXH3 checksum, in a new subdirectory that `dir/LATEST` then names
+ *  (replaced atomically: a crash or a full disk at any point leaves the
+ *  previous checkpoint loadable).  Legal after the build, between
+ *  iterations.  PSTAR_ERR_IO names the file and the cause;
+ *  PSTAR_ERR_UNSUPPORTED in a dry run, with world_size > 1 (not yet), or in
+ *  a build without xxhash.  Format: docs/checkpoints.md. */
+PSTAR_API pstar_status pstar_checkpoint_save(pstar_engine *engine, const char *dir);
+
+/** Loads the checkpoint `dir/LATEST` names into this engine, which must
+ *  register the same parameters (names, shapes, frozen or not; order and
+ *  chunk size may differ).  Everything is verified (format version,
+ *  parameter set, every file's size and checksum) before anything changes:
+ *  on an error (PSTAR_ERR_IO naming the file and the problem,
+ *  PSTAR_ERR_INVALID_ARGUMENT for another parameter set) the engine is as it
+ *  was.  Training resumed from a checkpoint saved after step k reaches the
+ *  same parameters, bit for bit, as training that never stopped. */
+PSTAR_API pstar_status pstar_checkpoint_load(pstar_engine *engine, const char *dir);
+
+/** Writes every parameter's fp32 values (masters; frozen parameters' values)
+ *  as a safetensors file at `path` (replaced atomically), for other tools.
+ *  Legal after the build, between iterations. */
+PSTAR_API pstar_status pstar_export_safetensors(pstar_engine *engine, const char *path);
+
+/* ------------------------------------------------------------------------ */
 /* Iterations                                                                */
 /* ------------------------------------------------------------------------ */
 

@@ -215,6 +215,12 @@ pstar_param_pin(engine, id, writable, out_ptr, out_dtype) =
     ccall((:pstar_param_pin, libpstar), Cint, (Ptr{Cvoid}, UInt32, Int32, Ref{Ptr{Cvoid}}, Ref{Cint}),
           engine, id, writable, out_ptr, out_dtype)
 pstar_param_unpin(engine, id) = ccall((:pstar_param_unpin, libpstar), Cint, (Ptr{Cvoid}, UInt32), engine, id)
+pstar_checkpoint_save(engine, dir) =
+    ccall((:pstar_checkpoint_save, libpstar), Cint, (Ptr{Cvoid}, Cstring), engine, dir)
+pstar_checkpoint_load(engine, dir) =
+    ccall((:pstar_checkpoint_load, libpstar), Cint, (Ptr{Cvoid}, Cstring), engine, dir)
+pstar_export_safetensors(engine, path) =
+    ccall((:pstar_export_safetensors, libpstar), Cint, (Ptr{Cvoid}, Cstring), engine, path)
 pstar_iteration_begin(engine, kind) =
     ccall((:pstar_iteration_begin, libpstar), Cint, (Ptr{Cvoid}, Cint), engine, kind)
 pstar_iteration_end(engine) = ccall((:pstar_iteration_end, libpstar), Cint, (Ptr{Cvoid},), engine)
@@ -356,6 +362,11 @@ end
 
 unpin!(e::Engine, id::UInt32) = @check pstar_param_unpin(e.ptr, id)
 
+"""Saves a checkpoint into `dir` (see the C API); `load!` restores it."""
+save(e::Engine, dir::AbstractString) = @check pstar_checkpoint_save(e.ptr, dir)
+load!(e::Engine, dir::AbstractString) = @check pstar_checkpoint_load(e.ptr, dir)
+export_safetensors(e::Engine, path::AbstractString) = @check pstar_export_safetensors(e.ptr, path)
+
 begin_train!(e::Engine) = @check pstar_iteration_begin(e.ptr, PSTAR_ITERATION_TRAIN)
 
 """
@@ -393,6 +404,6 @@ function stats(e::Engine)
 end
 
 export Engine, EngineOptions, PstarError, @check, options, register!, build!, write!, read, begin_train!,
-       acquire, release!, grad_write!, step!, stats, pin, unpin!
+       acquire, release!, grad_write!, step!, stats, pin, unpin!, save, load!, export_safetensors
 
 end # module

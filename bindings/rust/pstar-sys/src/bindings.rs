@@ -1090,6 +1090,44 @@ extern "C" {
     pub fn pstar_param_unpin(engine: *mut pstar_engine, id: u32) -> pstar_status;
 }
 extern "C" {
+    #[doc = " Saves the engine's training state into directory `dir` (created if"]
+    #[doc = "  missing): every parameter's fp32 master, Adam's m and v, frozen values,"]
+    #[doc = "  Adam's step, the loss scaler and the hyperparameters, each file with an"]
+    #[doc = "  XXH3 checksum, in a new subdirectory that `dir/LATEST` then names"]
+    #[doc = "  (replaced atomically: a crash or a full disk at any point leaves the"]
+    #[doc = "  previous checkpoint loadable).  Legal after the build, between"]
+    #[doc = "  iterations.  PSTAR_ERR_IO names the file and the cause;"]
+    #[doc = "  PSTAR_ERR_UNSUPPORTED in a dry run, with world_size > 1 (not yet), or in"]
+    #[doc = "  a build without xxhash.  Format: docs/checkpoints.md."]
+    pub fn pstar_checkpoint_save(
+        engine: *mut pstar_engine,
+        dir: *const ::std::os::raw::c_char,
+    ) -> pstar_status;
+}
+extern "C" {
+    #[doc = " Loads the checkpoint `dir/LATEST` names into this engine, which must"]
+    #[doc = "  register the same parameters (names, shapes, frozen or not; order and"]
+    #[doc = "  chunk size may differ).  Everything is verified (format version,"]
+    #[doc = "  parameter set, every file's size and checksum) before anything changes:"]
+    #[doc = "  on an error (PSTAR_ERR_IO naming the file and the problem,"]
+    #[doc = "  PSTAR_ERR_INVALID_ARGUMENT for another parameter set) the engine is as it"]
+    #[doc = "  was.  Training resumed from a checkpoint saved after step k reaches the"]
+    #[doc = "  same parameters, bit for bit, as training that never stopped."]
+    pub fn pstar_checkpoint_load(
+        engine: *mut pstar_engine,
+        dir: *const ::std::os::raw::c_char,
+    ) -> pstar_status;
+}
+extern "C" {
+    #[doc = " Writes every parameter's fp32 values (masters; frozen parameters' values)"]
+    #[doc = "  as a safetensors file at `path` (replaced atomically), for other tools."]
+    #[doc = "  Legal after the build, between iterations."]
+    pub fn pstar_export_safetensors(
+        engine: *mut pstar_engine,
+        path: *const ::std::os::raw::c_char,
+    ) -> pstar_status;
+}
+extern "C" {
     #[doc = " Begins an iteration.  A TRAIN iteration ends with pstar_step(), an EVAL"]
     #[doc = "  iteration with pstar_iteration_end()."]
     pub fn pstar_iteration_begin(

@@ -331,6 +331,24 @@ impl Engine {
         Ok(PinnedMut { engine: self, param: p, ptr: ptr as *mut f32, unpinned: false })
     }
 
+    /// Saves a checkpoint into `dir` (pstar_checkpoint_save).
+    pub fn save_checkpoint(&mut self, dir: &str) -> Result<()> {
+        let c = CString::new(dir).unwrap_or_default();
+        check(unsafe { sys::pstar_checkpoint_save(self.raw, c.as_ptr()) }, "pstar_checkpoint_save")
+    }
+
+    /// Loads the checkpoint `dir`/LATEST names (pstar_checkpoint_load).
+    pub fn load_checkpoint(&mut self, dir: &str) -> Result<()> {
+        let c = CString::new(dir).unwrap_or_default();
+        check(unsafe { sys::pstar_checkpoint_load(self.raw, c.as_ptr()) }, "pstar_checkpoint_load")
+    }
+
+    /// Writes every parameter's fp32 values as a safetensors file.
+    pub fn export_safetensors(&mut self, path: &str) -> Result<()> {
+        let c = CString::new(path).unwrap_or_default();
+        check(unsafe { sys::pstar_export_safetensors(self.raw, c.as_ptr()) }, "pstar_export_safetensors")
+    }
+
     pub fn begin_train(&mut self) -> Result<()> {
         check(unsafe { sys::pstar_iteration_begin(self.raw, sys::pstar_iteration_kind_PSTAR_ITERATION_TRAIN) },
               "pstar_iteration_begin")

@@ -152,6 +152,21 @@ public final class Engine implements AutoCloseable {
     return new PinnedMaster(this, p, ptr[0], writable);
   }
 
+  /** Saves a checkpoint into `dir` (pstar_checkpoint_save). */
+  public void saveCheckpoint(String dir) {
+    PstarException.check(PstarC.pstar_checkpoint_save(handle, dir), "pstar_checkpoint_save");
+  }
+
+  /** Loads the checkpoint `dir`/LATEST names (pstar_checkpoint_load). */
+  public void loadCheckpoint(String dir) {
+    PstarException.check(PstarC.pstar_checkpoint_load(handle, dir), "pstar_checkpoint_load");
+  }
+
+  /** Writes every parameter's fp32 values as a safetensors file. */
+  public void exportSafetensors(String path) {
+    PstarException.check(PstarC.pstar_export_safetensors(handle, path), "pstar_export_safetensors");
+  }
+
   public void beginTrain() {
     PstarException.check(PstarC.pstar_iteration_begin(handle, PstarC.PSTAR_ITERATION_TRAIN), "pstar_iteration_begin");
   }

@@ -1,0 +1,673 @@
+// Checkpoints and safetensors export (docs/checkpoints.md).
+//
+// Layout of a checkpoint directory DIR:
+//   DIR/LATEST                 the name of the current checkpoint, one line
+//   DIR/ckpt-<step>-<n>/       one checkpoint, never modified once LATEST
+//                              names it:
+//     masters.f32              fp32 masters of the trainable parameters,
+//     exp_avg.f32              Adam's m and
+//     exp_avg_sq.f32           v, each parameter's numel floats in the
+//                              manifest's order (little-endian),
+//     frozen.f32               frozen parameters' values as fp32,
+//     manifest                 a text manifest (below), written last.
+//
+// Keyed by parameter, not by chunk: a checkpoint loads into an engine with
+// another chunk size.  Crash safety: each save writes a new subdirectory,
+// fsyncs every file and the subdirectory, then replaces LATEST atomically
+// (write LATEST.tmp, fsync, rename, fsync DIR).  A crash or a full disk at
+// any point leaves the previous LATEST and its subdirectory intact.  Loading
+// verifies the format version, the parameter set and every file's size and
+// XXH3-64 checksum before it changes anything, so a bad checkpoint leaves
+// the engine as it was.
+//
+// Test hook: PSTAR_TEST_CHECKPOINT_CRASH_AT=n makes a save stop with
+// PSTAR_ERR_IO at its n-th durability point (1: after masters.f32 ... 8:
+// after the rename of LATEST), as a crash there would; unset, it is inert.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+#include "util/dtype.h"
+#include "util/error.h"
+#include "util/log.h"
+
+#if defined(PSTAR_HAVE_XXHASH)
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+#endif
+
+#ifndef PSTAR_VERSION_STRING
+#include "pstar/version.h"
+#endif
+
+namespace pstar::engine {
+
+namespace {
+
+constexpr int kFormatVersion = 1;
+constexpr const char* kFormatName = "pstar-checkpoint";
+const char* const kListFiles[4] = {"masters.f32", "exp_avg.f32", "exp_avg_sq.f32", "frozen.f32"};
+
+[[noreturn]] void io_error(const std::string& what) { throw Error(PSTAR_ERR_IO, what); }
+
+std::string errno_text() { return std::strerror(errno); }
+
+// Names may hold any byte but NUL: percent-encode what would break a line.
+std::string escape(const std::string& s) {
+  std::string out;
+  char buf[4];
+  for (unsigned char ch : s) {
+    if (ch <= ' ' || ch == '%' || ch >= 0x7f) {
+      std::snprintf(buf, sizeof buf, "%%%02X", ch);
+      out += buf;
+    } else {
+      out += static_cast<char>(ch);
+    }
+  }
+  return out;
+}
+
+std::string unescape(const std::string& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '%' && i + 2 < s.size()) {
+      out += static_cast<char>(std::strtol(s.substr(i + 1, 2).c_str(), nullptr, 16));
+      i += 2;
+    } else {
+      out += s[i];
+    }
+  }
+  return out;
+}
+
+std::string join_path(const std::string& a, const std::string& b) {
+  return a.empty() || a.back() == '/' ? a + b : a + "/" + b;
+}
+
+void fsync_path(const std::string& path, bool directory) {
+  const int fd = ::open(path.c_str(), directory ? (O_RDONLY | O_DIRECTORY) : O_RDONLY);
+  if (fd < 0) io_error("checkpoint_save: opening '" + path + "' to sync it: " + errno_text());
+  if (::fsync(fd) != 0) {
+    const std::string e = errno_text();
+    ::close(fd);
+    io_error("checkpoint_save: syncing '" + path + "': " + e);
+  }
+  ::close(fd);
+}
+
+// A file written in pieces, with its XXH3-64 computed along the way.
+class CheckedWriter {
+ public:
+  explicit CheckedWriter(std::string path) : path_(std::move(path)) {
+    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd_ < 0) io_error("checkpoint_save: creating '" + path_ + "': " + errno_text());
+#if defined(PSTAR_HAVE_XXHASH)
+    state_ = XXH3_createState();
+    XXH3_64bits_reset(state_);
+#endif
+  }
+  ~CheckedWriter() {
+    if (fd_ >= 0) ::close(fd_);
+#if defined(PSTAR_HAVE_XXHASH)
+    XXH3_freeState(state_);
+#endif
+  }
+  void write(const void* data, size_t bytes) {
+    const char* p = static_cast<const char*>(data);
+    size_t left = bytes;
+    while (left > 0) {
+      const ssize_t n = ::write(fd_, p, left);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        io_error("checkpoint_save: writing '" + path_ + "': " + errno_text());
+      }
+      p += n;
+      left -= static_cast<size_t>(n);
+    }
+#if defined(PSTAR_HAVE_XXHASH)
+    XXH3_64bits_update(state_, data, bytes);
+#endif
+    bytes_ += bytes;
+  }
+  // fsync and close; returns the checksum.
+  uint64_t finish() {
+    if (::fsync(fd_) != 0) io_error("checkpoint_save: syncing '" + path_ + "': " + errno_text());
+    if (::close(fd_) != 0) {
+      fd_ = -1;
+      io_error("checkpoint_save: closing '" + path_ + "': " + errno_text());
+    }
+    fd_ = -1;
+#if defined(PSTAR_HAVE_XXHASH)
+    return XXH3_64bits_digest(state_);
+#else
+    return 0;
+#endif
+  }
+  uint64_t bytes() const { return bytes_; }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  uint64_t bytes_ = 0;
+#if defined(PSTAR_HAVE_XXHASH)
+  XXH3_state_t* state_ = nullptr;
+#endif
+};
+
+// The durability points of a save, for the crash test hook.
+class CrashPoints {
+ public:
+  CrashPoints() {
+    if (const char* v = std::getenv("PSTAR_TEST_CHECKPOINT_CRASH_AT")) at_ = std::atoi(v);
+  }
+  void pass(const char* where) {
+    ++count_;
+    if (at_ == count_) {
+      io_error(std::string("checkpoint_save: simulated crash at point ") + std::to_string(count_) + " (" + where +
+               "; PSTAR_TEST_CHECKPOINT_CRASH_AT)");
+    }
+  }
+
+ private:
+  int at_ = 0;
+  int count_ = 0;
+};
+
+std::string hex64(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016" PRIx64, v);
+  return buf;
+}
+
+struct ManifestParam {
+  std::string name;
+  std::vector<int64_t> shape;
+  uint64_t numel = 0;
+  bool frozen = false;
+  uint64_t offset = 0;  // in elements, in its list files
+  float lr_scale = 1.0f;
+  bool weight_decay = true;
+};
+
+struct ManifestFile {
+  uint64_t bytes = 0;
+  std::string xxh3;
+};
+
+struct Manifest {
+  int version = 0;
+  std::string library;
+  std::map<std::string, std::string> values;  // scalar entries
+  std::vector<ManifestParam> params;
+  std::map<std::string, ManifestFile> files;
+};
+
+// key value... ; "param" and "file" lines carry key=value pairs.
+Manifest parse_manifest(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) io_error("checkpoint_load: missing file '" + path + "'");
+  Manifest m;
+  std::string line;
+  int lineno = 0;
+  auto bad = [&](const std::string& why) {
+    io_error("checkpoint_load: '" + path + "' line " + std::to_string(lineno) + ": " + why);
+  };
+  while (std::getline(in, line)) {
+    ++lineno;
+    if (line.empty()) continue;
+    std::istringstream ls(line);
+    std::string key;
+    ls >> key;
+    if (lineno == 1) {
+      if (key != kFormatName) bad("not a libpstar checkpoint manifest");
+      if (!(ls >> m.version)) bad("no format version");
+      if (m.version != kFormatVersion) {
+        io_error("checkpoint_load: '" + path + "': format version " + std::to_string(m.version) +
+                 ", this library reads version " + std::to_string(kFormatVersion));
+      }
+      continue;
+    }
+    if (key == "param" || key == "file") {
+      std::string name, kv;
+      ls >> name;
+      std::map<std::string, std::string> f;
+      while (ls >> kv) {
+        const auto eq = kv.find('=');
+        if (eq == std::string::npos) bad("'" + kv + "' is not key=value");
+        f[kv.substr(0, eq)] = kv.substr(eq + 1);
+      }
+      try {
+        if (key == "param") {
+          ManifestParam p;
+          p.name = unescape(name);
+          p.numel = std::stoull(f.at("numel"));
+          p.frozen = f.at("frozen") == "1";
+          p.offset = std::stoull(f.at("offset"));
+          p.lr_scale = std::stof(f.at("lr_scale"));
+          p.weight_decay = f.at("weight_decay") == "1";
+          std::istringstream ss(f.at("shape"));
+          std::string d;
+          while (std::getline(ss, d, ',')) p.shape.push_back(std::stoll(d));
+          m.params.push_back(std::move(p));
+        } else {
+          m.files[name] = ManifestFile{std::stoull(f.at("bytes")), f.at("xxh3")};
+        }
+      } catch (const std::exception&) {
+        bad("malformed " + key + " entry");
+      }
+      continue;
+    }
+    std::string value;
+    std::getline(ls >> std::ws, value);
+    m.values[key] = value;
+  }
+  if (m.version == 0) io_error("checkpoint_load: '" + path + "' is empty");
+  return m;
+}
+
+std::string read_latest(const std::string& dir) {
+  const std::string path = join_path(dir, "LATEST");
+  std::ifstream in(path);
+  if (!in) io_error("checkpoint_load: no checkpoint in '" + dir + "' (missing file '" + path + "')");
+  std::string name;
+  std::getline(in, name);
+  if (name.empty() || name.find('/') != std::string::npos) {
+    io_error("checkpoint_load: '" + path + "' does not name a checkpoint");
+  }
+  return name;
+}
+
+// Size and XXH3-64 of a file, against the manifest.
+void verify_file(const std::string& path, const ManifestFile& expect) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) io_error("checkpoint_load: missing file '" + path + "' (" + errno_text() + ")");
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) != expect.bytes) {
+    const uint64_t size = static_cast<uint64_t>(st.st_size);
+    ::close(fd);
+    io_error("checkpoint_load: '" + path + "' is truncated or extended: " + std::to_string(size) +
+             " bytes, the manifest says " + std::to_string(expect.bytes));
+  }
+#if defined(PSTAR_HAVE_XXHASH)
+  XXH3_state_t* state = XXH3_createState();
+  XXH3_64bits_reset(state);
+  std::vector<char> buf(1 << 20);
+  for (;;) {
+    const ssize_t n = ::read(fd, buf.data(), buf.size());
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const std::string e = errno_text();
+      XXH3_freeState(state);
+      ::close(fd);
+      io_error("checkpoint_load: reading '" + path + "': " + e);
+    }
+    if (n == 0) break;
+    XXH3_64bits_update(state, buf.data(), static_cast<size_t>(n));
+  }
+  const std::string got = hex64(XXH3_64bits_digest(state));
+  XXH3_freeState(state);
+  ::close(fd);
+  if (got != expect.xxh3) {
+    io_error("checkpoint_load: '" + path + "' is corrupted: its XXH3 is " + got + ", the manifest says " +
+             expect.xxh3);
+  }
+#else
+  ::close(fd);
+#endif
+}
+
+void read_at(const std::string& path, uint64_t offset_elems, float* out, uint64_t count) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) io_error("checkpoint_load: missing file '" + path + "'");
+  char* p = reinterpret_cast<char*>(out);
+  size_t left = count * sizeof(float);
+  off_t pos = static_cast<off_t>(offset_elems * sizeof(float));
+  while (left > 0) {
+    const ssize_t n = ::pread(fd, p, left, pos);
+    if (n <= 0) {
+      if (n < 0 && errno == EINTR) continue;
+      ::close(fd);
+      io_error("checkpoint_load: reading '" + path + "': " + (n == 0 ? std::string("unexpected end") : errno_text()));
+    }
+    p += n;
+    pos += n;
+    left -= static_cast<size_t>(n);
+  }
+  ::close(fd);
+}
+
+std::string json_string(const std::string& s) {
+  std::string out = "\"";
+  char buf[8];
+  for (unsigned char ch : s) {
+    if (ch == '"' || ch == '\\') {
+      out += '\\';
+      out += static_cast<char>(ch);
+    } else if (ch < 0x20) {
+      std::snprintf(buf, sizeof buf, "\\u%04x", ch);
+      out += buf;
+    } else {
+      out += static_cast<char>(ch);
+    }
+  }
+  return out + "\"";
+}
+
+const char* dtype_text(pstar_dtype d) {
+  return d == PSTAR_DTYPE_F32 ? "f32" : d == PSTAR_DTYPE_F16 ? "f16" : "bf16";
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// State of one parameter, wherever it lives
+
+void Engine::read_state(uint32_t id, int list, float* out) {
+  const auto& place = layout_->param(id);
+  const Param& p = params_[id];
+  ChunkState& c = chunks_[place.chunk];
+  float* base = list == 0 ? c.master : list == 1 ? c.exp_avg : c.exp_avg_sq;
+  if (c.opt_device != nullptr) {
+    sync_optimizer(place.chunk);
+    copy_sync(out, base + place.offset_elems, p.numel * sizeof(float), memory::CopyKind::kDeviceToHost);
+  } else {
+    std::memcpy(out, base + place.offset_elems, p.numel * sizeof(float));
+  }
+}
+
+void Engine::write_state(uint32_t id, int list, const float* in) {
+  const auto& place = layout_->param(id);
+  const Param& p = params_[id];
+  ChunkState& c = chunks_[place.chunk];
+  float* base = list == 0 ? c.master : list == 1 ? c.exp_avg : c.exp_avg_sq;
+  if (c.opt_device != nullptr) {
+    sync_optimizer(place.chunk);
+    copy_sync(base + place.offset_elems, in, p.numel * sizeof(float), memory::CopyKind::kHostToDevice);
+  } else {
+    std::memcpy(base + place.offset_elems, in, p.numel * sizeof(float));
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Save
+
+std::string Engine::checkpoint_save(const char* dir_c) {
+  require(dir_c != nullptr && dir_c[0] != '\0', PSTAR_ERR_INVALID_ARGUMENT, "checkpoint_save: dir is NULL or empty");
+  require_built("checkpoint_save");
+  require(!iteration_active_, PSTAR_ERR_INVALID_STATE, "checkpoint_save: legal only between iterations");
+  require(payloads_, PSTAR_ERR_UNSUPPORTED, "checkpoint_save: a dry run holds no values");
+  require(!sharded(), PSTAR_ERR_UNSUPPORTED,
+          "checkpoint_save: sharded engines (world_size > 1) cannot save checkpoints yet");
+#if !defined(PSTAR_HAVE_XXHASH)
+  throw Error(PSTAR_ERR_UNSUPPORTED,
+              "checkpoint_save: this libpstar was built without xxhash (libxxhash-dev): no checksums, no checkpoints");
+#else
+  const std::string dir = dir_c;
+  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
+    io_error("checkpoint_save: creating '" + dir + "': " + errno_text());
+  }
+  // A new subdirectory for every save.
+  std::string name;
+  for (int n = 0;; ++n) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "ckpt-%010" PRIu64 "-%d", adam_step_, n);
+    name = buf;
+    if (::mkdir(join_path(dir, name).c_str(), 0755) == 0) break;
+    if (errno != EEXIST) io_error("checkpoint_save: creating '" + join_path(dir, name) + "': " + errno_text());
+  }
+  const std::string sub = join_path(dir, name);
+  CrashPoints crash;
+
+  // The four list files, parameter by parameter.
+  std::vector<uint64_t> offsets(params_.size());
+  uint64_t trainable_offset = 0, frozen_offset = 0;
+  for (uint32_t id = 0; id < params_.size(); ++id) {
+    offsets[id] = params_[id].frozen() ? frozen_offset : trainable_offset;
+    (params_[id].frozen() ? frozen_offset : trainable_offset) += params_[id].numel;
+  }
+  std::map<std::string, ManifestFile> files;
+  std::vector<float> staging;
+  for (int list = 0; list < 4; ++list) {
+    const std::string path = join_path(sub, kListFiles[list]);
+    CheckedWriter w(path);
+    for (uint32_t id = 0; id < params_.size(); ++id) {
+      const Param& p = params_[id];
+      if (p.frozen() != (list == 3)) continue;
+      staging.resize(p.numel);
+      if (list == 3) {
+        read(id, staging.data(), p.numel, PSTAR_DTYPE_F32);
+      } else {
+        read_state(id, list, staging.data());
+      }
+      w.write(staging.data(), p.numel * sizeof(float));
+    }
+    const uint64_t sum = w.finish();
+    files[kListFiles[list]] = ManifestFile{w.bytes(), hex64(sum)};
+    crash.pass(kListFiles[list]);
+  }
+
+  // The manifest, written last.
+  {
+    std::ostringstream m;
+    m << kFormatName << ' ' << kFormatVersion << '\n';
+    m << "library " << PSTAR_VERSION_STRING << '\n';
+    m << "compute_dtype " << dtype_text(opt_.compute_dtype) << '\n';
+    m << "chunk_elems " << opt_.chunk_elems << '\n';
+    m << "world_size " << world_ << '\n';
+    m << "step " << adam_step_ << '\n';
+    char buf[64];
+    auto f32 = [&](float v) {
+      std::snprintf(buf, sizeof buf, "%a", static_cast<double>(v));  // exact
+      return std::string(buf);
+    };
+    m << "loss_scale " << f32(scaler_.scale()) << '\n';
+    m << "loss_scale_clean_steps " << scaler_.clean_steps() << '\n';
+    m << "loss_scale_hysteresis_left " << scaler_.hysteresis_left() << '\n';
+    m << "lr " << f32(hyper_.lr) << '\n';
+    m << "beta1 " << f32(hyper_.beta1) << '\n';
+    m << "beta2 " << f32(hyper_.beta2) << '\n';
+    m << "eps " << f32(hyper_.eps) << '\n';
+    m << "weight_decay " << f32(hyper_.weight_decay) << '\n';
+    m << "adamw " << (hyper_.adamw ? 1 : 0) << '\n';
+    m << "clip_norm " << f32(static_cast<float>(clip_norm_)) << '\n';
+    for (uint32_t id = 0; id < params_.size(); ++id) {
+      const Param& p = params_[id];
+      std::string shape;
+      for (size_t i = 0; i < p.shape.size(); ++i) shape += (i ? "," : "") + std::to_string(p.shape[i]);
+      m << "param " << escape(p.name) << " numel=" << p.numel << " shape=" << shape
+        << " frozen=" << (p.frozen() ? 1 : 0) << " offset=" << offsets[id] << " lr_scale=" << f32(p.lr_scale)
+        << " weight_decay=" << (p.weight_decay ? 1 : 0) << '\n';
+    }
+    for (const auto& [fname, f] : files) m << "file " << fname << " bytes=" << f.bytes << " xxh3=" << f.xxh3 << '\n';
+    const std::string text = m.str();
+    CheckedWriter w(join_path(sub, "manifest"));
+    w.write(text.data(), text.size());
+    w.finish();
+    crash.pass("manifest");
+  }
+  fsync_path(sub, true);
+  crash.pass("the checkpoint directory");
+
+  // LATEST, replaced atomically.
+  {
+    const std::string tmp = join_path(dir, "LATEST.tmp");
+    CheckedWriter w(tmp);
+    const std::string line = name + "\n";
+    w.write(line.data(), line.size());
+    w.finish();
+    crash.pass("LATEST.tmp");
+    if (::rename(tmp.c_str(), join_path(dir, "LATEST").c_str()) != 0) {
+      io_error("checkpoint_save: renaming '" + tmp + "' to LATEST: " + errno_text());
+    }
+    crash.pass("the rename of LATEST");
+    fsync_path(dir, true);
+  }
+  log::info("checkpoint saved: " + sub);
+  return name;
+#endif
+}
+
+// ---------------------------------------------------------------------------
+// Load
+
+void Engine::checkpoint_load(const char* dir_c) {
+  require(dir_c != nullptr && dir_c[0] != '\0', PSTAR_ERR_INVALID_ARGUMENT, "checkpoint_load: dir is NULL or empty");
+  require_built("checkpoint_load");
+  require(!iteration_active_, PSTAR_ERR_INVALID_STATE, "checkpoint_load: legal only between iterations");
+  require(payloads_, PSTAR_ERR_UNSUPPORTED, "checkpoint_load: a dry run holds no values");
+  require(!sharded(), PSTAR_ERR_UNSUPPORTED,
+          "checkpoint_load: sharded engines (world_size > 1) cannot load checkpoints yet");
+  for (const Param& p : params_) {
+    require(p.pins == 0, PSTAR_ERR_BUSY, [&] { return "checkpoint_load: '" + p.name + "' is pinned; unpin it first"; });
+  }
+#if !defined(PSTAR_HAVE_XXHASH)
+  throw Error(PSTAR_ERR_UNSUPPORTED,
+              "checkpoint_load: this libpstar was built without xxhash (libxxhash-dev): no checksums, no checkpoints");
+#else
+  const std::string dir = dir_c;
+  const std::string sub = join_path(dir, read_latest(dir));
+  const std::string manifest_path = join_path(sub, "manifest");
+  const Manifest m = parse_manifest(manifest_path);
+
+  // The parameter set: every engine parameter in the checkpoint with the
+  // same shape and kind, and nothing else.
+  std::map<std::string, const ManifestParam*> by_name;
+  for (const ManifestParam& mp : m.params) by_name[mp.name] = &mp;
+  std::vector<const ManifestParam*> match(params_.size());
+  for (uint32_t id = 0; id < params_.size(); ++id) {
+    const Param& p = params_[id];
+    auto it = by_name.find(p.name);
+    if (it == by_name.end()) {
+      throw Error(PSTAR_ERR_INVALID_ARGUMENT, "checkpoint_load: '" + manifest_path + "' has no parameter '" + p.name +
+                                                  "' (the checkpoint is of another parameter set)");
+    }
+    const ManifestParam& mp = *it->second;
+    if (mp.shape != p.shape || mp.numel != p.numel || mp.frozen != p.frozen()) {
+      throw Error(PSTAR_ERR_INVALID_ARGUMENT, "checkpoint_load: parameter '" + p.name + "' in '" + manifest_path +
+                                                  "' has another shape or is " +
+                                                  (mp.frozen ? "frozen" : "trainable") + " there");
+    }
+    match[id] = &mp;
+  }
+  if (m.params.size() != params_.size()) {
+    for (const ManifestParam& mp : m.params) {
+      bool found = false;
+      for (const Param& p : params_) found = found || p.name == mp.name;
+      if (!found) {
+        throw Error(PSTAR_ERR_INVALID_ARGUMENT, "checkpoint_load: '" + manifest_path + "' has parameter '" + mp.name +
+                                                    "', which this engine does not register");
+      }
+    }
+  }
+  // Every file whole and unchanged before anything is applied.
+  for (const char* fname : kListFiles) {
+    auto it = m.files.find(fname);
+    if (it == m.files.end()) io_error("checkpoint_load: '" + manifest_path + "' lists no file '" + fname + "'");
+    verify_file(join_path(sub, fname), it->second);
+  }
+  auto scalar = [&](const char* key) -> std::string {
+    auto it = m.values.find(key);
+    if (it == m.values.end()) io_error("checkpoint_load: '" + manifest_path + "' has no '" + key + "'");
+    return it->second;
+  };
+  const float scale = std::strtof(scalar("loss_scale").c_str(), nullptr);
+  const uint64_t step = std::stoull(scalar("step"));
+  const uint32_t clean = static_cast<uint32_t>(std::stoul(scalar("loss_scale_clean_steps")));
+  const uint32_t hyst = static_cast<uint32_t>(std::stoul(scalar("loss_scale_hysteresis_left")));
+  optim::AdamHyper h = hyper_;
+  h.lr = std::strtof(scalar("lr").c_str(), nullptr);
+  h.beta1 = std::strtof(scalar("beta1").c_str(), nullptr);
+  h.beta2 = std::strtof(scalar("beta2").c_str(), nullptr);
+  h.eps = std::strtof(scalar("eps").c_str(), nullptr);
+  h.weight_decay = std::strtof(scalar("weight_decay").c_str(), nullptr);
+  h.adamw = scalar("adamw") == "1";
+  const double clip = std::strtod(scalar("clip_norm").c_str(), nullptr);
+
+  // Apply: values (masters and compute copies), then m and v.
+  std::vector<float> staging;
+  for (uint32_t id = 0; id < params_.size(); ++id) {
+    const Param& p = params_[id];
+    const ManifestParam& mp = *match[id];
+    staging.resize(p.numel);
+    if (p.frozen()) {
+      read_at(join_path(sub, kListFiles[3]), mp.offset, staging.data(), p.numel);
+      write(id, staging.data(), p.numel, PSTAR_DTYPE_F32);
+      continue;
+    }
+    read_at(join_path(sub, kListFiles[0]), mp.offset, staging.data(), p.numel);
+    write(id, staging.data(), p.numel, PSTAR_DTYPE_F32);
+    for (int list = 1; list <= 2; ++list) {
+      read_at(join_path(sub, kListFiles[list]), mp.offset, staging.data(), p.numel);
+      write_state(id, list, staging.data());
+    }
+    params_[id].lr_scale = mp.lr_scale;
+    params_[id].weight_decay = mp.weight_decay;
+  }
+  adam_step_ = step;
+  scaler_.restore(scale, clean, hyst);
+  hyper_ = h;
+  clip_norm_ = static_cast<float>(clip);
+  log::info("checkpoint loaded: " + sub);
+#endif
+}
+
+// ---------------------------------------------------------------------------
+// safetensors
+
+// The fp32 values of every parameter (masters; frozen ones from their
+// compute copies) as a safetensors file: an 8-byte little-endian header
+// length, a JSON header (name -> dtype, shape, data offsets; padded with
+// spaces to 8 bytes), then the data.
+void Engine::export_safetensors(const char* path_c) {
+  require(path_c != nullptr && path_c[0] != '\0', PSTAR_ERR_INVALID_ARGUMENT, "export_safetensors: path is NULL or empty");
+  require_built("export_safetensors");
+  require(!iteration_active_, PSTAR_ERR_INVALID_STATE, "export_safetensors: legal only between iterations");
+  require(payloads_, PSTAR_ERR_UNSUPPORTED, "export_safetensors: a dry run holds no values");
+  std::string header = "{\"__metadata__\":{\"producer\":\"libpstar " PSTAR_VERSION_STRING "\"}";
+  uint64_t offset = 0;
+  for (const Param& p : params_) {
+    header += "," + json_string(p.name) + ":{\"dtype\":\"F32\",\"shape\":[";
+    for (size_t i = 0; i < p.shape.size(); ++i) header += (i ? "," : "") + std::to_string(p.shape[i]);
+    header += "],\"data_offsets\":[" + std::to_string(offset) + "," + std::to_string(offset + p.numel * 4) + "]}";
+    offset += p.numel * 4;
+  }
+  header += "}";
+  while (header.size() % 8 != 0) header += ' ';
+  const std::string path = path_c;
+  const std::string tmp = path + ".tmp";
+  {
+    std::FILE* f = std::fopen(tmp.c_str(), "wb");
+    if (f == nullptr) io_error("export_safetensors: creating '" + tmp + "': " + errno_text());
+    unsigned char len[8];
+    uint64_t n = header.size();
+    for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
+    bool ok = std::fwrite(len, 1, 8, f) == 8 && std::fwrite(header.data(), 1, header.size(), f) == header.size();
+    std::vector<float> staging;
+    for (uint32_t id = 0; ok && id < params_.size(); ++id) {
+      staging.resize(params_[id].numel);
+      read(id, staging.data(), params_[id].numel, PSTAR_DTYPE_F32);
+      ok = std::fwrite(staging.data(), sizeof(float), staging.size(), f) == staging.size();
+    }
+    ok = std::fflush(f) == 0 && ok && ::fsync(fileno(f)) == 0;
+    std::fclose(f);
+    if (!ok) {
+      std::remove(tmp.c_str());
+      io_error("export_safetensors: writing '" + tmp + "' failed (disk full?)");
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) io_error("export_safetensors: renaming to '" + path + "': " + errno_text());
+}
+
+}  // namespace pstar::engine
