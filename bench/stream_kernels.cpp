@@ -4,6 +4,16 @@
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+
+#include <cpuid.h>
+
+// F16C from CPUID (leaf 1, ECX bit 29): clang 14's __builtin_cpu_supports
+// does not know "f16c".
+static bool pstar_cpu_has_f16c() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid(1, &a, &b, &c, &d) != 0 && (c & (1u << 29)) != 0;
+}
+
 #define PSTAR_BENCH_X86 1
 #else
 #define PSTAR_BENCH_X86 0
@@ -172,7 +182,7 @@ bool stream_isa_supported(StreamIsa isa) {
 #if PSTAR_BENCH_X86
     case StreamIsa::kAvx2:
       __builtin_cpu_init();
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && pstar_cpu_has_f16c();
     case StreamIsa::kAvx512:
       __builtin_cpu_init();
       return stream_isa_supported(StreamIsa::kAvx2) && __builtin_cpu_supports("avx512f") &&

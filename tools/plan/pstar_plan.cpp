@@ -253,7 +253,8 @@ Args parse_args(int argc, char** argv, const std::vector<Preset>& known) {
   }
   for (const auto& [k, v] : opts)
     if (k == "--preset") {
-      const auto it = std::find_if(known.begin(), known.end(), [&](const Preset& p) { return p.name == v; });
+      const std::string& name = v;  // a structured binding cannot be captured in C++17
+      const auto it = std::find_if(known.begin(), known.end(), [&](const Preset& p) { return p.name == name; });
       if (it == known.end()) throw UsageError("--preset: unknown preset '" + v + "' (v100x8, a100x8)");
       a.preset = v;
       a.preset_def = &*it;

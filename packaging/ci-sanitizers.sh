@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# CI-only sanitizer runs (never the README's test command).
+#   ci-sanitizers.sh asan  clang's AddressSanitizer + UndefinedBehaviorSanitizer
+#                          (with LeakSanitizer): the unit, capi and dist tests
+#   ci-sanitizers.sh tsan  clang's ThreadSanitizer: the programs that drive the
+#                          engine's mover (device worker) and optimizer (thread
+#                          pool) threads: the C example in strict and normal
+#                          mode and the access benchmark.  Criterion's test
+#                          runner cannot start under TSan (its process arena is
+#                          mapped at an address TSan reserves), so the
+#                          Criterion suites run under ASan only.
+# Any sanitizer report fails the run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash packaging/setup-sanitizers.sh
+jobs=$(nproc)
+case "${1:-}" in
+  asan)
+    cmake --preset asan > /dev/null
+    cmake --build --preset asan -j "$jobs" > build/asan-build.log 2>&1 || { tail -50 build/asan-build.log; exit 1; }
+    ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1 \
+    UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+      ctest --preset asan -L 'unit|capi|dist' -j "$jobs"
+    ;;
+  tsan)
+    cmake --preset tsan > /dev/null
+    cmake --build --preset tsan -j "$jobs" --target pstar-example-mlp pstar-bench > build/tsan-build.log 2>&1 ||
+      { tail -50 build/tsan-build.log; exit 1; }
+    export TSAN_OPTIONS=halt_on_error=1:exitcode=66
+    build/tsan/bin/pstar-example-mlp --steps 20 --strict
+    build/tsan/bin/pstar-example-mlp --steps 20
+    build/tsan/bin/pstar-bench access --iters 50 --reps 1
+    echo "tsan: no reports"
+    ;;
+  *)
+    echo "usage: ci-sanitizers.sh asan|tsan" >&2
+    exit 2
+    ;;
+esac
