@@ -763,3 +763,19 @@ Test(store, client_refuses_a_server_of_another_version_or_protocol, .timeout = 3
     cr_assert(contains(msg, expected), "%s", msg.c_str());
   }
 }
+
+// A flood of connections (bounded: 200, loopback) that never say anything:
+// a well-behaved client is served while they sit there, every one of them
+// is dropped at the stall timeout, and the server goes on serving.
+Test(store, a_flood_of_silent_connections_does_not_starve_clients, .timeout = 60) {
+  LogCapture::install();
+  auto server = start_server(300ms);
+  std::vector<std::unique_ptr<RawPeer>> flood;
+  for (int i = 0; i < 200; ++i) flood.push_back(std::make_unique<RawPeer>(server->port()));
+  auto c = connect_client(*server);
+  c->set("during", bytes_of("the flood"));
+  cr_assert_eq(text_of(c->get("during")), "the flood");
+  for (auto& p : flood) cr_assert(p->closed_within());
+  cr_assert_geq(server->stats().dropped, 200u);
+  assert_serves_others(*server, "flood");
+}
