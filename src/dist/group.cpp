@@ -130,6 +130,14 @@ std::map<uint16_t, StoreServer*>& servers() {
   });
 }
 
+// A rank of a world of two or more, and where to meet.
+[[maybe_unused]] void require_group_launch(const LaunchInfo& li, const std::string& what) {
+  require(li.world_size >= 2 && li.rank >= 0 && li.rank < li.world_size, PSTAR_ERR_INVALID_ARGUMENT,
+          [&] { return what + ": needs a rank of a world of two or more"; });
+  require(li.master_port != 0 && !li.master_addr.empty(), PSTAR_ERR_INVALID_ARGUMENT,
+          [&] { return what + ": no rendezvous address (MASTER_ADDR, MASTER_PORT)"; });
+}
+
 [[maybe_unused]] std::atomic<uint64_t>& group_counter() {
   static std::atomic<uint64_t> n{0};
   return n;
@@ -141,10 +149,7 @@ std::map<uint16_t, StoreServer*>& servers() {
 #if defined(PSTAR_HAVE_GLOO) && defined(PSTAR_HAVE_LIBUV)
 std::unique_ptr<Communicator> form_cpu_group(const GroupOptions& o) {
   const LaunchInfo& li = o.launch;
-  require(li.world_size >= 2 && li.rank >= 0 && li.rank < li.world_size, PSTAR_ERR_INVALID_ARGUMENT,
-          "form_cpu_group: needs a rank of a world of two or more");
-  require(li.master_port != 0 && !li.master_addr.empty(), PSTAR_ERR_INVALID_ARGUMENT,
-          "form_cpu_group: no rendezvous address (MASTER_ADDR, MASTER_PORT)");
+  require_group_launch(li, "form_cpu_group");
   ignore_sigpipe_if_default();
   const uint64_t group = group_counter().fetch_add(1);
   if (li.rank == 0) ensure_server(li);
@@ -185,10 +190,7 @@ std::unique_ptr<Communicator> form_cpu_group(const GroupOptions&) {
 #if defined(PSTAR_HAVE_NCCL) && defined(PSTAR_HAVE_LIBUV)
 std::unique_ptr<Communicator> form_cuda_group(const GroupOptions& o, int device) {
   const LaunchInfo& li = o.launch;
-  require(li.world_size >= 2 && li.rank >= 0 && li.rank < li.world_size, PSTAR_ERR_INVALID_ARGUMENT,
-          "form_cuda_group: needs a rank of a world of two or more");
-  require(li.master_port != 0 && !li.master_addr.empty(), PSTAR_ERR_INVALID_ARGUMENT,
-          "form_cuda_group: no rendezvous address (MASTER_ADDR, MASTER_PORT)");
+  require_group_launch(li, "form_cuda_group");
   const uint64_t group = group_counter().fetch_add(1);
   if (li.rank == 0) ensure_server(li);
   StoreClientOptions co;

@@ -215,6 +215,7 @@ class Engine {
   Param& param_checked(uint32_t id);
   const Param& param_checked(uint32_t id) const;
   void require_built(const char* what) const;
+  void require_file_call(const char* what, const char* path, bool one_process) const;
   Param& value_access(const char* what, uint32_t id, const void* buf, uint64_t count, pstar_dtype dtype);
   Param& backward_param(const char* what, uint32_t id);
   chunk::TensorState checked_transition(const Param& p, uint32_t id, chunk::TensorEvent ev) const;

@@ -372,6 +372,22 @@ const char* dtype_text(pstar_dtype d) {
 }  // namespace
 
 // ---------------------------------------------------------------------------
+// What save, load and export need: a path, a built engine with values,
+// between iterations; `one_process`: not sharded (save and load).
+
+void Engine::require_file_call(const char* what, const char* path, bool one_process) const {
+  require(path != nullptr && path[0] != '\0', PSTAR_ERR_INVALID_ARGUMENT,
+          [&] { return std::string(what) + ": the path is NULL or empty"; });
+  require_built(what);
+  require(!iteration_active_, PSTAR_ERR_INVALID_STATE,
+          [&] { return std::string(what) + ": legal only between iterations"; });
+  require(payloads_, PSTAR_ERR_UNSUPPORTED, [&] { return std::string(what) + ": a dry run holds no values"; });
+  require(!one_process || !sharded(), PSTAR_ERR_UNSUPPORTED, [&] {
+    return std::string(what) + ": sharded engines (world_size > 1) cannot save or load checkpoints yet";
+  });
+}
+
+// ---------------------------------------------------------------------------
 // State of one parameter, wherever it lives
 
 void Engine::read_state(uint32_t id, int list, float* out) {
@@ -404,12 +420,7 @@ void Engine::write_state(uint32_t id, int list, const float* in) {
 // Save
 
 std::string Engine::checkpoint_save(const char* dir_c) {
-  require(dir_c != nullptr && dir_c[0] != '\0', PSTAR_ERR_INVALID_ARGUMENT, "checkpoint_save: dir is NULL or empty");
-  require_built("checkpoint_save");
-  require(!iteration_active_, PSTAR_ERR_INVALID_STATE, "checkpoint_save: legal only between iterations");
-  require(payloads_, PSTAR_ERR_UNSUPPORTED, "checkpoint_save: a dry run holds no values");
-  require(!sharded(), PSTAR_ERR_UNSUPPORTED,
-          "checkpoint_save: sharded engines (world_size > 1) cannot save checkpoints yet");
+  require_file_call("checkpoint_save", dir_c, true);
 #if !defined(PSTAR_HAVE_XXHASH)
   throw Error(PSTAR_ERR_UNSUPPORTED,
               "checkpoint_save: this libpstar was built without xxhash (libxxhash-dev): no checksums, no checkpoints");
@@ -523,12 +534,7 @@ std::string Engine::checkpoint_save(const char* dir_c) {
 // Load
 
 void Engine::checkpoint_load(const char* dir_c) {
-  require(dir_c != nullptr && dir_c[0] != '\0', PSTAR_ERR_INVALID_ARGUMENT, "checkpoint_load: dir is NULL or empty");
-  require_built("checkpoint_load");
-  require(!iteration_active_, PSTAR_ERR_INVALID_STATE, "checkpoint_load: legal only between iterations");
-  require(payloads_, PSTAR_ERR_UNSUPPORTED, "checkpoint_load: a dry run holds no values");
-  require(!sharded(), PSTAR_ERR_UNSUPPORTED,
-          "checkpoint_load: sharded engines (world_size > 1) cannot load checkpoints yet");
+  require_file_call("checkpoint_load", dir_c, true);
   for (const Param& p : params_) {
     require(p.pins == 0, PSTAR_ERR_BUSY, [&] { return "checkpoint_load: '" + p.name + "' is pinned; unpin it first"; });
   }
@@ -631,10 +637,7 @@ void Engine::checkpoint_load(const char* dir_c) {
 // length, a JSON header (name -> dtype, shape, data offsets; padded with
 // spaces to 8 bytes), then the data.
 void Engine::export_safetensors(const char* path_c) {
-  require(path_c != nullptr && path_c[0] != '\0', PSTAR_ERR_INVALID_ARGUMENT, "export_safetensors: path is NULL or empty");
-  require_built("export_safetensors");
-  require(!iteration_active_, PSTAR_ERR_INVALID_STATE, "export_safetensors: legal only between iterations");
-  require(payloads_, PSTAR_ERR_UNSUPPORTED, "export_safetensors: a dry run holds no values");
+  require_file_call("export_safetensors", path_c, false);
   std::string header = "{\"__metadata__\":{\"producer\":\"libpstar " PSTAR_VERSION_STRING "\"}";
   uint64_t offset = 0;
   for (const Param& p : params_) {

@@ -38,6 +38,21 @@ struct SlotVector<PSTAR_DTYPE_F32> {
   using type = uint4;
 };
 
+// Element i on its own (the one-element kernel, and the vector kernel's
+// unaligned head and tail).
+template <pstar_dtype D, bool kGradF32>
+__device__ __forceinline__ void update_one(const AdamStepConstants& c, float* __restrict__ master,
+                                           float* __restrict__ m, float* __restrict__ v, void* __restrict__ slot,
+                                           const float* __restrict__ grad_f32, size_t i) {
+  const float g = kGradF32 ? grad_f32[i] : load_as(slot, D, i);
+  float p = master[i], mi = m[i], vi = v[i];
+  const float w = adam_element(c, g, p, mi, vi);
+  master[i] = p;
+  m[i] = mi;
+  v[i] = vi;
+  store_as(slot, D, i, w);
+}
+
 // Elements [0, head) and [head + 4 * n4, n) one by one; [head, head + 4 * n4)
 // four at a time.  Every pointer is 16-byte aligned at element `head` (the
 // slot 8-byte aligned for 16-bit dtypes): the launcher checks.
@@ -79,15 +94,7 @@ __global__ void adam_kernel_vec(AdamStepConstants c, float* __restrict__ master,
   // The unaligned head and the tail: fewer than 4 elements each.
   const size_t tail = head + kVector * n4;
   size_t i = tid < head ? tid : tail + (tid - head);
-  if (tid < head || (tid >= head && i < n)) {
-    const float g = kGradF32 ? grad_f32[i] : load_as(slot, D, i);
-    float p = master[i], mi = m[i], vi = v[i];
-    const float w = adam_element(c, g, p, mi, vi);
-    master[i] = p;
-    m[i] = mi;
-    v[i] = vi;
-    store_as(slot, D, i, w);
-  }
+  if (tid < head || (tid >= head && i < n)) update_one<D, kGradF32>(c, master, m, v, slot, grad_f32, i);
 }
 
 // One element per thread per iteration: for ranges whose arrays are not
@@ -99,13 +106,7 @@ __global__ void adam_kernel(AdamStepConstants c, float* __restrict__ master, flo
                             size_t n) {
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n; i += stride) {
-    const float g = kGradF32 ? grad_f32[i] : load_as(slot, D, i);
-    float p = master[i], mi = m[i], vi = v[i];
-    const float w = adam_element(c, g, p, mi, vi);
-    master[i] = p;
-    m[i] = mi;
-    v[i] = vi;
-    store_as(slot, D, i, w);
+    update_one<D, kGradF32>(c, master, m, v, slot, grad_f32, i);
   }
 }
 

@@ -222,7 +222,7 @@ Test(checkpoint, no_checkpoint_and_bad_calls) {
   model a;
   make(&a, PSTAR_DTYPE_BF16, 1024, 0);
   T_FAIL(pstar_checkpoint_load(a.e, "no-such-dir-pstar"), PSTAR_ERR_IO, "LATEST");
-  T_FAIL(pstar_checkpoint_save(a.e, NULL), PSTAR_ERR_INVALID_ARGUMENT, "dir");
+  T_FAIL(pstar_checkpoint_save(a.e, NULL), PSTAR_ERR_INVALID_ARGUMENT, "path");
   T_OK(pstar_iteration_begin(a.e, PSTAR_ITERATION_EVAL));
   T_FAIL(pstar_checkpoint_save(a.e, "x"), PSTAR_ERR_INVALID_STATE, "between iterations");
   T_OK(pstar_iteration_end(a.e));
