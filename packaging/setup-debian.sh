@@ -10,6 +10,7 @@ packages=(
   python3 python3-venv python3-dev swig
   cargo rustc bindgen
   default-jdk junit5
+  doxygen
 )
 
 missing=()

@@ -238,6 +238,8 @@ typedef struct pstar_engine_options {
   uint32_t version;
 
   /* Placement */
+  /** The accelerator tier: PSTAR_DEVICE_EMULATED (default) or
+   *  PSTAR_DEVICE_CUDA. */
   pstar_device_kind device;
   /** CUDA device ordinal (ignored by the emulated device). */
   int32_t device_ordinal;
@@ -262,23 +264,23 @@ typedef struct pstar_engine_options {
   pstar_dtype compute_dtype;
 
   /* Optimizer */
-  float lr;
-  float beta1;
-  float beta2;
-  float eps;
-  float weight_decay;
+  float lr;           /**< Adam's learning rate (default 1e-3). */
+  float beta1;        /**< Adam's first-moment decay, in [0, 1) (default 0.9). */
+  float beta2;        /**< Adam's second-moment decay, in [0, 1) (default 0.999). */
+  float eps;          /**< Adam's epsilon, > 0 (default 1e-8). */
+  float weight_decay; /**< Weight decay (default 0.01; see adamw). */
   /** Nonzero: decoupled weight decay (AdamW); zero: L2 added to the gradient. */
   int32_t adamw;
   /** Global gradient-norm clipping threshold; 0 disables clipping. */
   float clip_norm;
 
   /* Dynamic loss scaling (F16 only; BF16 and F32 use a fixed scale of 1) */
-  float loss_scale_initial;
-  float loss_scale_growth_factor;
-  float loss_scale_backoff_factor;
-  uint32_t loss_scale_growth_interval;
-  uint32_t loss_scale_hysteresis;
-  float loss_scale_min;
+  float loss_scale_initial;            /**< Scale of the first iteration (default 65536). */
+  float loss_scale_growth_factor;      /**< Multiplies the scale after growth_interval clean steps (> 1). */
+  float loss_scale_backoff_factor;     /**< Multiplies the scale after an overflow (in (0, 1)). */
+  uint32_t loss_scale_growth_interval; /**< Clean steps before the scale grows (default 2000). */
+  uint32_t loss_scale_hysteresis;      /**< Overflows tolerated before backing off (default 2). */
+  float loss_scale_min;                /**< Floor of the scale (default 1). */
 
   /* Version 2 */
   /** Nonzero: keep a separate fp32 gradient list (18 bytes per trainable
@@ -315,9 +317,10 @@ typedef struct pstar_engine_options {
    *  a NULL gradient, pstar_param_write()/read() and
    *  pstar_grad_slot_acquire() return PSTAR_ERR_UNSUPPORTED. */
   int32_t dry_run;
-  /** Modelled copy bandwidths of the virtual clock, bytes per second;
-   *  0 = PSTAR_DEFAULT_LINK_BYTES_PER_S. */
+  /** Modelled host-to-accelerator bandwidth of the virtual clock, bytes
+   *  per second; 0 = PSTAR_DEFAULT_LINK_BYTES_PER_S. */
   double h2d_bytes_per_s;
+  /** Modelled accelerator-to-host bandwidth, as h2d_bytes_per_s. */
   double d2h_bytes_per_s;
   /** Bytes of the accelerator tier the engine leaves unused: chunks,
    *  gradient buffers and reported non-model bytes are kept within
@@ -574,8 +577,8 @@ PSTAR_API pstar_status pstar_nonmodel_report(pstar_engine *engine, uint64_t byte
 
 /** What pstar_step() did. */
 typedef struct pstar_step_result {
-  uint32_t size;
-  uint32_t version;
+  uint32_t size;    /**< sizeof(pstar_step_result) as the caller compiled it. */
+  uint32_t version; /**< PSTAR_STEP_RESULT_VERSION as the caller compiled it. */
   /** Adam's step count after this call (not advanced by a skipped step). */
   uint64_t step;
   /** Nonzero if the step was skipped (inf or NaN in a gradient). */
@@ -641,36 +644,33 @@ PSTAR_API pstar_status pstar_hparam_get(pstar_engine *engine, pstar_hparam which
 
 /** Counters since the engine was created. */
 typedef struct pstar_stats {
-  uint32_t size;
-  uint32_t version;
-  /** Bytes copied host to accelerator and back. */
-  uint64_t bytes_host_to_device;
-  uint64_t bytes_device_to_host;
-  /** Chunks moved to the accelerator, and chunks evicted from it. */
-  uint64_t moves_to_device;
-  uint64_t evictions;
-  /** Peak bytes in use on each tier (chunks, gradient buffers, non-model). */
+  uint32_t size;    /**< sizeof(pstar_stats) as the caller compiled it. */
+  uint32_t version; /**< PSTAR_STATS_VERSION as the caller compiled it. */
+  uint64_t bytes_host_to_device; /**< Bytes copied host to accelerator. */
+  uint64_t bytes_device_to_host; /**< Bytes copied accelerator to host. */
+  uint64_t moves_to_device;      /**< Chunks moved to the accelerator. */
+  uint64_t evictions;            /**< Chunks evicted from the accelerator. */
+  /** Peak bytes in use on the accelerator (chunks, gradient buffers,
+   *  non-model reports, optimizer state placed there). */
   uint64_t peak_device_bytes;
-  uint64_t peak_host_bytes;
-  /** Bytes in use now on each tier. */
-  uint64_t device_bytes;
-  uint64_t host_bytes;
-  /** Chunks per list: compute dtype (all parameters) and optimizer (fp32
-   *  master, m and v each; trainable parameters only). */
+  uint64_t peak_host_bytes; /**< Peak bytes the engine held in host memory. */
+  uint64_t device_bytes;    /**< Bytes in use now on the accelerator. */
+  uint64_t host_bytes;      /**< Bytes held now in host memory. */
+  /** Chunks of the compute-dtype list (all parameters). */
   uint32_t compute_chunks;
+  /** Chunks of each fp32 optimizer list (master, m, v; trainable
+   *  parameters only). */
   uint32_t optimizer_chunks;
   /** Of those, chunks holding one parameter larger than chunk_elems. */
   uint32_t jumbo_chunks;
-  uint32_t reserved0;
-  /** Bytes of one compute-dtype list, and of one fp32 optimizer list. */
-  uint64_t compute_list_bytes;
-  uint64_t optimizer_list_bytes;
+  uint32_t reserved0; /**< Padding; 0. */
+  uint64_t compute_list_bytes;   /**< Bytes of the compute-dtype list. */
+  uint64_t optimizer_list_bytes; /**< Bytes of one fp32 optimizer list. */
   /** Parameter elements over chunk capacity, compute list (0..1). */
   double fill_ratio;
-  /** Steps applied and skipped; iterations begun. */
-  uint64_t steps;
-  uint64_t skipped_steps;
-  uint64_t iterations;
+  uint64_t steps;         /**< Steps applied (Adam updates). */
+  uint64_t skipped_steps; /**< Steps skipped for an inf or NaN gradient. */
+  uint64_t iterations;    /**< Iterations begun. */
 
   /* Version 2 */
   /** TRAIN iterations whose access order diverged from the trace (each one
@@ -697,23 +697,24 @@ typedef struct pstar_stats {
    *  use and gradient buffers alone left no room): 0 in a well-sized run. */
   uint64_t budget_overruns;
   /** Hybrid optimizer placement (options.hybrid_optimizer): trainable
-   *  chunks whose optimizer state lives on the accelerator, and its bytes
-   *  there (counted in device_bytes and the device peak). */
+   *  chunks whose optimizer state lives on the accelerator. */
   uint32_t optimizer_chunks_on_device;
-  uint32_t reserved1;
+  uint32_t reserved1; /**< Padding; 0. */
+  /** Bytes of that state on the accelerator (counted in device_bytes and
+   *  the device peak). */
   uint64_t optimizer_device_bytes;
-  /** Data parallelism: this engine's rank and the number of ranks (0 of 1
-   *  for a single process). */
+  /** Data parallelism: this engine's rank (0 for a single process). */
   int32_t rank;
-  int32_t world_size;
+  int32_t world_size; /**< The number of ranks (1 for a single process). */
   /** Bytes of the all-gathers this engine issued (their full outputs:
    *  gathered chunks in the compute dtype, and whole chunks of fp32 masters
-   *  or compute payloads for pstar_param_read), bytes of its reduce-scatters
-   *  (their full fp32 inputs: one chunk of gradients each), and the number
-   *  of collectives it issued (all-gathers, reduce-scatters, and the
-   *  rendezvous' and the step's exchanges). */
+   *  or compute payloads for pstar_param_read). */
   uint64_t bytes_all_gathered;
+  /** Bytes of its reduce-scatters (their full fp32 inputs: one chunk of
+   *  gradients each). */
   uint64_t bytes_reduce_scattered;
+  /** Collectives it issued: all-gathers, reduce-scatters, and the
+   *  rendezvous' and the step's exchanges. */
   uint64_t collectives;
 } pstar_stats;
 

@@ -185,6 +185,8 @@ pub struct pstar_engine_options {
     pub size: u32,
     #[doc = " PSTAR_ENGINE_OPTIONS_VERSION as the caller compiled it."]
     pub version: u32,
+    #[doc = " The accelerator tier: PSTAR_DEVICE_EMULATED (default) or"]
+    #[doc = "  PSTAR_DEVICE_CUDA."]
     pub device: pstar_device_kind,
     #[doc = " CUDA device ordinal (ignored by the emulated device)."]
     pub device_ordinal: i32,
@@ -205,20 +207,31 @@ pub struct pstar_engine_options {
     pub strict_seed: u64,
     #[doc = " Dtype of the parameters handed to the caller: F16, BF16 or F32."]
     pub compute_dtype: pstar_dtype,
+    #[doc = "< Adam's learning rate (default 1e-3)."]
     pub lr: f32,
+    #[doc = "< Adam's first-moment decay, in [0, 1) (default 0.9)."]
     pub beta1: f32,
+    #[doc = "< Adam's second-moment decay, in [0, 1) (default 0.999)."]
     pub beta2: f32,
+    #[doc = "< Adam's epsilon, > 0 (default 1e-8)."]
     pub eps: f32,
+    #[doc = "< Weight decay (default 0.01; see adamw)."]
     pub weight_decay: f32,
     #[doc = " Nonzero: decoupled weight decay (AdamW); zero: L2 added to the gradient."]
     pub adamw: i32,
     #[doc = " Global gradient-norm clipping threshold; 0 disables clipping."]
     pub clip_norm: f32,
+    #[doc = "< Scale of the first iteration (default 65536)."]
     pub loss_scale_initial: f32,
+    #[doc = "< Multiplies the scale after growth_interval clean steps (> 1)."]
     pub loss_scale_growth_factor: f32,
+    #[doc = "< Multiplies the scale after an overflow (in (0, 1))."]
     pub loss_scale_backoff_factor: f32,
+    #[doc = "< Clean steps before the scale grows (default 2000)."]
     pub loss_scale_growth_interval: u32,
+    #[doc = "< Overflows tolerated before backing off (default 2)."]
     pub loss_scale_hysteresis: u32,
+    #[doc = "< Floor of the scale (default 1)."]
     pub loss_scale_min: f32,
     #[doc = " Nonzero: keep a separate fp32 gradient list (18 bytes per trainable"]
     #[doc = "  parameter instead of 14), so gradients accumulate over micro-batches:"]
@@ -250,9 +263,10 @@ pub struct pstar_engine_options {
     #[doc = "  a NULL gradient, pstar_param_write()/read() and"]
     #[doc = "  pstar_grad_slot_acquire() return PSTAR_ERR_UNSUPPORTED."]
     pub dry_run: i32,
-    #[doc = " Modelled copy bandwidths of the virtual clock, bytes per second;"]
-    #[doc = "  0 = PSTAR_DEFAULT_LINK_BYTES_PER_S."]
+    #[doc = " Modelled host-to-accelerator bandwidth of the virtual clock, bytes"]
+    #[doc = "  per second; 0 = PSTAR_DEFAULT_LINK_BYTES_PER_S."]
     pub h2d_bytes_per_s: f64,
+    #[doc = " Modelled accelerator-to-host bandwidth, as h2d_bytes_per_s."]
     pub d2h_bytes_per_s: f64,
     #[doc = " Bytes of the accelerator tier the engine leaves unused: chunks,"]
     #[doc = "  gradient buffers and reported non-model bytes are kept within"]
@@ -1237,7 +1251,9 @@ extern "C" {
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct pstar_step_result {
+    #[doc = "< sizeof(pstar_step_result) as the caller compiled it."]
     pub size: u32,
+    #[doc = "< PSTAR_STEP_RESULT_VERSION as the caller compiled it."]
     pub version: u32,
     #[doc = " Adam's step count after this call (not advanced by a skipped step)."]
     pub step: u64,
@@ -1472,35 +1488,47 @@ extern "C" {
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct pstar_stats {
+    #[doc = "< sizeof(pstar_stats) as the caller compiled it."]
     pub size: u32,
+    #[doc = "< PSTAR_STATS_VERSION as the caller compiled it."]
     pub version: u32,
-    #[doc = " Bytes copied host to accelerator and back."]
+    #[doc = "< Bytes copied host to accelerator."]
     pub bytes_host_to_device: u64,
+    #[doc = "< Bytes copied accelerator to host."]
     pub bytes_device_to_host: u64,
-    #[doc = " Chunks moved to the accelerator, and chunks evicted from it."]
+    #[doc = "< Chunks moved to the accelerator."]
     pub moves_to_device: u64,
+    #[doc = "< Chunks evicted from the accelerator."]
     pub evictions: u64,
-    #[doc = " Peak bytes in use on each tier (chunks, gradient buffers, non-model)."]
+    #[doc = " Peak bytes in use on the accelerator (chunks, gradient buffers,"]
+    #[doc = "  non-model reports, optimizer state placed there)."]
     pub peak_device_bytes: u64,
+    #[doc = "< Peak bytes the engine held in host memory."]
     pub peak_host_bytes: u64,
-    #[doc = " Bytes in use now on each tier."]
+    #[doc = "< Bytes in use now on the accelerator."]
     pub device_bytes: u64,
+    #[doc = "< Bytes held now in host memory."]
     pub host_bytes: u64,
-    #[doc = " Chunks per list: compute dtype (all parameters) and optimizer (fp32"]
-    #[doc = "  master, m and v each; trainable parameters only)."]
+    #[doc = " Chunks of the compute-dtype list (all parameters)."]
     pub compute_chunks: u32,
+    #[doc = " Chunks of each fp32 optimizer list (master, m, v; trainable"]
+    #[doc = "  parameters only)."]
     pub optimizer_chunks: u32,
     #[doc = " Of those, chunks holding one parameter larger than chunk_elems."]
     pub jumbo_chunks: u32,
+    #[doc = "< Padding; 0."]
     pub reserved0: u32,
-    #[doc = " Bytes of one compute-dtype list, and of one fp32 optimizer list."]
+    #[doc = "< Bytes of the compute-dtype list."]
     pub compute_list_bytes: u64,
+    #[doc = "< Bytes of one fp32 optimizer list."]
     pub optimizer_list_bytes: u64,
     #[doc = " Parameter elements over chunk capacity, compute list (0..1)."]
     pub fill_ratio: f64,
-    #[doc = " Steps applied and skipped; iterations begun."]
+    #[doc = "< Steps applied (Adam updates)."]
     pub steps: u64,
+    #[doc = "< Steps skipped for an inf or NaN gradient."]
     pub skipped_steps: u64,
+    #[doc = "< Iterations begun."]
     pub iterations: u64,
     #[doc = " TRAIN iterations whose access order diverged from the trace (each one"]
     #[doc = "  ran on LRU from the divergence on and was recorded as the new trace)."]
@@ -1524,23 +1552,26 @@ pub struct pstar_stats {
     #[doc = "  use and gradient buffers alone left no room): 0 in a well-sized run."]
     pub budget_overruns: u64,
     #[doc = " Hybrid optimizer placement (options.hybrid_optimizer): trainable"]
-    #[doc = "  chunks whose optimizer state lives on the accelerator, and its bytes"]
-    #[doc = "  there (counted in device_bytes and the device peak)."]
+    #[doc = "  chunks whose optimizer state lives on the accelerator."]
     pub optimizer_chunks_on_device: u32,
+    #[doc = "< Padding; 0."]
     pub reserved1: u32,
+    #[doc = " Bytes of that state on the accelerator (counted in device_bytes and"]
+    #[doc = "  the device peak)."]
     pub optimizer_device_bytes: u64,
-    #[doc = " Data parallelism: this engine's rank and the number of ranks (0 of 1"]
-    #[doc = "  for a single process)."]
+    #[doc = " Data parallelism: this engine's rank (0 for a single process)."]
     pub rank: i32,
+    #[doc = "< The number of ranks (1 for a single process)."]
     pub world_size: i32,
     #[doc = " Bytes of the all-gathers this engine issued (their full outputs:"]
     #[doc = "  gathered chunks in the compute dtype, and whole chunks of fp32 masters"]
-    #[doc = "  or compute payloads for pstar_param_read), bytes of its reduce-scatters"]
-    #[doc = "  (their full fp32 inputs: one chunk of gradients each), and the number"]
-    #[doc = "  of collectives it issued (all-gathers, reduce-scatters, and the"]
-    #[doc = "  rendezvous' and the step's exchanges)."]
+    #[doc = "  or compute payloads for pstar_param_read)."]
     pub bytes_all_gathered: u64,
+    #[doc = " Bytes of its reduce-scatters (their full fp32 inputs: one chunk of"]
+    #[doc = "  gradients each)."]
     pub bytes_reduce_scattered: u64,
+    #[doc = " Collectives it issued: all-gathers, reduce-scatters, and the"]
+    #[doc = "  rendezvous' and the step's exchanges."]
     pub collectives: u64,
 }
 #[test]
