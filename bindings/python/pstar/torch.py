@@ -41,7 +41,7 @@ parameters on another device than the engine's, DataParallel/DDP wrappers
 (the engine shards by itself), optimizers other than the engine's AdamW.
 """
 import contextlib
-import weakref
+import gc
 
 import torch
 
@@ -269,9 +269,7 @@ class ParameterModel:
         if slot.held_count <= 0 and slot.held is not None:
             view, slot.held = slot.held, None
             slot.held_count = 0
-            gc_tensors = view._exports  # DLPack tensors still alive must be gone
-            if gc_tensors:
-                import gc
+            if view._exports:  # DLPack tensors in reference cycles: collect them first
                 gc.collect()
             view.release()
 
@@ -323,7 +321,7 @@ class ParameterModel:
                     # A use autograd may come back to: what the op saves of
                     # it is packed into a handle (_pack).
                     slot.forward_uses += 1
-                    self._live[t.untyped_storage().data_ptr()] = slot
+                    self._live[slot.held.address] = slot  # the storage of t starts there
                     if slot.requires_grad:
                         anchor = args_anchor((args, kwargs), slot)
                         with torch._C.DisableTorchFunctionSubclass():
@@ -344,10 +342,8 @@ class ParameterModel:
 
     def _detach_aliases(self, out, slots):
         # A result sharing chunk memory would outlive the release: copy it.
-        ptrs = set()
-        for s in slots:
-            if s.held is not None:
-                ptrs.add(torch.from_dlpack(s.held).untyped_storage().data_ptr())
+        # (The held views' addresses are their tensors' storage addresses.)
+        ptrs = {s.held.address for s in slots if s.held is not None}
         def fix(o):
             if isinstance(o, torch.Tensor) and not isinstance(o, PstarParameter) and o.layout == torch.strided:
                 try:
