@@ -110,9 +110,11 @@ void fsync_path(const std::string& path, bool directory) {
 // A file written in pieces, with its XXH3-64 computed along the way.
 class CheckedWriter {
  public:
-  explicit CheckedWriter(std::string path) : path_(std::move(path)) {
+  // `what` names the call in error messages.
+  CheckedWriter(std::string path, std::string what = "checkpoint_save")
+      : path_(std::move(path)), what_(std::move(what)) {
     fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd_ < 0) io_error("checkpoint_save: creating '" + path_ + "': " + errno_text());
+    if (fd_ < 0) io_error(what_ + ": creating '" + path_ + "': " + errno_text());
 #if defined(PSTAR_HAVE_XXHASH)
     state_ = XXH3_createState();
     XXH3_64bits_reset(state_);
@@ -131,7 +133,7 @@ class CheckedWriter {
       const ssize_t n = ::write(fd_, p, left);
       if (n < 0) {
         if (errno == EINTR) continue;
-        io_error("checkpoint_save: writing '" + path_ + "': " + errno_text());
+        io_error(what_ + ": writing '" + path_ + "': " + errno_text());
       }
       p += n;
       left -= static_cast<size_t>(n);
@@ -143,10 +145,10 @@ class CheckedWriter {
   }
   // fsync and close; returns the checksum.
   uint64_t finish() {
-    if (::fsync(fd_) != 0) io_error("checkpoint_save: syncing '" + path_ + "': " + errno_text());
+    if (::fsync(fd_) != 0) io_error(what_ + ": syncing '" + path_ + "': " + errno_text());
     if (::close(fd_) != 0) {
       fd_ = -1;
-      io_error("checkpoint_save: closing '" + path_ + "': " + errno_text());
+      io_error(what_ + ": closing '" + path_ + "': " + errno_text());
     }
     fd_ = -1;
 #if defined(PSTAR_HAVE_XXHASH)
@@ -159,6 +161,7 @@ class CheckedWriter {
 
  private:
   std::string path_;
+  std::string what_;
   int fd_ = -1;
   uint64_t bytes_ = 0;
 #if defined(PSTAR_HAVE_XXHASH)
@@ -650,25 +653,23 @@ void Engine::export_safetensors(const char* path_c) {
   while (header.size() % 8 != 0) header += ' ';
   const std::string path = path_c;
   const std::string tmp = path + ".tmp";
-  {
-    std::FILE* f = std::fopen(tmp.c_str(), "wb");
-    if (f == nullptr) io_error("export_safetensors: creating '" + tmp + "': " + errno_text());
+  try {
+    CheckedWriter w(tmp, "export_safetensors");
     unsigned char len[8];
-    uint64_t n = header.size();
+    const uint64_t n = header.size();
     for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
-    bool ok = std::fwrite(len, 1, 8, f) == 8 && std::fwrite(header.data(), 1, header.size(), f) == header.size();
+    w.write(len, 8);
+    w.write(header.data(), header.size());
     std::vector<float> staging;
-    for (uint32_t id = 0; ok && id < params_.size(); ++id) {
+    for (uint32_t id = 0; id < params_.size(); ++id) {
       staging.resize(params_[id].numel);
       read(id, staging.data(), params_[id].numel, PSTAR_DTYPE_F32);
-      ok = std::fwrite(staging.data(), sizeof(float), staging.size(), f) == staging.size();
+      w.write(staging.data(), staging.size() * sizeof(float));
     }
-    ok = std::fflush(f) == 0 && ok && ::fsync(fileno(f)) == 0;
-    std::fclose(f);
-    if (!ok) {
-      std::remove(tmp.c_str());
-      io_error("export_safetensors: writing '" + tmp + "' failed (disk full?)");
-    }
+    w.finish();
+  } catch (...) {
+    std::remove(tmp.c_str());
+    throw;
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) io_error("export_safetensors: renaming to '" + path + "': " + errno_text());
 }
