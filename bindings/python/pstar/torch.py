@@ -84,26 +84,15 @@ class PstarParameter(torch.nn.Parameter):
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         slots = []
-        _collect(args, slots)
-        _collect(kwargs, slots)
+        for a in _flatten((args, kwargs)):
+            if isinstance(a, PstarParameter) and all(s is not a._pstar for s in slots):
+                slots.append(a._pstar)
         if not slots:
             with torch._C.DisableTorchFunctionSubclass():
                 return func(*args, **kwargs)
         if func in _METADATA:
             return slots[0].model._metadata(func, slots[0], args, kwargs)
         return slots[0].model._call(func, slots, args, kwargs)
-
-
-def _collect(obj, out):
-    if isinstance(obj, PstarParameter):
-        if all(s is not obj._pstar for s in out):
-            out.append(obj._pstar)
-    elif isinstance(obj, (list, tuple)):
-        for o in obj:
-            _collect(o, out)
-    elif isinstance(obj, dict):
-        for o in obj.values():
-            _collect(o, out)
 
 
 def _replace(obj, subst):
