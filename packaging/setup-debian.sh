@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # Installs the Debian packages that libpstar's build and tests need.
-# Idempotent: packages already present are not reinstalled, and apt's lists are
-# refreshed only when something is missing. Run as root on Debian 12.
+# Idempotent (packaging/apt-ensure.sh). Run as root on Debian 12.
 set -euo pipefail
 
 packages=(
@@ -11,24 +10,8 @@ packages=(
   cargo rustc bindgen
   default-jdk junit5
   doxygen
+  abigail-tools
 )
 
-missing=()
-for p in "${packages[@]}"; do
-  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
-    missing+=("$p")
-  fi
-done
-
-if [ ${#missing[@]} -gt 0 ]; then
-  if [ "$(id -u)" -ne 0 ]; then
-    echo "setup-debian: need root to install: ${missing[*]}" >&2
-    exit 1
-  fi
-  echo "setup-debian: installing ${missing[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq --no-install-recommends "${missing[@]}"
-else
-  echo "setup-debian: all ${#packages[@]} packages present"
-fi
+. "$(dirname "$0")/apt-ensure.sh"
+apt_ensure setup-debian "${packages[@]}"

@@ -1,5 +1,8 @@
 /* Engine options: defaults, versioning and validation. */
+#define _DEFAULT_SOURCE /* mmap's MAP_ANONYMOUS under -std=c99 */
 #include <stddef.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "capi_test_util.h"
 
@@ -169,6 +172,28 @@ Test(options, version_1_struct_is_accepted_and_later_fields_keep_defaults) {
   T_FAIL(pstar_param_acquire(e, id, PSTAR_STAGE_FORWARD, NULL, &w), PSTAR_ERR_INVALID_STATE, "FORWARD");
   T_OK(pstar_step(e, NULL));
   T_OK(pstar_engine_destroy(e));
+}
+
+Test(options, version_1_struct_at_the_end_of_mapped_memory_is_read_no_further) {
+  /* A version-1 struct that ends exactly where readable memory ends: the
+   * library must not read the later versions' fields (the page after it
+   * faults). */
+  const long page = sysconf(_SC_PAGESIZE);
+  char *map = mmap(NULL, (size_t)(2 * page), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  cr_assert_neq(map, MAP_FAILED);
+  cr_assert_eq(mprotect(map + page, (size_t)page, PROT_NONE), 0);
+  const size_t v1_bytes = offsetof(pstar_engine_options, loss_scale_min) + sizeof(float);
+  pstar_engine_options full;
+  T_OK(pstar_engine_options_init(&full));
+  full.version = 1;
+  full.size = (uint32_t)v1_bytes;
+  /* 8-byte aligned placement: v1_bytes is a multiple of 4 only. */
+  char *at = map + page - ((v1_bytes + 7) / 8) * 8;
+  memcpy(at, &full, v1_bytes);
+  pstar_engine *e = NULL;
+  T_OK(pstar_engine_create((const pstar_engine_options *)(void *)at, &e));
+  T_OK(pstar_engine_destroy(e));
+  cr_assert_eq(munmap(map, (size_t)(2 * page)), 0);
 }
 
 typedef struct bad_case {
