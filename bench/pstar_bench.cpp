@@ -5,6 +5,7 @@
 //                    [--ceiling-isa scalar|avx2|avx512|auto] [--hugepages]
 //                    [--samples] [--json]
 //   pstar-bench access [--params 64] [--iters 2000] [--reps 7] [--json]
+//   pstar-bench nvme [--dir PATH] [--elements 33554432] [--reps 5] [--json]
 //
 // docs/benchmarks.md describes the output, the JSON keys and the ceiling.
 // `access` (bench/access.cpp) times acquire+release of resident parameters
@@ -357,6 +358,10 @@ CLI::App* add_placement_subcommand(CLI::App& app, std::function<int()>* run);
 // bench/comm.cpp: registers the `comm` subcommand (builds with Gloo only).
 CLI::App* add_comm_subcommand(CLI::App& app, std::function<int()>* run);
 #endif
+#if defined(PSTAR_HAVE_NVME)
+// bench/nvme.cpp: registers the `nvme` subcommand (builds with the NVMe tier only).
+CLI::App* add_nvme_subcommand(CLI::App& app, std::function<int()>* run);
+#endif
 
 }  // namespace pstar::bench
 
@@ -394,11 +399,18 @@ int main(int argc, char** argv) {
   std::function<int()> run_comm;
   CLI::App* comm = pstar::bench::add_comm_subcommand(app, &run_comm);
 #endif
+#if defined(PSTAR_HAVE_NVME)
+  std::function<int()> run_nvme;
+  CLI::App* nvme = pstar::bench::add_nvme_subcommand(app, &run_nvme);
+#endif
 
   CLI11_PARSE(app, argc, argv);
   try {
 #if defined(PSTAR_HAVE_GLOO)
     if (comm->parsed()) return run_comm();
+#endif
+#if defined(PSTAR_HAVE_NVME)
+    if (nvme->parsed()) return run_nvme();
 #endif
     if (adam->parsed()) return pstar::bench::run_adam(ao);
     if (access->parsed()) return run_access();

@@ -307,4 +307,32 @@ pstar_status pstar_engine_get_stats(pstar_engine* engine, pstar_stats* stats) {
   });
 }
 
+// ---------------------------------------------------------------------------
+// Experimental tier (docs/api-stability.md)
+
+pstar_status pstar_x_nvme_options_init(pstar_x_nvme_options* options) {
+  return guarded([&] {
+    require_out(options, "options");
+    *options = pstar_x_nvme_options{sizeof(pstar_x_nvme_options), PSTAR_X_NVME_OPTIONS_VERSION, nullptr, 0, 0, 0};
+  });
+}
+
+pstar_status pstar_x_engine_set_nvme(pstar_engine* engine, const pstar_x_nvme_options* options) {
+  return guarded([&] {
+    auto& e = live(engine);
+    require_out(options, "options");
+    e.set_nvme(*options);
+  });
+}
+
+pstar_status pstar_x_nvme_get_stats(pstar_engine* engine, pstar_x_nvme_stats* stats) {
+  return guarded([&] {
+    auto& e = live(engine);
+    require(stats != nullptr, PSTAR_ERR_INVALID_ARGUMENT, "stats is NULL");
+    require(stats->version == 1 && stats->size >= sizeof(pstar_x_nvme_stats), PSTAR_ERR_VERSION,
+            "nvme stats: size/version not supported (set size = sizeof, version = 1)");
+    e.fill_nvme_stats(stats);
+  });
+}
+
 }  // extern "C"

@@ -42,6 +42,10 @@ case "${1:-}" in
     build/tsan/bin/pstar-example-mlp --steps 20 --strict
     build/tsan/bin/pstar-example-mlp --steps 20
     build/tsan/bin/pstar-bench access --iters 50 --reps 1
+    # The NVMe tier: the store's I/O thread and libuv's pool against the step.
+    rm -rf build/tsan-nvme && mkdir -p build/tsan-nvme
+    build/tsan/bin/pstar-bench nvme --dir build/tsan-nvme --elements 1048576 --chunk-elems 262144 --reps 2 \
+      --disk-bytes 16777216
     echo "tsan: no reports"
     ;;
   *)

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstring>
+#include <exception>
 #include <limits>
 
 #include "memory/device_factory.h"
@@ -172,6 +173,7 @@ Engine::~Engine() {
     if (p.grad_acc != nullptr) device_->deallocate(p.grad_acc, p.numel * sizeof(float));
   }
   if (layout_) {
+    nvme_release(chunks_);
     for (size_t i = 0; i < chunks_.size(); ++i) {
       ChunkState& c = chunks_[i];
       if (c.tier == Tier::kDevice) {
@@ -279,6 +281,7 @@ void Engine::build() {
         const uint64_t fp32_bytes = (sharded() ? c.shard_elems : c.elems) * sizeof(float);
         for (float** b : {&c.master, &c.exp_avg, &c.exp_avg_sq, &c.grad32}) {
           if (b == &c.grad32 && !opt_.grad_accumulation) continue;
+          if (b != &c.grad32 && nvme_requested_) continue;  // placed below, host or drive
           *b = static_cast<float*>(host_->acquire(fp32_bytes));
           if (payloads_) std::memset(*b, 0, fp32_bytes);
         }
@@ -295,7 +298,10 @@ void Engine::build() {
         rs_staging_ = static_cast<float*>(host_->acquire(rs_staging_bytes_));
       }
     }
+    layout_ = std::move(layout);  // nvme_place_lists reads the layout
+    nvme_place_lists(chunks, largest_trainable);
   } catch (...) {
+    nvme_release(chunks);
     for (size_t i = 0; i < chunks.size(); ++i) {
       ChunkState& c = chunks[i];
       host_->release(c.host, c.bytes);
@@ -306,9 +312,9 @@ void Engine::build() {
     host_->release(rs_out_, rs_out_bytes_);
     rs_staging_ = rs_out_ = nullptr;
     rs_staging_bytes_ = rs_out_bytes_ = 0;
+    layout_.reset();
     throw;
   }
-  layout_ = std::move(layout);
   chunks_ = std::move(chunks);
   if (opt_.placement_policy == PSTAR_POLICY_STATIC && device_capacity_ != 0) choose_static_chunks();
   for (auto& p : params_) p.state = TensorState::kHold;  // the build transition
@@ -371,6 +377,9 @@ float* Engine::pin(uint32_t id, bool writable) {
   ChunkState& c = chunks_[place.chunk];
   require(c.opt_device == nullptr, PSTAR_ERR_UNSUPPORTED, [&] {
     return "param_pin of '" + p.name + "': its optimizer state lives on the accelerator (hybrid placement)";
+  });
+  require(c.nvme_slot == kNoSlot, PSTAR_ERR_UNSUPPORTED, [&] {
+    return "param_pin of '" + p.name + "': its optimizer state lives on the NVMe drive (a pinned master must stay in memory)";
   });
   ++p.pins;
   p.pin_writable.push_back(writable);
@@ -466,6 +475,7 @@ void Engine::write(uint32_t id, const void* src, uint64_t count, pstar_dtype dty
     write_slot_on_device(id, staging.data());
     return;
   }
+  nvme_access(place.chunk, true);
   convert_to_f32(src, dtype, c.master + place.offset_elems, count);
   restore_slot(id);
 }
@@ -478,6 +488,7 @@ void Engine::read(uint32_t id, void* dst, uint64_t count, pstar_dtype dtype) {
   }
   const auto& place = layout_->param(id);
   if (!p.frozen()) {
+    nvme_access(place.chunk, false);
     const ChunkState& c = chunks_[place.chunk];
     const float* master = c.master + place.offset_elems;
     std::vector<float> staging;
@@ -516,6 +527,8 @@ void Engine::iteration_begin(pstar_iteration_kind kind) {
           "iteration_begin: unknown iteration kind");
   require(!iteration_active_, PSTAR_ERR_INVALID_STATE,
           "iteration_begin: an iteration is in progress (end it with pstar_step or pstar_iteration_end)");
+  require_nvme_ok("iteration_begin");
+  nvme_flush_access();  // values written between iterations reach the drive now
   require(writable_pins_ == 0, PSTAR_ERR_INVALID_STATE,
           "iteration_begin: a parameter is pinned writable (pstar_param_pin); unpin it first, which refreshes its "
           "compute copy");
@@ -1191,6 +1204,7 @@ void Engine::restore_slot(uint32_t id) {
     write_slot_on_device(id, staging.data());
     return;
   }
+  nvme_access(place.chunk, false);
   if (c.tier == Tier::kDevice) {
     // Written where the chunk is (a skipped step keeps placement as it is).
     write_slot_on_device(id, c.master + place.offset_elems);
@@ -1356,7 +1370,12 @@ void Engine::step_update_local(pstar_step_result& r) {
       for (uint32_t k : host_chunks) chunks_[k].awaiting_update = chunks_[k].tier != Tier::kDevice;
       rekey_for_next_iteration();
     }
-    for (uint32_t k : host_chunks) {
+    // Chunks whose optimizer state is on the NVMe drive stream through the
+    // staging ring (engine_nvme.cpp); the others are updated in place.  An
+    // I/O error ends the update part way (the engine then refuses training
+    // until a checkpoint is loaded): the prefetch state is put back first.
+    try {
+    nvme_update_chunks(host_chunks, [&](uint32_t k) {
       ChunkState& c = chunks_[k];
       if (segments_of(k)) {
         void* payload = host_view(k);
@@ -1376,6 +1395,11 @@ void Engine::step_update_local(pstar_step_result& r) {
         c.awaiting_update = false;
         prefetch_ahead();
       }
+    });
+    } catch (const Error&) {
+      for (uint32_t k : host_chunks) chunks_[k].awaiting_update = false;
+      if (ahead) moment_ = moment_saved;
+      throw;
     }
     if (ahead) moment_ = moment_saved;  // the iteration ends as it was followed
     ++stats_.steps;
@@ -1412,6 +1436,7 @@ pstar_step_result Engine::step() {
   require(iteration_active_ && iteration_kind_ == PSTAR_ITERATION_TRAIN, PSTAR_ERR_INVALID_STATE,
           "step: no TRAIN iteration in progress");
   require_comm_ok("step");
+  require_nvme_ok("step");
   for (uint32_t id = 0; id < params_.size(); ++id) {
     const Param& p = params_[id];
     require(p.state != TensorState::kCompute, PSTAR_ERR_INVALID_STATE, [&] { return "step: parameter " + std::to_string(id) + " ('" + p.name + "') is still acquired"; });
@@ -1428,10 +1453,18 @@ pstar_step_result Engine::step() {
   }
   pstar_step_result r;
   pstar_step_result_init(&r);
+  // An NVMe I/O error inside the update still ends the iteration (so that a
+  // checkpoint can be loaded), then is reported.
+  std::exception_ptr nvme_error;
   if (sharded()) {
     step_update_sharded(r);
   } else {
-    step_update_local(r);
+    try {
+      step_update_local(r);
+    } catch (const Error&) {
+      if (!nvme_failed_) throw;
+      nvme_error = std::current_exception();
+    }
   }
   for (uint32_t id = 0; id < params_.size(); ++id) {
     Param& p = params_[id];
@@ -1465,6 +1498,7 @@ pstar_step_result Engine::step() {
   }
   iteration_active_ = false;
   trace_iteration_end();
+  if (nvme_error) std::rethrow_exception(nvme_error);
   ++train_iterations_;
   if (opt_.hybrid_optimizer && !hybrid_placed_ && train_iterations_ >= opt_.warmup_iterations) {
     place_optimizer_state();

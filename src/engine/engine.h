@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -30,7 +31,12 @@
 #include "placement/lru_policy.h"
 #include "placement/opt_policy.h"
 #include "pstar/pstar.h"
+#include "util/error.h"
 #include "util/thread_pool.h"
+
+namespace pstar::memory {
+class NvmeStore;
+}
 
 namespace pstar::engine {
 
@@ -113,6 +119,10 @@ class Engine {
   double hparam_get(pstar_hparam which) const;
 
   void fill_stats(pstar_stats* out) const;
+
+  // The NVMe tier (experimental; engine_nvme.cpp, docs/nvme.md).
+  void set_nvme(const pstar_x_nvme_options& options);
+  void fill_nvme_stats(pstar_x_nvme_stats* out) const;
 
   // Data parallelism (docs/distributed.md): this engine's rank and the
   // number of ranks; sharded() when it has a group (more than one rank, or
@@ -203,7 +213,44 @@ class Engine {
     void* opt_device = nullptr;
     uint64_t opt_device_bytes = 0;
     memory::EventPtr opt_ready;
+    // NVMe tier: the first of the consecutive slots of the data file
+    // holding master, m and v back to back (kNoSlot: they are in host
+    // memory).  Such a chunk's master,
+    // exp_avg and exp_avg_sq point into a staging buffer while it is staged
+    // in (nvme_access or the step's ring), and are null otherwise.
+    uint32_t nvme_slot = kNoSlot;
   };
+  static constexpr uint32_t kNoSlot = UINT32_MAX;
+
+  // NVMe tier (engine_nvme.cpp).
+  struct StagingBuffer {
+    void* raw = nullptr;    // from the host pool (pinned on CUDA)
+    float* data = nullptr;  // raw aligned up to NvmeStore::kAlignBytes
+  };
+  struct NvmeDeleter {
+    void operator()(memory::NvmeStore* s) const;
+  };
+  // At build: optimizer lists of trainable chunks on the host while they fit
+  // host_capacity_bytes less the staging buffers, the others in slots.
+  void nvme_place_lists(std::vector<ChunkState>& chunks, uint64_t largest_trainable_elems);
+  void nvme_release(std::vector<ChunkState>& chunks);
+  // Host code about to read (or write) the fp32 lists of chunk k: stages
+  // them in through the access buffer (one chunk at a time; a write-back
+  // follows when another chunk is staged in or at nvme_flush_access()).
+  void nvme_access(uint32_t k, bool write);
+  void nvme_flush_access();
+  // The CPU update of `chunks` in order: those on the drive stream through
+  // the ring (reads ahead, write-backs behind); `update(k)` runs with the
+  // chunk's lists staged in.
+  void nvme_update_chunks(const std::vector<uint32_t>& chunks, const std::function<void(uint32_t)>& update);
+  // checkpoint_load is about to rewrite every state: drops the access
+  // buffer and writes zeros to every slot (valid again after an error).
+  void nvme_begin_rewrite();
+  void nvme_end_rewrite();
+  [[noreturn]] void nvme_fail(const Error& e, const char* what);
+  void require_nvme_ok(const char* what) const;
+  uint64_t nvme_slot_bytes(uint32_t k) const;
+  void stage_pointers(ChunkState& c, float* base, uint64_t fp32_elems);
 
   struct DeferredFree {
     memory::EventPtr after;
@@ -372,6 +419,25 @@ class Engine {
   float* rs_out_ = nullptr;
   uint64_t rs_out_bytes_ = 0;
   uint64_t collective_hash_ = 0;
+
+  // NVMe tier: its options (set before build), the data file, the step's
+  // ring of staging buffers and the access buffer (allocated when some
+  // chunk's lists live on the drive; each holds one chunk's master, m, v),
+  // the chunk staged in the access buffer (-1: none) and whether host code
+  // changed it, and the failure that stops training until a checkpoint is
+  // loaded.
+  bool nvme_requested_ = false;
+  pstar_x_nvme_options nvme_opts_{};
+  std::string nvme_dir_;
+  std::unique_ptr<memory::NvmeStore, NvmeDeleter> nvme_;
+  std::vector<StagingBuffer> nvme_ring_;
+  StagingBuffer nvme_access_buf_;
+  uint64_t nvme_buffer_bytes_ = 0;  // bytes of each staging buffer's data
+  int64_t nvme_access_chunk_ = -1;
+  bool nvme_access_dirty_ = false;
+  bool nvme_failed_ = false;
+  std::string nvme_failure_;
+  double nvme_wait_seconds_ = 0.0;
 
   // False in a dry run: buffers are address space only; nothing is read,
   // written or computed.

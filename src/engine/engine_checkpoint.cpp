@@ -397,6 +397,7 @@ void Engine::read_state(uint32_t id, int list, float* out) {
   const auto& place = layout_->param(id);
   const Param& p = params_[id];
   ChunkState& c = chunks_[place.chunk];
+  nvme_access(place.chunk, false);
   float* base = list == 0 ? c.master : list == 1 ? c.exp_avg : c.exp_avg_sq;
   if (c.opt_device != nullptr) {
     sync_optimizer(place.chunk);
@@ -410,6 +411,7 @@ void Engine::write_state(uint32_t id, int list, const float* in) {
   const auto& place = layout_->param(id);
   const Param& p = params_[id];
   ChunkState& c = chunks_[place.chunk];
+  nvme_access(place.chunk, true);
   float* base = list == 0 ? c.master : list == 1 ? c.exp_avg : c.exp_avg_sq;
   if (c.opt_device != nullptr) {
     sync_optimizer(place.chunk);
@@ -604,7 +606,10 @@ void Engine::checkpoint_load(const char* dir_c) {
   h.adamw = scalar("adamw") == "1";
   const double clip = std::strtod(scalar("clip_norm").c_str(), nullptr);
 
-  // Apply: values (masters and compute copies), then m and v.
+  // Apply: values (masters and compute copies), then m and v.  Every state
+  // is rewritten, so slots on the NVMe drive start from zeros (and are
+  // trusted again after an I/O error).
+  nvme_begin_rewrite();
   std::vector<float> staging;
   for (uint32_t id = 0; id < params_.size(); ++id) {
     const Param& p = params_[id];
@@ -624,6 +629,7 @@ void Engine::checkpoint_load(const char* dir_c) {
     params_[id].lr_scale = mp.lr_scale;
     params_[id].weight_decay = mp.weight_decay;
   }
+  nvme_end_rewrite();
   adam_step_ = step;
   scaler_.restore(scale, clean, hyst);
   hyper_ = h;

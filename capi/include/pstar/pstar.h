@@ -728,6 +728,84 @@ PSTAR_API pstar_status pstar_stats_init(pstar_stats *stats);
 /** Fills *stats (its size and version fields must be set). */
 PSTAR_API pstar_status pstar_engine_get_stats(pstar_engine *engine, pstar_stats *stats);
 
+/* ------------------------------------------------------------------------ */
+/* Experimental tier                                                         */
+/* ------------------------------------------------------------------------ */
+
+#if defined(PSTAR_EXPERIMENTAL_API) || defined(PSTAR_DOXYGEN)
+/* Declared only when the program defines PSTAR_EXPERIMENTAL_API before
+ * including this header.  Names begin with pstar_x_; they may change or go in
+ * any release, and the ABI check ignores them (docs/api-stability.md). */
+
+/** Current version of pstar_x_nvme_options. */
+#define PSTAR_X_NVME_OPTIONS_VERSION 1
+
+/** Experimental: the NVMe tier (docs/nvme.md).  With it, the fp32 optimizer
+ *  state (master, Adam m and v) of trainable chunks that do not fit in
+ *  options.host_capacity_bytes lives in a file under `dir` and pstar_step()
+ *  streams it through a ring of host staging buffers: the read of the next
+ *  chunks and the write-back of the previous ones overlap the update of the
+ *  current one.  One process (world_size 1), no hybrid placement, no dry
+ *  run. */
+typedef struct pstar_x_nvme_options {
+  /** sizeof(pstar_x_nvme_options) as the caller compiled it. */
+  uint32_t size;
+  /** PSTAR_X_NVME_OPTIONS_VERSION as the caller compiled it. */
+  uint32_t version;
+  /** An existing directory on the drive to use; the engine creates one data
+   *  file in it (pstar-nvme-XXXXXX) and removes it when destroyed. */
+  const char *dir;
+  /** Reads and writes in flight at once; 0 = 8. */
+  uint32_t max_inflight;
+  /** Host staging buffers of the step's ring (each holds one chunk's master,
+   *  m and v), at least 2; 0 = 4.  They count against host_capacity_bytes. */
+  uint32_t staging_buffers;
+  /** Nonzero: buffered I/O even where the filesystem takes O_DIRECT. */
+  int32_t buffered;
+} pstar_x_nvme_options;
+
+/** Experimental: fills *options with the defaults (dir NULL). */
+PSTAR_API pstar_status pstar_x_nvme_options_init(pstar_x_nvme_options *options);
+
+/** Experimental: gives the engine an NVMe tier; legal once, before
+ *  pstar_engine_build().  PSTAR_ERR_UNSUPPORTED with world_size > 1, hybrid
+ *  optimizer placement, a dry run, or a library built without libuv and
+ *  xxhash; PSTAR_ERR_INVALID_ARGUMENT or PSTAR_ERR_IO for a directory it
+ *  cannot use.  After an I/O error (disk full, the file removed, a checksum
+ *  mismatch, a failed read or write) inside pstar_step() the engine refuses
+ *  further iterations with PSTAR_ERR_IO until pstar_checkpoint_load()
+ *  rewrites every state. */
+PSTAR_API pstar_status pstar_x_engine_set_nvme(pstar_engine *engine, const pstar_x_nvme_options *options);
+
+/** Experimental: what the NVMe tier holds and has moved. */
+typedef struct pstar_x_nvme_stats {
+  /** sizeof(pstar_x_nvme_stats) as the caller compiled it. */
+  uint32_t size;
+  /** 1 as the caller compiled it. */
+  uint32_t version;
+  /** Nonzero: the data file is read and written with O_DIRECT; zero:
+   *  buffered (the page cache is in the figures). */
+  int32_t direct;
+  /** Trainable chunks whose optimizer state lives on the drive. */
+  uint32_t chunks_on_nvme;
+  /** Bytes of optimizer state on the drive (padded to 4 KiB per chunk). */
+  uint64_t bytes_on_nvme;
+  /** Bytes read from and written to the data file since the engine was
+   *  built (padded lengths, as the drive moves them). */
+  uint64_t bytes_read;
+  /** See bytes_read. */
+  uint64_t bytes_written;
+  /** Seconds pstar_step() spent waiting for the drive (not overlapped with
+   *  the update), summed over steps. */
+  double step_io_wait_seconds;
+} pstar_x_nvme_stats;
+
+/** Experimental: fills *stats (size and version set by the caller);
+ *  PSTAR_ERR_INVALID_STATE if the engine has no NVMe tier. */
+PSTAR_API pstar_status pstar_x_nvme_get_stats(pstar_engine *engine, pstar_x_nvme_stats *stats);
+
+#endif /* PSTAR_EXPERIMENTAL_API */
+
 #ifdef __cplusplus
 }
 #endif

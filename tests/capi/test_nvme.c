@@ -1,0 +1,362 @@
+/* The NVMe tier (experimental API; docs/nvme.md): training with optimizer
+ * state on the drive gives the parameters of training with everything in
+ * memory, bit for bit; I/O errors stop training until a checkpoint is
+ * loaded; misuse is refused. */
+#define PSTAR_EXPERIMENTAL_API 1
+#include <dirent.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "capi_test_util.h"
+
+/* Six trainable parameters of about one 1024-element chunk each, and a
+ * frozen one. */
+enum { P = 6, N = 900, CHUNK = 1024 };
+
+typedef struct model {
+  pstar_engine *e;
+  uint32_t ids[P + 1];
+} model;
+
+static int numel_of(int i) { return i < P ? N + 17 * i : N; }
+
+static char g_dir[128];
+
+/* A fresh directory under the test's working directory (the build tree:
+ * a real filesystem, where O_DIRECT usually works). */
+static const char *fresh_dir(const char *tag) {
+  snprintf(g_dir, sizeof g_dir, "nvme-test-%s-%d", tag, (int)getpid());
+  char cmd[2 * sizeof g_dir + 32];
+  snprintf(cmd, sizeof cmd, "rm -rf %s && mkdir -p %s", g_dir, g_dir);
+  if (system(cmd) != 0) cr_assert_fail("mkdir");
+  return g_dir;
+}
+
+/* The data file the engine made in `dir` (pstar-nvme-*), or "" if none. */
+static void data_file(const char *dir, char *out, size_t cap) {
+  out[0] = '\0';
+  DIR *d = opendir(dir);
+  cr_assert_not_null(d);
+  struct dirent *ent;
+  while ((ent = readdir(d)) != NULL) {
+    if (strncmp(ent->d_name, "pstar-nvme-", 11) == 0) snprintf(out, cap, "%s/%s", dir, ent->d_name);
+  }
+  closedir(d);
+}
+
+typedef struct config {
+  const char *nvme_dir; /* NULL: no NVMe tier */
+  uint64_t host_capacity;
+  int buffered;
+  int grad_accumulation;
+} config;
+
+/* Host bytes that leave about half of the trainable chunks' optimizer state
+ * for the drive: the payloads, the staging buffers (4 + 1 of 12 KiB plus
+ * alignment) and two chunks' lists. */
+static const uint64_t kTightHost = 7 * CHUNK * 2 + 5 * (3 * CHUNK * 4 + 4096) + 2 * 3 * CHUNK * 4 + 4096;
+
+static void make(model *m, const config *c) {
+  pstar_engine_options o = t_options(PSTAR_DTYPE_F16, CHUNK);
+  o.lr = 1e-2f;
+  o.loss_scale_initial = 1024.0f;
+  o.loss_scale_growth_interval = 3;
+  /* The fp32 gradient lists of accumulation stay in host memory. */
+  o.host_capacity_bytes = c->host_capacity + (c->host_capacity && c->grad_accumulation ? P * CHUNK * 4 : 0);
+  o.grad_accumulation = c->grad_accumulation;
+  m->e = t_create(&o);
+  if (c->nvme_dir != NULL) {
+    pstar_x_nvme_options n;
+    T_OK(pstar_x_nvme_options_init(&n));
+    n.dir = c->nvme_dir;
+    n.buffered = c->buffered;
+    T_OK(pstar_x_engine_set_nvme(m->e, &n));
+  }
+  char name[16];
+  for (int i = 0; i <= P; ++i) {
+    snprintf(name, sizeof name, "p%d", i);
+    m->ids[i] = t_register(m->e, name, numel_of(i), i == P ? PSTAR_PARAM_FROZEN : 0);
+  }
+  T_OK(pstar_engine_build(m->e));
+  float *v = t_alloc_f(N + 17 * P);
+  for (int i = 0; i <= P; ++i) {
+    t_fill(v, (size_t)numel_of(i), (uint32_t)(5 + i), 0.5f);
+    t_write_f32(m->e, m->ids[i], v, (uint64_t)numel_of(i));
+  }
+  free(v);
+}
+
+/* One TRAIN iteration; step 3 has an inf gradient (a skipped step, whose
+ * restore reads the masters). */
+static pstar_status train_step(model *m, int s) {
+  float *g = t_alloc_f(N + 17 * P);
+  const float scale = (float)t_hparam(m->e, PSTAR_HPARAM_LOSS_SCALE);
+  pstar_status st = pstar_iteration_begin(m->e, PSTAR_ITERATION_TRAIN);
+  if (st != PSTAR_OK) {
+    free(g);
+    return st;
+  }
+  for (int i = 0; i <= P; ++i) {
+    (void)t_acquire(m->e, m->ids[i], PSTAR_STAGE_FORWARD);
+    T_OK(pstar_param_release(m->e, m->ids[i], NULL));
+  }
+  for (int i = P; i >= 0; --i) {
+    (void)t_acquire(m->e, m->ids[i], PSTAR_STAGE_BACKWARD);
+    if (i < P) {
+      const int n = numel_of(i);
+      for (int j = 0; j < n; ++j) g[j] = scale * (float)(((j * 5 + s * 11 + i) % 31) - 15) / 512.0f;
+      if (s == 3 && i == 1) g[7] = INFINITY;
+      T_OK(pstar_grad_write(m->e, m->ids[i], g, (uint64_t)n, PSTAR_DTYPE_F32, PSTAR_MEM_HOST, NULL));
+    }
+    T_OK(pstar_param_release(m->e, m->ids[i], NULL));
+  }
+  st = pstar_step(m->e, NULL);
+  free(g);
+  return st;
+}
+
+enum { TOTAL = P * N + 17 * (0 + 1 + 2 + 3 + 4 + 5) + N };
+
+static void snapshot(model *m, float *out) {
+  size_t at = 0;
+  for (int i = 0; i <= P; ++i) {
+    t_read_f32(m->e, m->ids[i], out + at, (uint64_t)numel_of(i));
+    at += (size_t)numel_of(i);
+  }
+}
+
+static void assert_same(const float *a, const float *b, const char *what) {
+  for (int i = 0; i < TOTAL; ++i) {
+    cr_assert_eq(t_f32_bits(a[i]), t_f32_bits(b[i]), "%s: element %d: %.9g in memory, %.9g via NVMe", what, i,
+                 (double)a[i], (double)b[i]);
+  }
+}
+
+static pstar_x_nvme_stats nvme_stats(model *m) {
+  pstar_x_nvme_stats s;
+  memset(&s, 0, sizeof s);
+  s.size = sizeof s;
+  s.version = 1;
+  T_OK(pstar_x_nvme_get_stats(m->e, &s));
+  return s;
+}
+
+static void run(const config *c, int steps, float *out) {
+  model m;
+  make(&m, c);
+  for (int s = 0; s < steps; ++s) T_OK(train_step(&m, s));
+  snapshot(&m, out);
+  if (c->nvme_dir != NULL) {
+    const pstar_x_nvme_stats ns = nvme_stats(&m);
+    cr_assert(ns.chunks_on_nvme > 0 && ns.chunks_on_nvme < P, "chunks on the drive: %u of %d", ns.chunks_on_nvme, P);
+    cr_assert_eq(ns.bytes_on_nvme, (uint64_t)ns.chunks_on_nvme * 3 * CHUNK * 4);
+    cr_assert(ns.bytes_read >= (uint64_t)(steps - 1) * ns.bytes_on_nvme, "read %llu", (unsigned long long)ns.bytes_read);
+    cr_assert(ns.bytes_written >= (uint64_t)steps * ns.bytes_on_nvme);
+    cr_assert_eq(ns.direct, c->buffered ? 0 : ns.direct);
+    const pstar_stats st = t_stats(m.e);
+    cr_assert(st.peak_host_bytes <= kTightHost + (c->grad_accumulation ? P * CHUNK * 4 : 0),
+              "host peak %llu over the budget", (unsigned long long)st.peak_host_bytes);
+  }
+  T_OK(pstar_engine_destroy(m.e));
+  if (c->nvme_dir != NULL) {
+    char f[512];
+    data_file(c->nvme_dir, f, sizeof f);
+    cr_assert_str_empty(f, "the data file %s outlived its engine", f);
+  }
+}
+
+static void check_same_as_memory(int buffered, int accumulation) {
+  static float mem[TOTAL], disk[TOTAL];
+  const config in_memory = {NULL, 0, 0, accumulation};
+  run(&in_memory, 8, mem);
+  const config on_drive = {fresh_dir(buffered ? "buf" : "direct"), kTightHost, buffered, accumulation};
+  run(&on_drive, 8, disk);
+  assert_same(mem, disk, buffered ? "buffered" : "O_DIRECT where available");
+}
+
+Test(nvme, same_parameters_as_in_memory) { check_same_as_memory(0, 0); }
+Test(nvme, same_parameters_as_in_memory_buffered) { check_same_as_memory(1, 0); }
+Test(nvme, same_parameters_as_in_memory_with_gradient_accumulation) { check_same_as_memory(0, 1); }
+
+Test(nvme, without_the_drive_the_host_budget_is_out_of_memory) {
+  /* The payloads and two chunks' lists (the tight budget less the staging
+   * buffers): without an NVMe tier the optimizer state does not fit. */
+  pstar_engine_options o = t_options(PSTAR_DTYPE_F16, CHUNK);
+  o.host_capacity_bytes = kTightHost - 5 * (3 * CHUNK * 4 + 4096);
+  pstar_engine *e = t_create(&o);
+  for (int i = 0; i < P; ++i) {
+    char name[8];
+    snprintf(name, sizeof name, "p%d", i);
+    (void)t_register(e, name, numel_of(i), 0);
+  }
+  T_FAIL(pstar_engine_build(e), PSTAR_ERR_OUT_OF_MEMORY, "");
+  T_OK(pstar_engine_destroy(e));
+}
+
+Test(nvme, checkpoints_move_state_between_the_drive_and_memory) {
+  static float full[TOTAL], resumed[TOTAL];
+  char ckpt[300];
+  const config on_drive = {fresh_dir("ckpt"), kTightHost, 0, 0};
+  snprintf(ckpt, sizeof ckpt, "%s/ckpt", on_drive.nvme_dir);
+  model a;
+  make(&a, &on_drive);
+  for (int s = 0; s < 4; ++s) T_OK(train_step(&a, s));
+  T_OK(pstar_checkpoint_save(a.e, ckpt));
+  for (int s = 4; s < 8; ++s) T_OK(train_step(&a, s));
+  snapshot(&a, full);
+  T_OK(pstar_engine_destroy(a.e));
+  /* Resumed in memory, and on the drive again. */
+  for (int again_on_drive = 0; again_on_drive <= 1; ++again_on_drive) {
+    const config in_memory = {NULL, 0, 0, 0};
+    model b;
+    make(&b, again_on_drive ? &on_drive : &in_memory);
+    T_OK(pstar_checkpoint_load(b.e, ckpt));
+    for (int s = 4; s < 8; ++s) T_OK(train_step(&b, s));
+    snapshot(&b, resumed);
+    assert_same(full, resumed, again_on_drive ? "resumed on the drive" : "resumed in memory");
+    T_OK(pstar_engine_destroy(b.e));
+  }
+}
+
+/* A fault in some step: that step fails with PSTAR_ERR_IO and `needle`;
+ * training is refused; loading the checkpoint made before it repairs the
+ * engine, and training then matches an engine that never failed. */
+static void check_fault(const char *fault, void (*damage)(const char *dir), const char *needle) {
+  static float expect[TOTAL], got[TOTAL];
+  char ckpt[300];
+  const config on_drive = {fresh_dir("fault"), kTightHost, 0, 0};
+  snprintf(ckpt, sizeof ckpt, "%s/ckpt", on_drive.nvme_dir);
+  const config in_memory = {NULL, 0, 0, 0};
+  model ref;
+  make(&ref, &in_memory);
+  for (int s = 0; s < 6; ++s) T_OK(train_step(&ref, s));
+  snapshot(&ref, expect);
+  T_OK(pstar_engine_destroy(ref.e));
+
+  model m;
+  make(&m, &on_drive);
+  T_OK(train_step(&m, 0));
+  T_OK(pstar_checkpoint_save(m.e, ckpt));
+  if (damage != NULL) damage(on_drive.nvme_dir);
+  pstar_status st = PSTAR_OK;
+  int failed_at = -1;
+  for (int s = 1; s < 4 && st == PSTAR_OK; ++s) {
+    /* The hook arms the fault at the step that sees it. */
+    if (s == 1 && fault != NULL) setenv("PSTAR_TEST_NVME_FAULT", fault, 1);
+    st = train_step(&m, s);
+    unsetenv("PSTAR_TEST_NVME_FAULT");
+    failed_at = s;
+  }
+  cr_assert_eq(st, PSTAR_ERR_IO, "no step failed (%s)", pstar_status_name(st));
+  char msg[T_MSG_CAP];
+  t_copy_last_error(msg, sizeof msg);
+  cr_assert(strstr(msg, needle) != NULL, "step %d failed with \"%s\", expected \"%s\"", failed_at, msg, needle);
+  T_FAIL(pstar_iteration_begin(m.e, PSTAR_ITERATION_TRAIN), PSTAR_ERR_IO, "checkpoint");
+  if (damage == NULL) {
+    /* The drive is fine again: loading rewrites every state. */
+    T_OK(pstar_checkpoint_load(m.e, ckpt));
+    for (int s = 1; s < 6; ++s) T_OK(train_step(&m, s));
+    snapshot(&m, got);
+    assert_same(expect, got, fault);
+  }
+  T_OK(pstar_engine_destroy(m.e));
+}
+
+Test(nvme, disk_full_stops_training_until_a_checkpoint_is_loaded) { check_fault("write_nospace:1", NULL, "disk full"); }
+Test(nvme, read_error_stops_training_until_a_checkpoint_is_loaded) { check_fault("read_eio:1", NULL, "Input/output error"); }
+Test(nvme, silent_corruption_is_detected_and_repaired_by_a_checkpoint) {
+  check_fault("write_corrupt:0", NULL, "corrupted");
+}
+
+static void flip_a_byte(const char *dir) {
+  char f[512];
+  data_file(dir, f, sizeof f);
+  cr_assert_str_not_empty(f);
+  int fd = open(f, O_RDWR);
+  cr_assert_geq(fd, 0);
+  unsigned char b = 0;
+  cr_assert_eq(pread(fd, &b, 1, 100), 1);
+  b ^= 0x40;
+  cr_assert_eq(pwrite(fd, &b, 1, 100), 1);
+  cr_assert_eq(fsync(fd), 0);
+  close(fd);
+}
+
+static void remove_file(const char *dir) {
+  char f[512];
+  data_file(dir, f, sizeof f);
+  cr_assert_str_not_empty(f);
+  cr_assert_eq(unlink(f), 0);
+}
+
+Test(nvme, a_byte_flipped_in_the_file_is_detected) { check_fault(NULL, flip_a_byte, "corrupted"); }
+Test(nvme, a_removed_file_is_detected) { check_fault(NULL, remove_file, "removed"); }
+
+Test(nvme, misuse_is_refused) {
+  pstar_x_nvme_options n;
+  T_OK(pstar_x_nvme_options_init(&n));
+  cr_assert_eq(n.size, sizeof n);
+  cr_assert_eq(n.version, PSTAR_X_NVME_OPTIONS_VERSION);
+  pstar_engine_options o = t_options(PSTAR_DTYPE_BF16, CHUNK);
+  pstar_engine *e = t_create(&o);
+  T_FAIL(pstar_x_engine_set_nvme(e, &n), PSTAR_ERR_INVALID_ARGUMENT, "dir");
+  T_FAIL(pstar_x_engine_set_nvme(e, NULL), PSTAR_ERR_INVALID_ARGUMENT, "options");
+  n.dir = "/nonexistent/pstar";
+  T_FAIL(pstar_x_engine_set_nvme(e, &n), PSTAR_ERR_INVALID_ARGUMENT, "/nonexistent/pstar");
+  n.dir = fresh_dir("misuse");
+  n.staging_buffers = 1;
+  T_FAIL(pstar_x_engine_set_nvme(e, &n), PSTAR_ERR_INVALID_ARGUMENT, "staging_buffers");
+  n.staging_buffers = 0;
+  n.version = 99;
+  T_FAIL(pstar_x_engine_set_nvme(e, &n), PSTAR_ERR_VERSION, "");
+  n.version = PSTAR_X_NVME_OPTIONS_VERSION;
+  pstar_x_nvme_stats s;
+  memset(&s, 0, sizeof s);
+  s.size = sizeof s;
+  s.version = 1;
+  T_FAIL(pstar_x_nvme_get_stats(e, &s), PSTAR_ERR_INVALID_STATE, "no NVMe tier");
+  T_OK(pstar_x_engine_set_nvme(e, &n));
+  T_FAIL(pstar_x_engine_set_nvme(e, &n), PSTAR_ERR_INVALID_STATE, "already");
+  (void)t_register(e, "w", 100, 0);
+  T_OK(pstar_engine_build(e));
+  T_FAIL(pstar_x_engine_set_nvme(e, &n), PSTAR_ERR_INVALID_STATE, "built");
+  T_OK(pstar_engine_destroy(e));
+
+  /* Not with hybrid placement or a dry run. */
+  o.hybrid_optimizer = 1;
+  e = t_create(&o);
+  T_FAIL(pstar_x_engine_set_nvme(e, &n), PSTAR_ERR_UNSUPPORTED, "hybrid");
+  T_OK(pstar_engine_destroy(e));
+  o.hybrid_optimizer = 0;
+  o.dry_run = 1;
+  e = t_create(&o);
+  T_FAIL(pstar_x_engine_set_nvme(e, &n), PSTAR_ERR_UNSUPPORTED, "dry run");
+  T_OK(pstar_engine_destroy(e));
+}
+
+Test(nvme, a_master_on_the_drive_cannot_be_pinned) {
+  const config on_drive = {fresh_dir("pin"), kTightHost, 0, 0};
+  model m;
+  make(&m, &on_drive);
+  int refused = 0, pinned = 0;
+  for (int i = 0; i < P; ++i) {
+    float *ptr = NULL;
+    pstar_dtype dt;
+    pstar_status st = pstar_param_pin(m.e, m.ids[i], 0, (void **)&ptr, &dt);
+    if (st == PSTAR_OK) {
+      ++pinned;
+      T_OK(pstar_param_unpin(m.e, m.ids[i]));
+    } else {
+      cr_assert_eq(st, PSTAR_ERR_UNSUPPORTED);
+      ++refused;
+    }
+  }
+  cr_assert_eq((uint32_t)refused, nvme_stats(&m).chunks_on_nvme);
+  cr_assert_gt(pinned, 0);
+  T_OK(pstar_engine_destroy(m.e));
+}
