@@ -313,7 +313,8 @@ pstar_status pstar_engine_get_stats(pstar_engine* engine, pstar_stats* stats) {
 pstar_status pstar_x_nvme_options_init(pstar_x_nvme_options* options) {
   return guarded([&] {
     require_out(options, "options");
-    *options = pstar_x_nvme_options{sizeof(pstar_x_nvme_options), PSTAR_X_NVME_OPTIONS_VERSION, nullptr, 0, 0, 0};
+    *options = pstar_x_nvme_options{sizeof(pstar_x_nvme_options), PSTAR_X_NVME_OPTIONS_VERSION, nullptr, 0, 0, 0, 0,
+                                    PSTAR_X_DEFAULT_NVME_READ_BYTES_PER_S, PSTAR_X_DEFAULT_NVME_WRITE_BYTES_PER_S};
   });
 }
 

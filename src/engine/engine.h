@@ -438,6 +438,9 @@ class Engine {
   bool nvme_failed_ = false;
   std::string nvme_failure_;
   double nvme_wait_seconds_ = 0.0;
+  uint64_t nvme_step_read_ = 0;     // bytes the steps moved (padded)
+  uint64_t nvme_step_written_ = 0;
+  uint32_t nvme_dry_slots_ = 0;     // a dry run's slot numbers (no file)
 
   // False in a dry run: buffers are address space only; nothing is read,
   // written or computed.

@@ -30,6 +30,7 @@
 // drive can no longer be trusted to hold the state.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 
@@ -91,20 +92,25 @@ void Engine::set_nvme(const pstar_x_nvme_options& in) {
 #else
   require(in.version == PSTAR_X_NVME_OPTIONS_VERSION && in.size >= sizeof(pstar_x_nvme_options), PSTAR_ERR_VERSION,
           "set_nvme: options size/version not supported; initialise them with pstar_x_nvme_options_init()");
-  require(in.dir != nullptr && in.dir[0] != '\0', PSTAR_ERR_INVALID_ARGUMENT, "set_nvme: dir is NULL or empty");
+  require(!payloads_ || (in.dir != nullptr && in.dir[0] != '\0'), PSTAR_ERR_INVALID_ARGUMENT,
+          "set_nvme: dir is NULL or empty");
+  require(std::isfinite(in.read_bytes_per_s) && std::isfinite(in.write_bytes_per_s) && in.read_bytes_per_s >= 0 &&
+              in.write_bytes_per_s >= 0,
+          PSTAR_ERR_INVALID_ARGUMENT, "set_nvme: read_bytes_per_s and write_bytes_per_s must be finite and >= 0");
   require(in.staging_buffers == 0 || in.staging_buffers >= 2, PSTAR_ERR_INVALID_ARGUMENT,
           "set_nvme: staging_buffers must be 0 (default) or at least 2");
   require(!sharded(), PSTAR_ERR_UNSUPPORTED, "set_nvme: not available with world_size > 1 yet");
   require(!opt_.hybrid_optimizer, PSTAR_ERR_UNSUPPORTED, "set_nvme: not available with hybrid optimizer placement");
-  require(payloads_, PSTAR_ERR_UNSUPPORTED, "set_nvme: a dry run has no NVMe tier yet");
   nvme_opts_ = in;
+  if (nvme_opts_.read_bytes_per_s == 0) nvme_opts_.read_bytes_per_s = PSTAR_X_DEFAULT_NVME_READ_BYTES_PER_S;
+  if (nvme_opts_.write_bytes_per_s == 0) nvme_opts_.write_bytes_per_s = PSTAR_X_DEFAULT_NVME_WRITE_BYTES_PER_S;
   if (nvme_opts_.staging_buffers == 0) nvme_opts_.staging_buffers = kDefaultStagingBuffers;
   if (nvme_opts_.max_inflight == 0) nvme_opts_.max_inflight = memory::NvmeStore::kDefaultMaxInflight;
-  nvme_dir_ = in.dir;
+  nvme_dir_ = in.dir != nullptr ? in.dir : "";
   nvme_opts_.dir = nvme_dir_.c_str();
   // The data file is created now, so that a directory that cannot be used
-  // fails here and not at build.
-  nvme_.reset(new memory::NvmeStore(nvme_dir_, nvme_opts_.max_inflight, nvme_opts_.buffered == 0));
+  // fails here and not at build.  A dry run has no file.
+  if (payloads_) nvme_.reset(new memory::NvmeStore(nvme_dir_, nvme_opts_.max_inflight, nvme_opts_.buffered == 0));
   nvme_requested_ = true;
 #endif
 }
@@ -130,12 +136,15 @@ void Engine::nvme_place_lists(std::vector<ChunkState>& chunks, uint64_t largest_
   nvme_ring_.resize(nvme_opts_.staging_buffers);
   for (StagingBuffer& b : nvme_ring_) take(b);
   take(nvme_access_buf_);
+  // A dry run's host buffers are address space only: nothing is written.
+  const bool io = nvme_ != nullptr;
   // Then, in layout order, each trainable chunk's lists on the host while
   // they fit (checked before acquiring: the pool's OOM is for real
   // shortages), else in a slot holding zeros like a fresh host list.
-  std::memset(nvme_access_buf_.data, 0, nvme_buffer_bytes_);
+  if (io) std::memset(nvme_access_buf_.data, 0, nvme_buffer_bytes_);
   Tickets zeroing;
   uint32_t on_drive = 0;
+  uint64_t drive_bytes = 0;
   for (uint32_t k = 0; k < chunks.size(); ++k) {
     const auto& info = layout_->chunks()[k];
     if (info.frozen) continue;
@@ -144,8 +153,19 @@ void Engine::nvme_place_lists(std::vector<ChunkState>& chunks, uint64_t largest_
     if (host_->capacity() == 0 || host_->can_acquire(3 * fp32_bytes)) {
       for (float** b : {&c.master, &c.exp_avg, &c.exp_avg_sq}) {
         *b = static_cast<float*>(host_->acquire(fp32_bytes));
-        std::memset(*b, 0, fp32_bytes);
+        if (io) std::memset(*b, 0, fp32_bytes);
       }
+      continue;
+    }
+    drive_bytes += memory::NvmeStore::padded(3 * fp32_bytes);
+    require(nvme_opts_.capacity_bytes == 0 || drive_bytes <= nvme_opts_.capacity_bytes, PSTAR_ERR_OUT_OF_MEMORY, [&] {
+      return "engine_build: the NVMe tier's capacity (" + std::to_string(nvme_opts_.capacity_bytes) +
+             " bytes) cannot take the optimizer state that does not fit in host memory (" +
+             std::to_string(drive_bytes) + " bytes so far)";
+    });
+    ++on_drive;
+    if (!io) {
+      c.nvme_slot = nvme_dry_slots_++;
       continue;
     }
     for (uint64_t at = 0; at < 3 * fp32_bytes; at += kNvmePieceBytes) {
@@ -153,9 +173,8 @@ void Engine::nvme_place_lists(std::vector<ChunkState>& chunks, uint64_t largest_
       if (at == 0) c.nvme_slot = slot;
     }
     submit_pieces(*nvme_, c.nvme_slot, 3 * fp32_bytes, nvme_access_buf_.data, true, zeroing);
-    ++on_drive;
   }
-  nvme_->wait_all();
+  if (io) nvme_->wait_all();
   if (on_drive == 0) {
     // Everything fit: give the staging memory back.
     for (StagingBuffer& b : nvme_ring_) host_->release(b.raw, nvme_buffer_bytes_ + kNvmeAlignBytes);
@@ -164,7 +183,7 @@ void Engine::nvme_place_lists(std::vector<ChunkState>& chunks, uint64_t largest_
     nvme_access_buf_ = StagingBuffer{};
   }
   log::info("NVMe tier: optimizer state of " + std::to_string(on_drive) + " chunks on the drive (" +
-            (nvme_->direct() ? "O_DIRECT" : "buffered") + ", " + nvme_->path() + ")");
+            (!io ? std::string("dry run") : (nvme_->direct() ? "O_DIRECT, " : "buffered, ") + nvme_->path()) + ")");
 #else
   (void)chunks;
   (void)largest_trainable_elems;
@@ -202,6 +221,7 @@ void Engine::nvme_access(uint32_t k, bool write) {
 #if PSTAR_HAVE_NVME
   ChunkState& c = chunks_[k];
   if (c.nvme_slot == kNoSlot) return;
+  if (nvme_ == nullptr) internal_error("nvme_access in a dry run");
   if (nvme_access_chunk_ != static_cast<int64_t>(k)) {
     nvme_flush_access();
     try {
@@ -246,6 +266,22 @@ void Engine::nvme_update_chunks(const std::vector<uint32_t>& order, const std::f
     for (uint32_t k : order) update(k);
     return;
   }
+  if (!nvme_) {
+    // Dry run: no file; the clock advances by the drive's time for the
+    // step's reads and writes, one after the other (the update's own time
+    // is the caller's to model: a dry run computes nothing).
+    uint64_t bytes = 0;
+    for (uint32_t k : order) {
+      if (chunks_[k].nvme_slot != kNoSlot) bytes += memory::NvmeStore::padded(nvme_slot_bytes(k));
+      update(k);
+    }
+    nvme_step_read_ += bytes;
+    nvme_step_written_ += bytes;
+    const double s = double(bytes) / nvme_opts_.read_bytes_per_s + double(bytes) / nvme_opts_.write_bytes_per_s;
+    device_->advance_clock(s);
+    nvme_wait_seconds_ += s;
+    return;
+  }
   nvme_flush_access();
   // Test hook (tests/capi/test_nvme.c): PSTAR_TEST_NVME_FAULT=KIND:N, seen
   // by a step, makes the request after N more of its direction fail
@@ -277,6 +313,7 @@ void Engine::nvme_update_chunks(const std::vector<uint32_t>& order, const std::f
     if (j >= ring) timed_wait(writes[j - ring]);
     submit_pieces(*nvme_, chunks_[disk[j]].nvme_slot, nvme_slot_bytes(disk[j]), nvme_ring_[j % ring].data, false,
                   reads[j]);
+    nvme_step_read_ += memory::NvmeStore::padded(nvme_slot_bytes(disk[j]));
   };
   try {
     for (size_t j = 0; j + 1 < ring && j < disk.size(); ++j) start_read(j);
@@ -294,6 +331,7 @@ void Engine::nvme_update_chunks(const std::vector<uint32_t>& order, const std::f
       update(k);
       stage_pointers(c, nullptr, 0);
       submit_pieces(*nvme_, c.nvme_slot, nvme_slot_bytes(k), buf, true, writes[j]);
+      nvme_step_written_ += memory::NvmeStore::padded(nvme_slot_bytes(k));
       start_read(j + ring - 1);
     }
     const auto t0 = std::chrono::steady_clock::now();
@@ -314,7 +352,7 @@ void Engine::nvme_update_chunks(const std::vector<uint32_t>& order, const std::f
 
 void Engine::nvme_begin_rewrite() {
 #if PSTAR_HAVE_NVME
-  if (nvme_ring_.empty()) return;
+  if (nvme_ring_.empty() || nvme_ == nullptr) return;
   if (nvme_access_chunk_ >= 0) stage_pointers(chunks_[static_cast<uint32_t>(nvme_access_chunk_)], nullptr, 0);
   nvme_access_chunk_ = -1;
   nvme_access_dirty_ = false;
@@ -343,7 +381,7 @@ void Engine::fill_nvme_stats(pstar_x_nvme_stats* out) const {
   pstar_x_nvme_stats s{};
   s.size = sizeof s;
   s.version = 1;
-  s.direct = nvme_->direct() ? 1 : 0;
+  s.direct = nvme_ != nullptr && nvme_->direct() ? 1 : 0;
   if (built()) {
     for (uint32_t k = 0; k < chunks_.size(); ++k) {
       if (chunks_[k].nvme_slot == kNoSlot) continue;
@@ -351,10 +389,14 @@ void Engine::fill_nvme_stats(pstar_x_nvme_stats* out) const {
       s.bytes_on_nvme += memory::NvmeStore::padded(nvme_slot_bytes(k));
     }
   }
-  const auto io = nvme_->stats();
-  s.bytes_read = io.bytes_read;
-  s.bytes_written = io.bytes_written;
+  if (nvme_ != nullptr) {
+    const auto io = nvme_->stats();
+    s.bytes_read = io.bytes_read;
+    s.bytes_written = io.bytes_written;
+  }
   s.step_io_wait_seconds = nvme_wait_seconds_;
+  s.step_bytes_read = nvme_step_read_;
+  s.step_bytes_written = nvme_step_written_;
   *out = s;
 #else
   (void)out;

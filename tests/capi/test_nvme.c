@@ -327,16 +327,96 @@ Test(nvme, misuse_is_refused) {
   T_FAIL(pstar_x_engine_set_nvme(e, &n), PSTAR_ERR_INVALID_STATE, "built");
   T_OK(pstar_engine_destroy(e));
 
-  /* Not with hybrid placement or a dry run. */
+  /* Not with hybrid placement; no negative or NaN bandwidths. */
   o.hybrid_optimizer = 1;
   e = t_create(&o);
   T_FAIL(pstar_x_engine_set_nvme(e, &n), PSTAR_ERR_UNSUPPORTED, "hybrid");
   T_OK(pstar_engine_destroy(e));
   o.hybrid_optimizer = 0;
-  o.dry_run = 1;
   e = t_create(&o);
-  T_FAIL(pstar_x_engine_set_nvme(e, &n), PSTAR_ERR_UNSUPPORTED, "dry run");
+  n.read_bytes_per_s = -1.0;
+  T_FAIL(pstar_x_engine_set_nvme(e, &n), PSTAR_ERR_INVALID_ARGUMENT, "read_bytes_per_s");
+  n.read_bytes_per_s = NAN;
+  T_FAIL(pstar_x_engine_set_nvme(e, &n), PSTAR_ERR_INVALID_ARGUMENT, "read_bytes_per_s");
   T_OK(pstar_engine_destroy(e));
+}
+
+Test(nvme, the_drive_capacity_is_a_limit) {
+  const config on_drive = {fresh_dir("cap"), kTightHost, 0, 0};
+  pstar_engine_options o = t_options(PSTAR_DTYPE_F16, CHUNK);
+  o.host_capacity_bytes = on_drive.host_capacity;
+  pstar_engine *e = t_create(&o);
+  pstar_x_nvme_options n;
+  T_OK(pstar_x_nvme_options_init(&n));
+  n.dir = on_drive.nvme_dir;
+  n.capacity_bytes = 3 * CHUNK * 4; /* one chunk's state; several must go */
+  T_OK(pstar_x_engine_set_nvme(e, &n));
+  for (int i = 0; i < P; ++i) {
+    char name[8];
+    snprintf(name, sizeof name, "p%d", i);
+    (void)t_register(e, name, numel_of(i), 0);
+  }
+  T_FAIL(pstar_engine_build(e), PSTAR_ERR_OUT_OF_MEMORY, "NVMe tier's capacity");
+  T_OK(pstar_engine_destroy(e));
+}
+
+/* A dry run with an NVMe tier places the same chunks on the drive, counts
+ * the same step traffic as a run with payloads, and advances its clock by
+ * the modelled drive time. */
+Test(nvme, a_dry_run_places_and_counts_like_a_real_run) {
+  const config on_drive = {fresh_dir("dry"), kTightHost, 0, 0};
+  model real;
+  make(&real, &on_drive);
+  for (int s = 0; s < 3; ++s) T_OK(train_step(&real, s));
+  const pstar_x_nvme_stats want = nvme_stats(&real);
+  T_OK(pstar_engine_destroy(real.e));
+
+  pstar_engine_options o = t_options(PSTAR_DTYPE_F16, CHUNK);
+  o.host_capacity_bytes = kTightHost;
+  o.dry_run = 1;
+  model dry;
+  dry.e = t_create(&o);
+  pstar_x_nvme_options n;
+  T_OK(pstar_x_nvme_options_init(&n));
+  n.read_bytes_per_s = 2e9;
+  n.write_bytes_per_s = 1e9;
+  T_OK(pstar_x_engine_set_nvme(dry.e, &n)); /* no directory: no file */
+  char name[16];
+  for (int i = 0; i <= P; ++i) {
+    snprintf(name, sizeof name, "p%d", i);
+    dry.ids[i] = t_register(dry.e, name, numel_of(i), i == P ? PSTAR_PARAM_FROZEN : 0);
+  }
+  T_OK(pstar_engine_build(dry.e));
+  double before = 0, after = 0;
+  for (int s = 0; s < 3; ++s) {
+    void *p;
+    T_OK(pstar_iteration_begin(dry.e, PSTAR_ITERATION_TRAIN));
+    for (int i = 0; i <= P; ++i) {
+      T_OK(pstar_param_acquire(dry.e, dry.ids[i], PSTAR_STAGE_FORWARD, NULL, &p));
+      T_OK(pstar_param_release(dry.e, dry.ids[i], NULL));
+    }
+    for (int i = P; i >= 0; --i) {
+      T_OK(pstar_param_acquire(dry.e, dry.ids[i], PSTAR_STAGE_BACKWARD, NULL, &p));
+      if (i < P) T_OK(pstar_grad_write(dry.e, dry.ids[i], NULL, (uint64_t)numel_of(i), PSTAR_DTYPE_F32, PSTAR_MEM_HOST, NULL));
+      T_OK(pstar_param_release(dry.e, dry.ids[i], NULL));
+    }
+    T_OK(pstar_clock_now(dry.e, &before));
+    T_OK(pstar_step(dry.e, NULL));
+    T_OK(pstar_clock_now(dry.e, &after));
+  }
+  const pstar_x_nvme_stats got = nvme_stats(&dry);
+  cr_assert_eq(got.chunks_on_nvme, want.chunks_on_nvme);
+  cr_assert_eq(got.bytes_on_nvme, want.bytes_on_nvme);
+  cr_assert_eq(got.step_bytes_read, want.step_bytes_read);
+  cr_assert_eq(got.step_bytes_written, want.step_bytes_written);
+  cr_assert_eq(got.step_bytes_read, 3 * want.bytes_on_nvme);
+  cr_assert_eq(got.bytes_read, 0);
+  const double drive_s = (double)want.bytes_on_nvme / 2e9 + (double)want.bytes_on_nvme / 1e9;
+  /* The step's modelled time: the drive's, plus the copies of its evictions. */
+  cr_assert(after - before >= drive_s - 1e-12, "the last step took %.9g modelled s, the drive alone %.9g",
+            after - before, drive_s);
+  cr_assert_float_eq(got.step_io_wait_seconds, 3 * drive_s, 1e-12);
+  T_OK(pstar_engine_destroy(dry.e));
 }
 
 Test(nvme, a_master_on_the_drive_cannot_be_pinned) {

@@ -53,7 +53,9 @@ struct Hardware {
   double gpu_reserve = -1;                      // bytes per GPU kept from the engine; < 0: 10% of gpu_mem
   double host_mem = 0;                          // bytes per node, shared by its ranks
   double host_reserve = 4 * kGiB;               // bytes per rank kept from the model data
-  double nvme = 0;                              // bytes per node (no NVMe tier yet: reported only)
+  double nvme = 0;                              // bytes per node for the NVMe tier (one rank only)
+  double nvme_read = PSTAR_X_DEFAULT_NVME_READ_BYTES_PER_S;    // bytes/s of the drive
+  double nvme_write = PSTAR_X_DEFAULT_NVME_WRITE_BYTES_PER_S;
   double h2d = PSTAR_DEFAULT_LINK_BYTES_PER_S;  // bytes/s per GPU
   double d2h = PSTAR_DEFAULT_LINK_BYTES_PER_S;
   double flops = 0;          // sustained FLOP/s per GPU
@@ -201,7 +203,8 @@ const char* kUsage =
     "Hardware:\n"
     "  --gpu-mem BYTES (per GPU)        --gpu-reserve BYTES (default 10% of gpu-mem)\n"
     "  --host-mem BYTES (per node)      --host-reserve BYTES (per rank, default 4GiB)\n"
-    "  --nvme BYTES (reported only: no NVMe tier yet)\n"
+    "  --nvme BYTES (per node; the NVMe tier, modelled with one GPU only)\n"
+    "  --nvme-read BYTES/S --nvme-write BYTES/S (the drive's, default 3.5 / 3.0 GB/s)\n"
     "  --h2d BYTES/S --d2h BYTES/S (per GPU, default 12GB/s)\n"
     "  --flops FLOP/S (sustained per GPU)  --host-adam-bytes-per-s BYTES/S (per node, default 100GB/s)\n"
     "  --device-adam-bytes-per-s BYTES/S (per GPU, hybrid placement's device update, default 900GB/s)\n"
@@ -308,6 +311,10 @@ Args parse_args(int argc, char** argv, const std::vector<Preset>& known) {
       a.hw.host_reserve = parse_quantity(k, v);
     else if (k == "--nvme")
       a.hw.nvme = parse_quantity(k, v);
+    else if (k == "--nvme-read")
+      a.hw.nvme_read = parse_quantity(k, v);
+    else if (k == "--nvme-write")
+      a.hw.nvme_write = parse_quantity(k, v);
     else if (k == "--h2d")
       a.hw.h2d = parse_quantity(k, v);
     else if (k == "--d2h")
@@ -344,7 +351,8 @@ Args parse_args(int argc, char** argv, const std::vector<Preset>& known) {
   if (!missing.empty()) throw UsageError("missing " + missing + " (or a --preset)");
   const std::string bad = pstar::workload::validate(a.shape);
   if (!bad.empty()) throw UsageError(bad);
-  if (a.hw.h2d <= 0 || a.hw.d2h <= 0 || a.hw.host_adam <= 0 || a.hw.device_adam <= 0)
+  if (a.hw.h2d <= 0 || a.hw.d2h <= 0 || a.hw.host_adam <= 0 || a.hw.device_adam <= 0 || a.hw.nvme_read <= 0 ||
+      a.hw.nvme_write <= 0)
     throw UsageError("bandwidths must be positive");
   if (a.hw.device_capacity() == 0) throw UsageError("--gpu-reserve leaves no device memory");
   if (a.search_chunk && a.chunk_elems) throw UsageError("--chunk-elems and --search-chunk-size exclude each other");
@@ -402,6 +410,11 @@ struct Evaluation {
   double device_adam_s = 0;
   double adam_s = 0;
   double step_s = 0;
+  // With the NVMe tier (evaluate_nvme): the optimizer state the engine put
+  // on the drive, and the drive's time for reading and writing it once.
+  uint64_t nvme_bytes = 0;
+  uint32_t nvme_chunks = 0;
+  double drive_s = 0;
 
   bool fits() const { return device_ok && host_ok; }
   bool fits_after_placement() const { return device_ok && host_ok_after; }
@@ -569,6 +582,49 @@ struct Planner {
                               (ev.share_per_rank - off_host + ev.extra_per_rank + uint64_t(args.hw.host_reserve));
     ev.host_ok_margin = double(ev.host_per_node_margin) <= args.hw.host_mem;
     return ev;
+  }
+
+  // One GPU with the NVMe tier: the same dry run with the host budget
+  // enforced by the engine (host memory less the reserve) and the optimizer
+  // state that does not fit on the drive (its capacity and bandwidths).  The
+  // engine's dry run advances its clock by the drive's time and the replay by
+  // the Adam pass, one after the other; the step's ring overlaps them, so
+  // the step is the clock less the shorter of the two.
+  std::map<std::pair<uint32_t, uint64_t>, Evaluation> nvme_cache;
+  const Evaluation& evaluate_nvme(uint32_t layers, uint64_t chunk_elems) {
+    const auto key = std::make_pair(layers, chunk_elems);
+    const auto hit = nvme_cache.find(key);
+    if (hit != nvme_cache.end()) return hit->second;
+    const Hardware& hw = args.hw;
+    Evaluation ev = evaluate(layers, chunk_elems, false);  // shape, layout, Adam time
+    const Workload w = pstar::workload::make_gpt(ev.shape);
+    ReplayConfig cfg;
+    cfg.options = options(chunk_elems, false);
+    cfg.options.host_capacity_bytes = hw.host_mem > hw.host_reserve ? uint64_t(hw.host_mem - hw.host_reserve) : 1;
+    cfg.use_nvme = true;
+    pstar_x_nvme_options_init(&cfg.nvme);
+    cfg.nvme.capacity_bytes = uint64_t(hw.nvme);
+    cfg.nvme.read_bytes_per_s = hw.nvme_read;
+    cfg.nvme.write_bytes_per_s = hw.nvme_write;
+    cfg.iterations = 2;
+    cfg.flops_per_s = hw.flops;
+    const double adam_s = ev.host_adam_s;
+    cfg.optimizer_seconds_fn = [=](const pstar_stats&) { return adam_s; };
+    ev.run = pstar::workload::replay(w, cfg);
+    ++dry_runs;
+    if (!ev.run.ok() && !ev.run.out_of_memory()) engine_failure(ev.run, ev.shape);
+    ev.device_ok = ev.run.ok() && ev.run.final_stats.peak_device_bytes <= ev.device_capacity;
+    ev.host_ok = ev.run.ok();  // the engine kept the host budget, or failed the build
+    ev.host_per_node = ev.run.final_stats.peak_host_bytes + uint64_t(hw.host_reserve);
+    ev.nvme_bytes = ev.run.nvme.bytes_on_nvme;
+    ev.nvme_chunks = ev.run.nvme.chunks_on_nvme;
+    ev.drive_s = double(ev.nvme_bytes) / hw.nvme_read + double(ev.nvme_bytes) / hw.nvme_write;
+    ev.step_s = ev.run.last.clock_seconds - std::min(ev.adam_s, ev.drive_s);
+    if (args.verbose)
+      std::fprintf(stderr, "pstar-plan: dry run %u (NVMe): %u layers, %.3fB params: %s, %u chunks (%.1f GiB) on the "
+                   "drive, step %.3f s\n", dry_runs, layers, ev.params / 1e9,
+                   ev.fits() ? "fits" : ev.run.message.c_str(), ev.nvme_chunks, ev.nvme_bytes / kGiB, ev.step_s);
+    return nvme_cache.emplace(key, std::move(ev)).first->second;
   }
 
   // Largest layer count in [1, cap] whose evaluation passes `pred`, assuming
@@ -747,7 +803,15 @@ std::vector<std::string> common_assumptions(const Args& a) {
                 "time), concurrently, the longer of the two; one micro-batch per step",
                 hw.device_adam / 1e9);
   v.push_back(buf);
-  if (hw.nvme > 0) v.push_back("NVMe given but unused: the engine has no NVMe tier yet");
+  if (hw.nvme > 0 && hw.world() == 1)
+    v.push_back(
+        "NVMe (max_params_nvme): a dry run of the engine's NVMe tier (docs/nvme.md) with the host budget (host "
+        "memory less the reserve) enforced and the optimizer state that does not fit on the drive, up to --nvme; "
+        "step = the dry run's clock (compute, waiting, the Adam pass, then the drive reading and writing that "
+        "state at --nvme-read/--nvme-write) less the shorter of the Adam pass and the drive time, which the "
+        "step's staging ring overlaps");
+  if (hw.nvme > 0 && hw.world() > 1)
+    v.push_back("NVMe given but not modelled: the engine's NVMe tier runs one process (world_size 1) only");
   return v;
 }
 
@@ -758,7 +822,7 @@ std::vector<std::string> not_modelled() {
           "kernel efficiency of small or element-wise operations (a fixed sustained FLOP/s)",
           "overlap of the host Adam pass with transfers (the step is serial after backward)",
           "CPU contention between ranks, the data loader and the Adam threads",
-          "NVMe offload: not built"};
+          "the NVMe tier with more than one GPU (the engine's tier runs one process; docs/nvme.md)"};
 }
 
 std::string fmt_bytes(double b) {
@@ -930,6 +994,26 @@ int run(int argc, char** argv) {
   const Evaluation* top_host_only = best_host_only ? &pl.evaluate_margin(best_host_only, chunk, false) : nullptr;
   const Evaluation* top_steady = best_steady ? &pl.evaluate(best_steady, chunk, true) : nullptr;
   const Evaluation* top_margin = best_margin ? &pl.evaluate_margin(best_margin, chunk, a.hybrid) : nullptr;
+  // The NVMe tier (one GPU: the engine's tier runs one process): the largest
+  // model whose optimizer state fits host memory and the drive together.
+  const bool nvme_modelled = hw.nvme > 0 && hw.world() == 1;
+  const Evaluation* top_nvme = nullptr;
+  if (nvme_modelled && a.search) {
+    const uint32_t cap_nvme =
+        uint32_t(std::min(1e6, (host_total + hw.nvme) / (bytes_per_param * per_layer))) + 1;
+    uint32_t lo = 0, hi = cap_nvme + 1;
+    while (hi - lo > 1) {
+      const uint32_t mid = lo + (hi - lo) / 2;
+      if (pl.evaluate_nvme(mid, chunk).fits())
+        lo = mid;
+      else
+        hi = mid;
+    }
+    if (lo) top_nvme = &pl.evaluate_nvme(lo, chunk);
+  } else if (nvme_modelled) {
+    const Evaluation& e = pl.evaluate_nvme(a.shape.layers, chunk);
+    top_nvme = e.fits() ? &e : nullptr;
+  }
   if (!a.search) {
     top = requested.fits() ? &requested : nullptr;
     const Evaluation& r0 = a.hybrid ? *requested_host_only : requested;
@@ -956,6 +1040,8 @@ int run(int argc, char** argv) {
         .add("host_mem_bytes", jnum(hw.host_mem))
         .add("host_reserve_per_rank_bytes", jnum(hw.host_reserve))
         .add("nvme_bytes", jnum(hw.nvme))
+        .add("nvme_read_bytes_per_s", jnum(hw.nvme_read))
+        .add("nvme_write_bytes_per_s", jnum(hw.nvme_write))
         .add("h2d_bytes_per_s", jnum(hw.h2d))
         .add("d2h_bytes_per_s", jnum(hw.d2h))
         .add("flops_per_s", jnum(hw.flops))
@@ -989,6 +1075,12 @@ int run(int argc, char** argv) {
         .add("max_shape_hybrid_steady_host", top_steady ? shape_json(top_steady->shape) : "null")
         .add("max_params_with_device_margin", jint(top_margin ? top_margin->params : 0))
         .add("max_shape_with_device_margin", top_margin ? shape_json(top_margin->shape) : "null")
+        .add("nvme_modelled", nvme_modelled ? "true" : "false")
+        .add("max_params_nvme", jint(top_nvme ? top_nvme->params : 0))
+        .add("max_shape_nvme", top_nvme ? shape_json(top_nvme->shape) : "null")
+        .add("step_s_nvme", top_nvme ? jnum(top_nvme->step_s) : "null")
+        .add("nvme_used_bytes", jint(top_nvme ? top_nvme->nvme_bytes : 0))
+        .add("drive_s_nvme", top_nvme ? jnum(top_nvme->drive_s) : "null")
         .add("dry_runs", jint(pl.dry_runs));
     if (a.preset_def) {
       std::vector<std::string> pubs;
@@ -1049,6 +1141,16 @@ int run(int argc, char** argv) {
           "in room its warm-up left unused, after holding it on the host through warm-up): %u layers, %.2fB "
           "params\n",
           top_margin->shape.layers, top_margin->params / 1e9);
+  }
+  if (nvme_modelled) {
+    if (top_nvme)
+      std::printf("with the NVMe tier (%s drive, %.1f / %.1f GB/s): %u layers, %.2fB params, %s of optimizer state on "
+                  "the drive (%u chunks), drive %.3f s per step, step %.3f s\n",
+                  fmt_bytes(hw.nvme).c_str(), hw.nvme_read / 1e9, hw.nvme_write / 1e9, top_nvme->shape.layers,
+                  top_nvme->params / 1e9, fmt_bytes(double(top_nvme->nvme_bytes)).c_str(), top_nvme->nvme_chunks,
+                  top_nvme->drive_s, top_nvme->step_s);
+    else
+      std::printf("with the NVMe tier: none\n");
   }
   if (a.preset_def)
     for (const auto& p : a.preset_def->published)

@@ -75,6 +75,7 @@ ReplayResult replay(const Workload& w, const ReplayConfig& cfg) {
   std::vector<float> zeros;  // gradients of a run with payloads
   try {
     check(pstar_engine_create(&cfg.options, &e), "pstar_engine_create");
+    if (cfg.use_nvme) check(pstar_x_engine_set_nvme(e, &cfg.nvme), "pstar_x_engine_set_nvme");
     std::vector<uint32_t> ids(w.params.size());
     uint64_t max_numel = 0;
     for (size_t i = 0; i < w.params.size(); ++i) {
@@ -122,6 +123,11 @@ ReplayResult replay(const Workload& w, const ReplayConfig& cfg) {
       r.iterations_done = it + 1;
     }
     r.final_stats = stats_of(e);
+    if (cfg.use_nvme) {
+      r.nvme.size = sizeof r.nvme;
+      r.nvme.version = 1;
+      check(pstar_x_nvme_get_stats(e, &r.nvme), "pstar_x_nvme_get_stats");
+    }
     if (!cfg.timeline_path.empty()) check(pstar_trace_export(e, cfg.timeline_path.c_str()), "pstar_trace_export");
   } catch (const Failure& f) {
     r.status = f.status;

@@ -34,6 +34,9 @@ struct ReplayConfig {
   bool build_only = false;         // register and build, run nothing
   // Non-empty (with options.record_timeline): pstar_trace_export() there at the end.
   std::string timeline_path;
+  // Set: the engine gets this NVMe tier (experimental API) before build.
+  bool use_nvme = false;
+  pstar_x_nvme_options nvme{};
   ReplayConfig();                  // options = the library's defaults
 };
 
@@ -64,6 +67,7 @@ struct ReplayResult {
   IterationFigures last;         // the last completed iteration
   double compute_seconds = 0.0;  // per iteration: sum of flops / flops_per_s
   uint64_t peak_nonmodel_reported = 0;
+  pstar_x_nvme_stats nvme{};     // at the end, with use_nvme
 
   bool ok() const { return status == PSTAR_OK; }
   bool out_of_memory() const { return status == PSTAR_ERR_OUT_OF_MEMORY; }

@@ -745,8 +745,9 @@ PSTAR_API pstar_status pstar_engine_get_stats(pstar_engine *engine, pstar_stats 
  *  options.host_capacity_bytes lives in a file under `dir` and pstar_step()
  *  streams it through a ring of host staging buffers: the read of the next
  *  chunks and the write-back of the previous ones overlap the update of the
- *  current one.  One process (world_size 1), no hybrid placement, no dry
- *  run. */
+ *  current one.  One process (world_size 1), no hybrid placement.  A dry
+ *  run places and counts the same way without a file and advances its
+ *  clock by each step's modelled drive time. */
 typedef struct pstar_x_nvme_options {
   /** sizeof(pstar_x_nvme_options) as the caller compiled it. */
   uint32_t size;
@@ -762,7 +763,23 @@ typedef struct pstar_x_nvme_options {
   uint32_t staging_buffers;
   /** Nonzero: buffered I/O even where the filesystem takes O_DIRECT. */
   int32_t buffered;
+  /** Bytes of the drive the engine may fill; 0 = no limit (the file system
+   *  says when it is full).  A build whose optimizer state would need more
+   *  fails with PSTAR_ERR_OUT_OF_MEMORY. */
+  uint64_t capacity_bytes;
+  /** Modelled sequential read bandwidth of the drive, bytes per second,
+   *  used by a dry run's clock only; 0 = PSTAR_X_DEFAULT_NVME_READ_BYTES_PER_S. */
+  double read_bytes_per_s;
+  /** Modelled write bandwidth, as read_bytes_per_s; 0 =
+   *  PSTAR_X_DEFAULT_NVME_WRITE_BYTES_PER_S. */
+  double write_bytes_per_s;
 } pstar_x_nvme_options;
+
+/** Default modelled read bandwidth of the drive: 3.5 GB/s, a PCIe 3.0 x4
+ *  NVMe drive's sequential read. */
+#define PSTAR_X_DEFAULT_NVME_READ_BYTES_PER_S 3.5e9
+/** Default modelled write bandwidth: 3.0 GB/s. */
+#define PSTAR_X_DEFAULT_NVME_WRITE_BYTES_PER_S 3.0e9
 
 /** Experimental: fills *options with the defaults (dir NULL). */
 PSTAR_API pstar_status pstar_x_nvme_options_init(pstar_x_nvme_options *options);
@@ -791,13 +808,20 @@ typedef struct pstar_x_nvme_stats {
   /** Bytes of optimizer state on the drive (padded to 4 KiB per chunk). */
   uint64_t bytes_on_nvme;
   /** Bytes read from and written to the data file since the engine was
-   *  built (padded lengths, as the drive moves them). */
+   *  built, by every path (padded lengths, as the drive moves them; 0 in a
+   *  dry run, which has no file). */
   uint64_t bytes_read;
   /** See bytes_read. */
   uint64_t bytes_written;
   /** Seconds pstar_step() spent waiting for the drive (not overlapped with
-   *  the update), summed over steps. */
+   *  the update), summed over steps; in a dry run, the modelled drive time
+   *  its clock advanced by. */
   double step_io_wait_seconds;
+  /** Bytes the steps read from and wrote to the drive (counted the same way
+   *  in a dry run and in a run with payloads). */
+  uint64_t step_bytes_read;
+  /** See step_bytes_read. */
+  uint64_t step_bytes_written;
 } pstar_x_nvme_stats;
 
 /** Experimental: fills *stats (size and version set by the caller);
