@@ -17,6 +17,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "dist/liveness.h"
 #include "dist/store/store_client.h"
 #include "dist/store/store_server.h"
 #endif
@@ -173,6 +174,9 @@ std::unique_ptr<Communicator> form_cpu_group(const GroupOptions& o) {
   gc.prefix = "pstar/group/" + std::to_string(group);
   std::unique_ptr<Communicator> comm = make_gloo_communicator(gc, store);
   comm->barrier();
+  // Failures name the peer that is gone or stuck (dist/liveness.h).
+  comm = std::make_unique<MonitoredCommunicator>(std::move(comm),
+                                                 std::make_unique<Liveness>(co, gc.prefix, li.rank, li.world_size));
   log::info("data-parallel group " + std::to_string(group) + " formed: " + describe(li) + ", gloo on " + gc.hostname);
   return comm;
 }
@@ -218,6 +222,8 @@ std::unique_ptr<Communicator> form_cuda_group(const GroupOptions& o, int device)
   nc.timeout = o.timeout;
   std::unique_ptr<Communicator> comm = make_nccl_communicator(nc, exchange);
   comm->barrier();
+  comm = std::make_unique<MonitoredCommunicator>(
+      std::move(comm), std::make_unique<Liveness>(co, "pstar/group/" + std::to_string(group), li.rank, li.world_size));
   log::info("data-parallel group " + std::to_string(group) + " formed: " + describe(li) + ", nccl on CUDA device " +
             std::to_string(device));
   return comm;
