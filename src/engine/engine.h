@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -263,6 +264,12 @@ class Engine {
   const Param& param_checked(uint32_t id) const;
   void require_built(const char* what) const;
   void require_file_call(const char* what, const char* path, bool one_process) const;
+  // Sharded checkpoints (engine_checkpoint.cpp): the collective they use,
+  // and the shard-aware state writes of a load.
+  void checkpoint_all_gather(const void* mine, void* all, size_t bytes);
+  void write_state_sharded(uint32_t id, int list, const float* in);
+  std::string checkpoint_manifest_text(const std::map<std::string, std::pair<uint64_t, uint64_t>>& files,
+                                       const std::vector<uint64_t>& offsets, const std::string& pieces) const;
   Param& value_access(const char* what, uint32_t id, const void* buf, uint64_t count, pstar_dtype dtype);
   Param& backward_param(const char* what, uint32_t id);
   chunk::TensorState checked_transition(const Param& p, uint32_t id, chunk::TensorEvent ev) const;

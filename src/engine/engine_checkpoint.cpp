@@ -27,6 +27,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cinttypes>
 #include <cstdio>
@@ -209,13 +210,28 @@ struct ManifestFile {
   std::string xxh3;
 };
 
+// A sharded checkpoint's piece of a parameter: elements [start, start +
+// count) of it, at element `offset` of rank `rank`'s list files.
+struct ManifestPiece {
+  uint32_t param = 0;  // index in Manifest::params
+  uint32_t rank = 0;
+  uint64_t start = 0, count = 0, offset = 0;
+};
+
 struct Manifest {
   int version = 0;
   std::string library;
   std::map<std::string, std::string> values;  // scalar entries
   std::vector<ManifestParam> params;
   std::map<std::string, ManifestFile> files;
+  std::vector<ManifestPiece> pieces;  // sharded checkpoints only
 };
+
+// List file `list` (0..3, kListFiles) of rank `rank` of a sharded save.
+std::string shard_file(int list, int rank) {
+  std::string f = kListFiles[list];
+  return f.substr(0, f.size() - 4) + ".r" + std::to_string(rank) + ".f32";
+}
 
 // key value... ; "param" and "file" lines carry key=value pairs.
 Manifest parse_manifest(const std::string& path) {
@@ -240,6 +256,27 @@ Manifest parse_manifest(const std::string& path) {
         io_error("checkpoint_load: '" + path + "': format version " + std::to_string(m.version) +
                  ", this library reads version " + std::to_string(kFormatVersion));
       }
+      continue;
+    }
+    if (key == "piece") {
+      ManifestPiece pc;
+      std::string kv;
+      if (!(ls >> pc.param)) bad("malformed piece entry");
+      std::map<std::string, std::string> f;
+      while (ls >> kv) {
+        const auto eq = kv.find('=');
+        if (eq == std::string::npos) bad("'" + kv + "' is not key=value");
+        f[kv.substr(0, eq)] = kv.substr(eq + 1);
+      }
+      try {
+        pc.rank = static_cast<uint32_t>(std::stoul(f.at("rank")));
+        pc.start = std::stoull(f.at("start"));
+        pc.count = std::stoull(f.at("count"));
+        pc.offset = std::stoull(f.at("offset"));
+      } catch (const std::exception&) {
+        bad("malformed piece entry");
+      }
+      m.pieces.push_back(pc);
       continue;
     }
     if (key == "param" || key == "file") {
@@ -385,9 +422,8 @@ void Engine::require_file_call(const char* what, const char* path, bool one_proc
   require(!iteration_active_, PSTAR_ERR_INVALID_STATE,
           [&] { return std::string(what) + ": legal only between iterations"; });
   require(payloads_, PSTAR_ERR_UNSUPPORTED, [&] { return std::string(what) + ": a dry run holds no values"; });
-  require(!one_process || !sharded(), PSTAR_ERR_UNSUPPORTED, [&] {
-    return std::string(what) + ": sharded engines (world_size > 1) cannot save or load checkpoints yet";
-  });
+  require(!one_process || !sharded(), PSTAR_ERR_UNSUPPORTED,
+          [&] { return std::string(what) + ": not available with world_size > 1"; });
 }
 
 // ---------------------------------------------------------------------------
@@ -424,122 +460,257 @@ void Engine::write_state(uint32_t id, int list, const float* in) {
 // ---------------------------------------------------------------------------
 // Save
 
+// The manifest: format, scalars, parameters (`offsets`: each one's element
+// offset in its list files; 0 in a sharded save, whose pieces say where),
+// then `pieces` (sharded: "piece" lines) and the files with their sizes and
+// XXH3-64.
+std::string Engine::checkpoint_manifest_text(const std::map<std::string, std::pair<uint64_t, uint64_t>>& files,
+                                             const std::vector<uint64_t>& offsets, const std::string& pieces) const {
+  std::ostringstream m;
+  m << kFormatName << ' ' << kFormatVersion << '\n';
+  m << "library " << PSTAR_VERSION_STRING << '\n';
+  m << "compute_dtype " << dtype_text(opt_.compute_dtype) << '\n';
+  m << "chunk_elems " << opt_.chunk_elems << '\n';
+  m << "world_size " << world_ << '\n';
+  if (sharded()) m << "sharded 1\n";
+  m << "step " << adam_step_ << '\n';
+  char buf[64];
+  auto f32 = [&](float v) {
+    std::snprintf(buf, sizeof buf, "%a", static_cast<double>(v));  // exact
+    return std::string(buf);
+  };
+  m << "loss_scale " << f32(scaler_.scale()) << '\n';
+  m << "loss_scale_clean_steps " << scaler_.clean_steps() << '\n';
+  m << "loss_scale_hysteresis_left " << scaler_.hysteresis_left() << '\n';
+  m << "lr " << f32(hyper_.lr) << '\n';
+  m << "beta1 " << f32(hyper_.beta1) << '\n';
+  m << "beta2 " << f32(hyper_.beta2) << '\n';
+  m << "eps " << f32(hyper_.eps) << '\n';
+  m << "weight_decay " << f32(hyper_.weight_decay) << '\n';
+  m << "adamw " << (hyper_.adamw ? 1 : 0) << '\n';
+  m << "clip_norm " << f32(static_cast<float>(clip_norm_)) << '\n';
+  for (uint32_t id = 0; id < params_.size(); ++id) {
+    const Param& p = params_[id];
+    std::string shape;
+    for (size_t i = 0; i < p.shape.size(); ++i) shape += (i ? "," : "") + std::to_string(p.shape[i]);
+    m << "param " << escape(p.name) << " numel=" << p.numel << " shape=" << shape
+      << " frozen=" << (p.frozen() ? 1 : 0) << " offset=" << offsets[id] << " lr_scale=" << f32(p.lr_scale)
+      << " weight_decay=" << (p.weight_decay ? 1 : 0) << '\n';
+  }
+  m << pieces;
+  for (const auto& [fname, f] : files) m << "file " << fname << " bytes=" << f.first << " xxh3=" << hex64(f.second) << '\n';
+  return m.str();
+}
+
+// Saving.  One process: the four list files, parameter by parameter, then
+// the manifest, then LATEST.  Sharded (world > 1; the directory must be one
+// that every rank reaches, e.g. a shared file system): rank 0 creates the
+// subdirectory and the ranks learn its name (an all-gather); every rank
+// writes its four files, holding for each parameter the elements that lie
+// in its shards, in parameter order; an all-gather brings every rank's
+// sizes and checksums (or its failure) to all; rank 0 writes the manifest,
+// with a "piece" line per (parameter, rank) saying where each part lies,
+// and moves LATEST last; a final all-gather tells every rank whether that
+// worked, so all return the same status.  Every step's failure on one rank
+// fails the save on all, with the previous checkpoint intact.
 std::string Engine::checkpoint_save(const char* dir_c) {
-  require_file_call("checkpoint_save", dir_c, true);
+  require_file_call("checkpoint_save", dir_c, false);
 #if !defined(PSTAR_HAVE_XXHASH)
   throw Error(PSTAR_ERR_UNSUPPORTED,
               "checkpoint_save: this libpstar was built without xxhash (libxxhash-dev): no checksums, no checkpoints");
 #else
   const std::string dir = dir_c;
-  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
-    io_error("checkpoint_save: creating '" + dir + "': " + errno_text());
+  // Rank 0 creates a new subdirectory for every save.
+  std::string name, failure;
+  if (rank_ == 0) {
+    try {
+      if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
+        io_error("checkpoint_save: creating '" + dir + "': " + errno_text());
+      }
+      for (int n = 0;; ++n) {
+        char buf[64];
+        std::snprintf(buf, sizeof buf, "ckpt-%010" PRIu64 "-%d", adam_step_, n);
+        if (::mkdir(join_path(dir, buf).c_str(), 0755) == 0) {
+          name = buf;
+          break;
+        }
+        if (errno != EEXIST) io_error("checkpoint_save: creating '" + join_path(dir, buf) + "': " + errno_text());
+      }
+    } catch (const Error& e) {
+      if (!sharded()) throw;
+      failure = e.what();
+    }
   }
-  // A new subdirectory for every save.
-  std::string name;
-  for (int n = 0;; ++n) {
-    char buf[64];
-    std::snprintf(buf, sizeof buf, "ckpt-%010" PRIu64 "-%d", adam_step_, n);
-    name = buf;
-    if (::mkdir(join_path(dir, name).c_str(), 0755) == 0) break;
-    if (errno != EEXIST) io_error("checkpoint_save: creating '" + join_path(dir, name) + "': " + errno_text());
+  if (sharded()) {
+    // Rank 0's name (empty: it failed) to every rank.
+    constexpr size_t kNameBytes = 64;
+    char mine[kNameBytes] = {0};
+    std::snprintf(mine, sizeof mine, "%s", name.c_str());
+    std::vector<char> all(kNameBytes * static_cast<size_t>(world_));
+    checkpoint_all_gather(mine, all.data(), kNameBytes);
+    name.assign(all.data(), strnlen(all.data(), kNameBytes));
+    if (name.empty()) {
+      throw Error(PSTAR_ERR_IO, failure.empty() ? "checkpoint_save: rank 0 could not create the checkpoint's directory "
+                                                  "under '" + dir + "'"
+                                                : failure);
+    }
   }
   const std::string sub = join_path(dir, name);
   CrashPoints crash;
 
-  // The four list files, parameter by parameter.
-  std::vector<uint64_t> offsets(params_.size());
-  uint64_t trainable_offset = 0, frozen_offset = 0;
-  for (uint32_t id = 0; id < params_.size(); ++id) {
-    offsets[id] = params_[id].frozen() ? frozen_offset : trainable_offset;
-    (params_[id].frozen() ? frozen_offset : trainable_offset) += params_[id].numel;
-  }
-  std::map<std::string, ManifestFile> files;
+  // The four list files: this rank's elements of every parameter (all of
+  // them in one process).  Pieces and offsets are a function of the layout,
+  // so rank 0 can describe every rank's files.
+  auto piece_of = [&](uint32_t id, int r, uint64_t* a, uint64_t* b) {
+    const auto& place = layout_->param(id);
+    const uint64_t shard = sharded() ? chunks_[place.chunk].shard_elems : place.numel;
+    const uint64_t lo = sharded() ? static_cast<uint64_t>(r) * shard : place.offset_elems;
+    *a = std::max(place.offset_elems, lo);
+    *b = std::min(place.offset_elems + params_[id].numel, lo + shard);
+    return *a < *b;
+  };
+  std::vector<uint64_t> offsets(params_.size(), 0);
+  struct Record {
+    int32_t ok;
+    uint32_t pad;
+    uint64_t bytes[4];
+    uint64_t xxh3[4];
+  };
+  Record mine{};
+  mine.ok = 1;
   std::vector<float> staging;
-  for (int list = 0; list < 4; ++list) {
-    const std::string path = join_path(sub, kListFiles[list]);
-    CheckedWriter w(path);
-    for (uint32_t id = 0; id < params_.size(); ++id) {
-      const Param& p = params_[id];
-      if (p.frozen() != (list == 3)) continue;
-      staging.resize(p.numel);
-      if (list == 3) {
-        read(id, staging.data(), p.numel, PSTAR_DTYPE_F32);
-      } else {
-        read_state(id, list, staging.data());
+  try {
+    for (int list = 0; list < 4; ++list) {
+      const std::string fname = sharded() ? shard_file(list, rank_) : kListFiles[list];
+      CheckedWriter w(join_path(sub, fname));
+      uint64_t at = 0;
+      for (uint32_t id = 0; id < params_.size(); ++id) {
+        const Param& p = params_[id];
+        if (p.frozen() != (list == 3)) continue;
+        uint64_t a = 0, b = 0;
+        if (!piece_of(id, rank_, &a, &b)) continue;
+        if (!sharded()) {
+          offsets[id] = at;
+          staging.resize(p.numel);
+          if (list == 3) {
+            read(id, staging.data(), p.numel, PSTAR_DTYPE_F32);
+          } else {
+            read_state(id, list, staging.data());
+          }
+        } else {
+          // This rank's shard of the chunk: the fp32 list, or the compute
+          // payload of a frozen parameter.
+          const auto& place = layout_->param(id);
+          const ChunkState& c = chunks_[place.chunk];
+          const uint64_t lo = shard_lo(place.chunk);
+          const float* src = list == 0 ? c.master : list == 1 ? c.exp_avg : c.exp_avg_sq;
+          staging.resize(b - a);
+          for (uint64_t i = a; i < b; ++i) {
+            staging[i - a] = list == 3 ? load_as(c.shard, opt_.compute_dtype, i - lo) : src[i - lo];
+          }
+        }
+        w.write(staging.data(), staging.size() * sizeof(float));
+        at += staging.size();
       }
-      w.write(staging.data(), p.numel * sizeof(float));
+      mine.xxh3[list] = w.finish();
+      mine.bytes[list] = w.bytes();
+      crash.pass(kListFiles[list]);
     }
-    const uint64_t sum = w.finish();
-    files[kListFiles[list]] = ManifestFile{w.bytes(), hex64(sum)};
-    crash.pass(kListFiles[list]);
+  } catch (const Error& e) {
+    if (!sharded()) throw;
+    mine.ok = 0;
+    failure = e.what();
+  }
+  std::vector<Record> records(static_cast<size_t>(world_));
+  if (sharded()) {
+    checkpoint_all_gather(&mine, records.data(), sizeof mine);
+    for (int r = 0; r < world_; ++r) {
+      if (records[static_cast<size_t>(r)].ok) continue;
+      throw Error(PSTAR_ERR_IO, r == rank_ ? failure
+                                           : "checkpoint_save: rank " + std::to_string(r) +
+                                                 " could not write its shard (its own error says why)");
+    }
+  } else {
+    records[0] = mine;
   }
 
-  // The manifest, written last.
-  {
-    std::ostringstream m;
-    m << kFormatName << ' ' << kFormatVersion << '\n';
-    m << "library " << PSTAR_VERSION_STRING << '\n';
-    m << "compute_dtype " << dtype_text(opt_.compute_dtype) << '\n';
-    m << "chunk_elems " << opt_.chunk_elems << '\n';
-    m << "world_size " << world_ << '\n';
-    m << "step " << adam_step_ << '\n';
-    char buf[64];
-    auto f32 = [&](float v) {
-      std::snprintf(buf, sizeof buf, "%a", static_cast<double>(v));  // exact
-      return std::string(buf);
-    };
-    m << "loss_scale " << f32(scaler_.scale()) << '\n';
-    m << "loss_scale_clean_steps " << scaler_.clean_steps() << '\n';
-    m << "loss_scale_hysteresis_left " << scaler_.hysteresis_left() << '\n';
-    m << "lr " << f32(hyper_.lr) << '\n';
-    m << "beta1 " << f32(hyper_.beta1) << '\n';
-    m << "beta2 " << f32(hyper_.beta2) << '\n';
-    m << "eps " << f32(hyper_.eps) << '\n';
-    m << "weight_decay " << f32(hyper_.weight_decay) << '\n';
-    m << "adamw " << (hyper_.adamw ? 1 : 0) << '\n';
-    m << "clip_norm " << f32(static_cast<float>(clip_norm_)) << '\n';
-    for (uint32_t id = 0; id < params_.size(); ++id) {
-      const Param& p = params_[id];
-      std::string shape;
-      for (size_t i = 0; i < p.shape.size(); ++i) shape += (i ? "," : "") + std::to_string(p.shape[i]);
-      m << "param " << escape(p.name) << " numel=" << p.numel << " shape=" << shape
-        << " frozen=" << (p.frozen() ? 1 : 0) << " offset=" << offsets[id] << " lr_scale=" << f32(p.lr_scale)
-        << " weight_decay=" << (p.weight_decay ? 1 : 0) << '\n';
+  // Rank 0: the manifest, written last, then LATEST, replaced atomically.
+  if (rank_ == 0) {
+    try {
+      std::map<std::string, std::pair<uint64_t, uint64_t>> files;
+      std::string pieces;
+      for (int r = 0; r < world_; ++r) {
+        for (int list = 0; list < 4; ++list) {
+          const Record& rec = records[static_cast<size_t>(r)];
+          files[sharded() ? shard_file(list, r) : kListFiles[list]] = {rec.bytes[list], rec.xxh3[list]};
+        }
+        if (!sharded()) continue;
+        uint64_t at[2] = {0, 0};  // trainable files, frozen file
+        for (uint32_t id = 0; id < params_.size(); ++id) {
+          uint64_t a = 0, b = 0;
+          if (!piece_of(id, r, &a, &b)) continue;
+          uint64_t& off = at[params_[id].frozen() ? 1 : 0];
+          pieces += "piece " + std::to_string(id) + " rank=" + std::to_string(r) +
+                    " start=" + std::to_string(a - layout_->param(id).offset_elems) +
+                    " count=" + std::to_string(b - a) + " offset=" + std::to_string(off) + "\n";
+          off += b - a;
+        }
+      }
+      const std::string text = checkpoint_manifest_text(files, offsets, pieces);
+      {
+        CheckedWriter w(join_path(sub, "manifest"));
+        w.write(text.data(), text.size());
+        w.finish();
+        crash.pass("manifest");
+      }
+      fsync_path(sub, true);
+      crash.pass("the checkpoint directory");
+      const std::string tmp = join_path(dir, "LATEST.tmp");
+      CheckedWriter w(tmp);
+      const std::string line = name + "\n";
+      w.write(line.data(), line.size());
+      w.finish();
+      crash.pass("LATEST.tmp");
+      if (::rename(tmp.c_str(), join_path(dir, "LATEST").c_str()) != 0) {
+        io_error("checkpoint_save: renaming '" + tmp + "' to LATEST: " + errno_text());
+      }
+      crash.pass("the rename of LATEST");
+      fsync_path(dir, true);
+    } catch (const Error& e) {
+      if (!sharded()) throw;
+      failure = e.what();
     }
-    for (const auto& [fname, f] : files) m << "file " << fname << " bytes=" << f.bytes << " xxh3=" << f.xxh3 << '\n';
-    const std::string text = m.str();
-    CheckedWriter w(join_path(sub, "manifest"));
-    w.write(text.data(), text.size());
-    w.finish();
-    crash.pass("manifest");
   }
-  fsync_path(sub, true);
-  crash.pass("the checkpoint directory");
-
-  // LATEST, replaced atomically.
-  {
-    const std::string tmp = join_path(dir, "LATEST.tmp");
-    CheckedWriter w(tmp);
-    const std::string line = name + "\n";
-    w.write(line.data(), line.size());
-    w.finish();
-    crash.pass("LATEST.tmp");
-    if (::rename(tmp.c_str(), join_path(dir, "LATEST").c_str()) != 0) {
-      io_error("checkpoint_save: renaming '" + tmp + "' to LATEST: " + errno_text());
+  if (sharded()) {
+    // Whether rank 0 published the checkpoint.
+    int32_t done = rank_ == 0 && failure.empty() ? 1 : 0;
+    std::vector<int32_t> all(static_cast<size_t>(world_));
+    checkpoint_all_gather(&done, all.data(), sizeof done);
+    if (!all[0]) {
+      throw Error(PSTAR_ERR_IO, rank_ == 0 ? failure
+                                           : "checkpoint_save: rank 0 could not write the manifest or LATEST of '" +
+                                                 sub + "' (its own error says why); the previous checkpoint stays");
     }
-    crash.pass("the rename of LATEST");
-    fsync_path(dir, true);
   }
   log::info("checkpoint saved: " + sub);
   return name;
 #endif
 }
 
+void Engine::write_state_sharded(uint32_t id, int list, const float* in) {
+  const auto& place = layout_->param(id);
+  ChunkState& c = chunks_[place.chunk];
+  float* dst = list == 1 ? c.exp_avg : c.exp_avg_sq;
+  const uint64_t lo = shard_lo(place.chunk), hi = lo + c.shard_elems;
+  const uint64_t a = std::max(place.offset_elems, lo), b = std::min(place.offset_elems + place.numel, hi);
+  for (uint64_t i = a; i < b; ++i) dst[i - lo] = in[i - place.offset_elems];
+}
+
 // ---------------------------------------------------------------------------
 // Load
 
 void Engine::checkpoint_load(const char* dir_c) {
-  require_file_call("checkpoint_load", dir_c, true);
+  require_file_call("checkpoint_load", dir_c, false);
   for (const Param& p : params_) {
     require(p.pins == 0, PSTAR_ERR_BUSY, [&] { return "checkpoint_load: '" + p.name + "' is pinned; unpin it first"; });
   }
@@ -582,11 +753,48 @@ void Engine::checkpoint_load(const char* dir_c) {
       }
     }
   }
+  // Where each parameter's values lie: one piece per parameter in the list
+  // files of a one-process save; a piece per (parameter, rank) in the rank
+  // files of a sharded one (any world size and chunk size loads either).
+  const auto value_of = [&](const char* key) {
+    auto it = m.values.find(key);
+    return it == m.values.end() ? std::string() : it->second;
+  };
+  const bool from_shards = value_of("sharded") == "1";
+  const int saved_world = from_shards ? std::atoi(value_of("world_size").c_str()) : 1;
+  if (from_shards && saved_world < 1) io_error("checkpoint_load: '" + manifest_path + "': bad world_size");
+  std::vector<std::vector<ManifestPiece>> pieces(m.params.size());
+  if (from_shards) {
+    for (const ManifestPiece& pc : m.pieces) {
+      if (pc.param >= m.params.size() || pc.rank >= static_cast<uint32_t>(saved_world) ||
+          pc.start + pc.count > m.params[pc.param].numel) {
+        io_error("checkpoint_load: '" + manifest_path + "': a piece of parameter " + std::to_string(pc.param) +
+                 " lies outside it");
+      }
+      pieces[pc.param].push_back(pc);
+    }
+    for (size_t j = 0; j < m.params.size(); ++j) {
+      uint64_t covered = 0;
+      for (const ManifestPiece& pc : pieces[j]) covered += pc.count;
+      if (covered != m.params[j].numel) {
+        io_error("checkpoint_load: '" + manifest_path + "': the pieces of '" + m.params[j].name + "' cover " +
+                 std::to_string(covered) + " of its " + std::to_string(m.params[j].numel) + " elements");
+      }
+    }
+  } else {
+    for (size_t j = 0; j < m.params.size(); ++j) {
+      pieces[j].push_back(ManifestPiece{static_cast<uint32_t>(j), 0, 0, m.params[j].numel, m.params[j].offset});
+    }
+  }
+  auto list_file = [&](int list, uint32_t rank) { return from_shards ? shard_file(list, static_cast<int>(rank)) : std::string(kListFiles[list]); };
   // Every file whole and unchanged before anything is applied.
-  for (const char* fname : kListFiles) {
-    auto it = m.files.find(fname);
-    if (it == m.files.end()) io_error("checkpoint_load: '" + manifest_path + "' lists no file '" + fname + "'");
-    verify_file(join_path(sub, fname), it->second);
+  for (int r = 0; r < saved_world; ++r) {
+    for (int list = 0; list < 4; ++list) {
+      const std::string fname = list_file(list, static_cast<uint32_t>(r));
+      auto it = m.files.find(fname);
+      if (it == m.files.end()) io_error("checkpoint_load: '" + manifest_path + "' lists no file '" + fname + "'");
+      verify_file(join_path(sub, fname), it->second);
+    }
   }
   auto scalar = [&](const char* key) -> std::string {
     auto it = m.values.find(key);
@@ -610,21 +818,32 @@ void Engine::checkpoint_load(const char* dir_c) {
   // is rewritten, so slots on the NVMe drive start from zeros (and are
   // trusted again after an I/O error).
   nvme_begin_rewrite();
+  // A sharded engine keeps what lies in its own shards: no collective.
   std::vector<float> staging;
   for (uint32_t id = 0; id < params_.size(); ++id) {
     const Param& p = params_[id];
     const ManifestParam& mp = *match[id];
+    const size_t j = static_cast<size_t>(&mp - m.params.data());
     staging.resize(p.numel);
-    if (p.frozen()) {
-      read_at(join_path(sub, kListFiles[3]), mp.offset, staging.data(), p.numel);
+    auto read_list = [&](int list) {
+      for (const ManifestPiece& pc : pieces[j]) {
+        read_at(join_path(sub, list_file(list, pc.rank)), pc.offset, staging.data() + pc.start, pc.count);
+      }
+    };
+    read_list(p.frozen() ? 3 : 0);
+    if (sharded()) {
+      write_sharded(id, staging.data(), PSTAR_DTYPE_F32);
+    } else {
       write(id, staging.data(), p.numel, PSTAR_DTYPE_F32);
-      continue;
     }
-    read_at(join_path(sub, kListFiles[0]), mp.offset, staging.data(), p.numel);
-    write(id, staging.data(), p.numel, PSTAR_DTYPE_F32);
+    if (p.frozen()) continue;
     for (int list = 1; list <= 2; ++list) {
-      read_at(join_path(sub, kListFiles[list]), mp.offset, staging.data(), p.numel);
-      write_state(id, list, staging.data());
+      read_list(list);
+      if (sharded()) {
+        write_state_sharded(id, list, staging.data());
+      } else {
+        write_state(id, list, staging.data());
+      }
     }
     params_[id].lr_scale = mp.lr_scale;
     params_[id].weight_decay = mp.weight_decay;

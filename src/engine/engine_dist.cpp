@@ -28,7 +28,7 @@ using chunk::TensorState;
 
 namespace {
 // Kinds of collectives, folded into the iteration's collective hash.
-enum : uint32_t { kCollLayout = 1, kCollGather = 2, kCollReduce = 3, kCollRead = 4, kCollStep = 5 };
+enum : uint32_t { kCollLayout = 1, kCollGather = 2, kCollReduce = 3, kCollRead = 4, kCollStep = 5, kCollCheckpoint = 6 };
 }  // namespace
 
 // Resolves rank and world size: explicit options, else the launcher's
@@ -105,6 +105,12 @@ void Engine::collective(const char* what, uint32_t kind, uint64_t chunk, F&& f) 
                   ": " + failure;
   log::error(comm_failure_);
   throw Error(PSTAR_ERR_COMM, comm_failure_);
+}
+
+// The sharded checkpoint's exchanges (engine_checkpoint.cpp): an all-gather
+// of a few host bytes per rank.
+void Engine::checkpoint_all_gather(const void* mine, void* all, size_t bytes) {
+  collective("checkpoint: all-gather", kCollCheckpoint, 0, [&] { all_gather_host(mine, all, bytes); });
 }
 
 // An all-gather of host memory: directly where the communicator takes host

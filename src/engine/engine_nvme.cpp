@@ -191,6 +191,16 @@ void Engine::nvme_place_lists(std::vector<ChunkState>& chunks, uint64_t largest_
 }
 
 void Engine::nvme_release(std::vector<ChunkState>& chunks) {
+#if PSTAR_HAVE_NVME
+  // No request may outlive the buffers it reads or writes (a build that
+  // failed part way has zero-writes in flight from the access buffer).
+  if (nvme_ != nullptr) {
+    try {
+      nvme_->wait_all();
+    } catch (const Error&) {
+    }
+  }
+#endif
   for (ChunkState& c : chunks) {
     if (c.nvme_slot != kNoSlot) stage_pointers(c, nullptr, 0);
   }

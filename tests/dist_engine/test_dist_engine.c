@@ -50,6 +50,11 @@ typedef struct scenario {
   int mismatch_rank;       /* this rank registers one parameter more; -1 none */
   uint32_t comm_timeout_ms;
   uint64_t tight_capacity; /* device bytes of the tight ranks with `varied` */
+  int save_step;           /* ranks (not the reference) save a checkpoint after this step; 0 none */
+  int resume_step;         /* every process loads the checkpoint after build and resumes after this step */
+  int crash_rank;          /* with save_step: this rank's save stops at durability point crash_point; -1 none */
+  int crash_point;
+  char ckpt_dir[96];
 } scenario;
 
 typedef struct step_out {
@@ -65,6 +70,8 @@ typedef struct rank_out {
   int32_t after_status; /* (failure test) pstar_step after the failure */
   char after_msg[1024];
   int32_t later_status; /* (failure test) an acquire after that */
+  int32_t save_status;  /* the checkpoint save's status */
+  char save_msg[1024];
   double fail_seconds;  /* (failure test) from the end of forward to the failure */
   pstar_stats stats;
   step_out steps[MAX_STEPS];
@@ -304,7 +311,8 @@ static int run_one(const scenario *sc, int ref, int rank, rank_out *out) {
     initial_values(p, vals, (size_t)k_numel[p]);
     CK(pstar_param_write(c->e, c->ids[p], vals, (uint64_t)k_numel[p], PSTAR_DTYPE_F32));
   }
-  for (int s = 1; s <= sc->steps; ++s) {
+  if (sc->resume_step > 0) CK(pstar_checkpoint_load(c->e, sc->ckpt_dir));
+  for (int s = sc->resume_step + 1; s <= sc->steps; ++s) {
     pstar_step_result r;
     c->hash = 0;
     CK(pstar_iteration_begin(c->e, PSTAR_ITERATION_TRAIN));
@@ -343,6 +351,14 @@ static int run_one(const scenario *sc, int ref, int rank, rank_out *out) {
     out->steps[s - 1].params_updated = r.params_updated;
     out->steps[s - 1].loss_scale = r.loss_scale;
     out->use_hash[s - 1] = c->hash;
+    if (s == sc->save_step && !ref) {
+      char point[8];
+      snprintf(point, sizeof point, "%d", sc->crash_point);
+      if (rank == sc->crash_rank) setenv("PSTAR_TEST_CHECKPOINT_CRASH_AT", point, 1);
+      out->save_status = pstar_checkpoint_save(c->e, sc->ckpt_dir);
+      snprintf(out->save_msg, sizeof out->save_msg, "%s", pstar_last_error_message());
+      unsetenv("PSTAR_TEST_CHECKPOINT_CRASH_AT");
+    }
     if (s == sc->eval_after_step) {
       CK(pstar_iteration_begin(c->e, PSTAR_ITERATION_EVAL));
       CK(forward(c, out, s, 0, 1));
@@ -477,6 +493,7 @@ static scenario base(int world, pstar_dtype dtype) {
   sc.micro = 1;
   sc.die_rank = -1;
   sc.mismatch_rank = -1;
+  sc.crash_rank = -1;
   sc.comm_timeout_ms = 20000;
   return sc;
 }
@@ -657,6 +674,170 @@ Test(dist_engine, ranks_with_different_capacities_agree_and_finish) {
                 (unsigned long long)out[r].stats.evictions, (unsigned long long)out[r].stats.peak_device_bytes,
                 (unsigned long long)out[r].stats.peak_host_bytes);
   }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Sharded checkpoints                                                       */
+/* ------------------------------------------------------------------------ */
+
+/* Two ranks save after step 3 and train on to 6.  Loading that checkpoint
+ * and resuming from step 3 gives, bit for bit: with two ranks, their
+ * uninterrupted parameters; with three ranks and with one process (each
+ * scenario's reference loads it too), the same as each other.  A save that
+ * fails on one rank, in its shard or in rank 0's manifest, fails on every
+ * rank and leaves the previous checkpoint current. */
+Test(dist_engine, sharded_checkpoints_resume_exactly_at_other_world_sizes) {
+  static float uninterrupted[TOTAL_ELEMS];
+  scenario a = base(2, PSTAR_DTYPE_BF16);
+  a.steps = 6;
+  a.save_step = 3;
+  snprintf(a.ckpt_dir, sizeof a.ckpt_dir, "dist-ckpt-%d", (int)getpid());
+  char cmd[160];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", a.ckpt_dir);
+  cr_assert_eq(system(cmd), 0);
+  rank_out *oa = run_scenario(&a, 1);
+  expect_equal_to_reference(&a, oa, 0);
+  for (int r = 0; r < 2; ++r) cr_assert_eq(oa[r].save_status, PSTAR_OK, "rank %d: %s", r, oa[r].save_msg);
+  memcpy(uninterrupted, oa[0].params, sizeof uninterrupted);
+  {
+    /* One file per list and rank, a manifest with a piece per (parameter,
+     * rank) that holds some of it. */
+    char path[256], name[64] = {0}, line[256];
+    snprintf(path, sizeof path, "%s/LATEST", a.ckpt_dir);
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f);
+    cr_assert_not_null(fgets(name, sizeof name, f));
+    fclose(f);
+    name[strcspn(name, "\n")] = 0;
+    for (int r = 0; r < 2; ++r) {
+      snprintf(path, sizeof path, "%s/%s/masters.r%d.f32", a.ckpt_dir, name, r);
+      cr_assert_eq(access(path, R_OK), 0, "%s", path);
+    }
+    snprintf(path, sizeof path, "%s/%s/manifest", a.ckpt_dir, name);
+    f = fopen(path, "r");
+    cr_assert_not_null(f);
+    int sharded = 0, pieces = 0;
+    while (fgets(line, sizeof line, f) != NULL) {
+      sharded += strcmp(line, "sharded 1\n") == 0;
+      pieces += strncmp(line, "piece ", 6) == 0;
+    }
+    fclose(f);
+    cr_assert_eq(sharded, 1);
+    cr_assert_geq(pieces, N_PARAMS, "%d pieces", pieces);
+  }
+
+  /* Saves that fail: rank 1 in its first file (point 1), rank 0 at its
+   * manifest (point 5) and at LATEST.tmp (point 7). */
+  const int crashes[3][2] = {{1, 1}, {0, 5}, {0, 7}};
+  for (int k = 0; k < 3; ++k) {
+    scenario f = a;
+    f.steps = 4;
+    f.save_step = 4;
+    f.crash_rank = crashes[k][0];
+    f.crash_point = crashes[k][1];
+    rank_out *of = run_scenario(&f, 1);
+    for (int r = 0; r < 2; ++r) {
+      cr_assert_eq(of[r].save_status, PSTAR_ERR_IO, "crash on rank %d at point %d: rank %d: %s", f.crash_rank,
+                   f.crash_point, r, of[r].save_msg);
+    }
+  }
+
+  for (int world = 2; world <= 3; ++world) {
+    scenario b = a;
+    b.world = world;
+    b.save_step = 0;
+    b.resume_step = 3;
+    rank_out *ob = run_scenario(&b, 1);
+    expect_equal_to_reference(&b, ob, 0);
+    if (world == 2) {
+      for (size_t i = 0; i < TOTAL_ELEMS; ++i) {
+        cr_assert_eq(f32_bits(ob[0].params[i]), f32_bits(uninterrupted[i]), "element %zu: %.9g resumed, %.9g not",
+                     i, (double)ob[0].params[i], (double)uninterrupted[i]);
+      }
+    }
+  }
+  cr_assert_eq(system(cmd), 0);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Out of memory in a gather                                                 */
+/* ------------------------------------------------------------------------ */
+
+/* Every rank with the same device capacity and the same non-model report:
+ * the acquire that must gather a chunk finds no room on every rank, before
+ * any collective (so no rank waits for another), and returns
+ * PSTAR_ERR_OUT_OF_MEMORY; once the caller reports less, the same acquire
+ * gathers and the step completes. */
+typedef struct oom_out {
+  int32_t oom_status;
+  char oom_msg[512];
+  int32_t status; /* PSTAR_OK if everything after the OOM worked */
+  char msg[512];
+  float w[64];
+} oom_out;
+
+static int oom_rank(int rank, void *arg) {
+  oom_out *out = (oom_out *)arg + rank;
+  pstar_engine_options o;
+  pstar_engine *e = NULL;
+  uint32_t id;
+  const int64_t n = 64;
+  float vals[64], g[64];
+  void *p;
+  out->status = PSTAR_ERR_INTERNAL;
+  pstar_engine_options_init(&o);
+  o.rank = rank;
+  o.world_size = 2;
+  o.chunk_elems = 1024;
+  o.compute_dtype = PSTAR_DTYPE_F32;
+  o.device_capacity_bytes = 64 * 1024;
+  o.comm_timeout_ms = 20000;
+  if (pstar_engine_create(&o, &e) != PSTAR_OK) goto fail;
+  if (pstar_param_register(e, "w", 1, &n, 0, &id) != PSTAR_OK) goto fail;
+  if (pstar_engine_build(e) != PSTAR_OK) goto fail;
+  for (int i = 0; i < 64; ++i) vals[i] = (float)i / 64.0f;
+  if (pstar_param_write(e, id, vals, 64, PSTAR_DTYPE_F32) != PSTAR_OK) goto fail;
+  if (pstar_iteration_begin(e, PSTAR_ITERATION_TRAIN) != PSTAR_OK) goto fail;
+  /* Non-model bytes leave less than the gathered chunk (4 KiB). */
+  if (pstar_nonmodel_report(e, 62 * 1024) != PSTAR_OK) goto fail;
+  out->oom_status = pstar_param_acquire(e, id, PSTAR_STAGE_FORWARD, NULL, &p);
+  snprintf(out->oom_msg, sizeof out->oom_msg, "%s", pstar_last_error_message());
+  if (pstar_nonmodel_report(e, 0) != PSTAR_OK) goto fail;
+  if (pstar_param_acquire(e, id, PSTAR_STAGE_FORWARD, NULL, &p) != PSTAR_OK) goto fail;
+  if (pstar_param_release(e, id, NULL) != PSTAR_OK) goto fail;
+  if (pstar_param_acquire(e, id, PSTAR_STAGE_BACKWARD, NULL, &p) != PSTAR_OK) goto fail;
+  for (int i = 0; i < 64; ++i) g[i] = 1.0f;
+  if (pstar_grad_write(e, id, g, 64, PSTAR_DTYPE_F32, PSTAR_MEM_HOST, NULL) != PSTAR_OK) goto fail;
+  if (pstar_param_release(e, id, NULL) != PSTAR_OK) goto fail;
+  if (pstar_step(e, NULL) != PSTAR_OK) goto fail;
+  if (pstar_param_read(e, id, out->w, 64, PSTAR_DTYPE_F32) != PSTAR_OK) goto fail;
+  out->status = PSTAR_OK;
+  pstar_engine_destroy(e);
+  return 0;
+fail:
+  snprintf(out->msg, sizeof out->msg, "%s", pstar_last_error_message());
+  pstar_engine_destroy(e);
+  return 1;
+}
+
+Test(dist_engine, out_of_memory_in_a_gather_then_room) {
+  oom_out *out = (oom_out *)d_shared(2 * sizeof(oom_out));
+  int status[2];
+  const double t0 = d_now();
+  cr_assert_eq(d_run_ranks(2, oom_rank, out, 60.0, status), 0, "rank 0: %s; rank 1: %s", out[0].msg, out[1].msg);
+  for (int r = 0; r < 2; ++r) {
+    cr_assert_eq(out[r].oom_status, PSTAR_ERR_OUT_OF_MEMORY, "rank %d: %s (%s)", r,
+                 pstar_status_name(out[r].oom_status), out[r].oom_msg);
+    cr_assert(strstr(out[r].oom_msg, "bytes") != NULL, "rank %d: %s", r, out[r].oom_msg);
+    cr_log_info("rank %d: %s", r, out[r].oom_msg);
+    cr_assert_eq(out[r].status, PSTAR_OK, "rank %d: %s", r, out[r].msg);
+    for (int i = 0; i < 64; ++i) {
+      cr_assert_eq(f32_bits(out[r].w[i]), f32_bits(out[0].w[i]), "rank %d element %d", r, i);
+      cr_assert(out[r].w[i] < (float)i / 64.0f, "rank %d element %d did not move", r, i);
+    }
+  }
+  /* No rank waited for a collective the other never issued. */
+  cr_assert_lt(d_now() - t0, 15.0);
 }
 
 /* ------------------------------------------------------------------------ */

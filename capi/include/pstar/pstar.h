@@ -478,9 +478,11 @@ PSTAR_API pstar_status pstar_param_unpin(pstar_engine *engine, uint32_t id);
  *  XXH3 checksum, in a new subdirectory that `dir/LATEST` then names
  *  (replaced atomically: a crash or a full disk at any point leaves the
  *  previous checkpoint loadable).  Legal after the build, between
- *  iterations.  PSTAR_ERR_IO names the file and the cause;
- *  PSTAR_ERR_UNSUPPORTED in a dry run, with world_size > 1 (not yet), or in
- *  a build without xxhash.  Format: docs/checkpoints.md. */
+ *  iterations.  With world_size > 1 it is a collective: every rank writes
+ *  its shards, rank 0 the manifest and LATEST, into a directory every rank
+ *  reaches; all ranks return the same status.  PSTAR_ERR_IO names the file
+ *  and the cause; PSTAR_ERR_UNSUPPORTED in a dry run or in a build without
+ *  xxhash.  Format: docs/checkpoints.md. */
 PSTAR_API pstar_status pstar_checkpoint_save(pstar_engine *engine, const char *dir);
 
 /** Loads the checkpoint `dir/LATEST` names into this engine, which must
@@ -490,7 +492,9 @@ PSTAR_API pstar_status pstar_checkpoint_save(pstar_engine *engine, const char *d
  *  on an error (PSTAR_ERR_IO naming the file and the problem,
  *  PSTAR_ERR_INVALID_ARGUMENT for another parameter set) the engine is as it
  *  was.  Training resumed from a checkpoint saved after step k reaches the
- *  same parameters, bit for bit, as training that never stopped. */
+ *  same parameters, bit for bit, as training that never stopped.  A
+ *  checkpoint of any world size loads into an engine of any world size
+ *  (every rank of a sharded engine loads, without collectives). */
 PSTAR_API pstar_status pstar_checkpoint_load(pstar_engine *engine, const char *dir);
 
 /** Writes every parameter's fp32 values (masters; frozen parameters' values)
