@@ -10,6 +10,9 @@
 //                              manifest's order (little-endian),
 //     frozen.f32               frozen parameters' values as fp32,
 //     manifest                 a text manifest (below), written last.
+//   A sharded engine (world > 1) writes <list>.r<R>.f32 per rank R instead:
+//   each parameter's elements that lie in rank R's shards, and the manifest
+//   says with "piece" lines which elements of which parameter lie where.
 //
 // Keyed by parameter, not by chunk: a checkpoint loads into an engine with
 // another chunk size.  Crash safety: each save writes a new subdirectory,
@@ -258,28 +261,8 @@ Manifest parse_manifest(const std::string& path) {
       }
       continue;
     }
-    if (key == "piece") {
-      ManifestPiece pc;
-      std::string kv;
-      if (!(ls >> pc.param)) bad("malformed piece entry");
-      std::map<std::string, std::string> f;
-      while (ls >> kv) {
-        const auto eq = kv.find('=');
-        if (eq == std::string::npos) bad("'" + kv + "' is not key=value");
-        f[kv.substr(0, eq)] = kv.substr(eq + 1);
-      }
-      try {
-        pc.rank = static_cast<uint32_t>(std::stoul(f.at("rank")));
-        pc.start = std::stoull(f.at("start"));
-        pc.count = std::stoull(f.at("count"));
-        pc.offset = std::stoull(f.at("offset"));
-      } catch (const std::exception&) {
-        bad("malformed piece entry");
-      }
-      m.pieces.push_back(pc);
-      continue;
-    }
-    if (key == "param" || key == "file") {
+    if (key == "param" || key == "file" || key == "piece") {
+      // "<key> <name or index> k=v k=v ..."
       std::string name, kv;
       ls >> name;
       std::map<std::string, std::string> f;
@@ -289,7 +272,15 @@ Manifest parse_manifest(const std::string& path) {
         f[kv.substr(0, eq)] = kv.substr(eq + 1);
       }
       try {
-        if (key == "param") {
+        if (key == "piece") {
+          ManifestPiece pc;
+          pc.param = static_cast<uint32_t>(std::stoul(name));
+          pc.rank = static_cast<uint32_t>(std::stoul(f.at("rank")));
+          pc.start = std::stoull(f.at("start"));
+          pc.count = std::stoull(f.at("count"));
+          pc.offset = std::stoull(f.at("offset"));
+          m.pieces.push_back(pc);
+        } else if (key == "param") {
           ManifestParam p;
           p.name = unescape(name);
           p.numel = std::stoull(f.at("numel"));
