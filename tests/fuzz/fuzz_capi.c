@@ -9,7 +9,15 @@
  * count larger than its buffers is only passed where it cannot match the
  * parameter's element count, so an overflow found is the library's.  Host
  * capacity is always bounded, so a huge registration fails with
- * PSTAR_ERR_OUT_OF_MEMORY instead of exhausting the machine. */
+ * PSTAR_ERR_OUT_OF_MEMORY instead of exhausting the machine.  The file calls
+ * (checkpoints, safetensors, the timeline) and the experimental NVMe tier
+ * use a scratch directory of this process, emptied before every input. */
+#define _DEFAULT_SOURCE /* mkdtemp */
+#define _XOPEN_SOURCE 700 /* nftw */
+#define PSTAR_EXPERIMENTAL_API 1
+#include <ftw.h>
+#include <stdio.h>
+#include <unistd.h>
 #include <math.h>
 #include <pstar/pstar.h>
 #include <stdint.h>
@@ -42,11 +50,43 @@ static void quiet(pstar_log_level level, const char *message, void *user) {
   (void)user;
 }
 
+/* The scratch directory, and the paths the file calls draw from: good
+ * ones, a file where a directory is expected, a directory that cannot be
+ * created, empty and NULL. */
+static char g_scratch[64];
+static char g_paths[5][96];
+
+static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
+  (void)st;
+  (void)flag;
+  if (ftw->level > 0) remove(path);
+  return 0;
+}
+
+static void remove_scratch(void) {
+  nftw(g_scratch, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+  rmdir(g_scratch);
+}
+
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
   (void)argc;
   (void)argv;
   pstar_log_set_callback(quiet, NULL, PSTAR_LOG_ERROR);
+  const char *tmp = getenv("TMPDIR");
+  snprintf(g_scratch, sizeof g_scratch, "%s/pstar-fuzz-XXXXXX", tmp != NULL && tmp[0] ? tmp : "/tmp");
+  if (mkdtemp(g_scratch) == NULL) abort();
+  atexit(remove_scratch);
+  snprintf(g_paths[0], sizeof g_paths[0], "%s/ckpt", g_scratch);
+  snprintf(g_paths[1], sizeof g_paths[1], "%s/file", g_scratch);
+  snprintf(g_paths[2], sizeof g_paths[2], "%s/file/below", g_scratch);
+  snprintf(g_paths[3], sizeof g_paths[3], "%s", g_scratch);
+  g_paths[4][0] = '\0';
   return 0;
+}
+
+static const char *pick_path(input *in) {
+  const int k = u8(in) % 6;
+  return k == 5 ? NULL : g_paths[k];
 }
 
 static const uint64_t kCapacities[] = {0, 1, 64, 4096, 1u << 14, 1u << 16, 1u << 20};
@@ -66,9 +106,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     buf[i] = (float)(i % 13) * 0.25f - 1.0f;
     half[i] = (uint16_t)(0x3c00u + (unsigned)(i % 7));
   }
+  /* A fresh scratch directory: a plain file among its entries. */
+  nftw(g_scratch, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+  FILE *f = fopen(g_paths[1], "w");
+  if (f != NULL) fclose(f);
   int ops = 0;
   while (in.n > 0 && ops++ < 200) {
-    const uint8_t op = u8(&in) % 22;
+    const uint8_t op = u8(&in) % 27;
     const int w = u8(&in) % kEngines;
     pstar_engine *e = engines[w];
     const uint32_t id = u8(&in) % 7; /* ids 0..5 may exist; 6 never does */
@@ -214,6 +258,29 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       case 21:
         st = pstar_param_set_lr_scale(e, id, (float)kValues[u8(&in) % 10]);
         break;
+      case 22:
+        st = pstar_checkpoint_save(e, pick_path(&in));
+        break;
+      case 23:
+        st = pstar_checkpoint_load(e, pick_path(&in));
+        break;
+      case 24:
+        st = pstar_export_safetensors(e, pick_path(&in));
+        break;
+      case 25:
+        st = pstar_trace_export(e, pick_path(&in));
+        break;
+      case 26: { /* the NVMe tier: a directory, capacities and buffers from the tables */
+        pstar_x_nvme_options n;
+        st = pstar_x_nvme_options_init(&n);
+        expect_known(st);
+        n.dir = pick_path(&in);
+        n.staging_buffers = u8(&in) % 4;
+        n.capacity_bytes = kBytes[u8(&in) % 5];
+        n.buffered = u8(&in) & 1;
+        st = pstar_x_engine_set_nvme(e, &n);
+        break;
+      }
       default:
         break;
     }
