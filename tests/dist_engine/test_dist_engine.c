@@ -684,8 +684,9 @@ Test(dist_engine, ranks_with_different_capacities_agree_and_finish) {
  * and resuming from step 3 gives, bit for bit: with two ranks, their
  * uninterrupted parameters; with three ranks and with one process (each
  * scenario's reference loads it too), the same as each other.  A save that
- * fails on one rank, in its shard or in rank 0's manifest, fails on every
- * rank and leaves the previous checkpoint current. */
+ * fails on one rank at any durability point before LATEST moves fails on
+ * every rank and leaves the previous checkpoint current (the resumes run
+ * after the failed saves). */
 Test(dist_engine, sharded_checkpoints_resume_exactly_at_other_world_sizes) {
   static float uninterrupted[TOTAL_ELEMS];
   scenario a = base(2, PSTAR_DTYPE_BF16);
@@ -726,10 +727,15 @@ Test(dist_engine, sharded_checkpoints_resume_exactly_at_other_world_sizes) {
     cr_assert_geq(pieces, N_PARAMS, "%d pieces", pieces);
   }
 
-  /* Saves that fail: rank 1 in its first file (point 1), rank 0 at its
-   * manifest (point 5) and at LATEST.tmp (point 7). */
-  const int crashes[3][2] = {{1, 1}, {0, 5}, {0, 7}};
-  for (int k = 0; k < 3; ++k) {
+  /* Saves that fail at each durability point before LATEST moves: rank 0
+   * at points 1-7 (its four files, the manifest, the directory's fsync,
+   * LATEST.tmp), rank 1 at points 1-4 (its four files). */
+  int crashes[11][2];
+  for (int k = 0; k < 11; ++k) {
+    crashes[k][0] = k < 7 ? 0 : 1;
+    crashes[k][1] = k < 7 ? k + 1 : k - 6;
+  }
+  for (int k = 0; k < 11; ++k) {
     scenario f = a;
     f.steps = 4;
     f.save_step = 4;
