@@ -1110,9 +1110,11 @@ extern "C" {
     #[doc = "  XXH3 checksum, in a new subdirectory that `dir/LATEST` then names"]
     #[doc = "  (replaced atomically: a crash or a full disk at any point leaves the"]
     #[doc = "  previous checkpoint loadable).  Legal after the build, between"]
-    #[doc = "  iterations.  PSTAR_ERR_IO names the file and the cause;"]
-    #[doc = "  PSTAR_ERR_UNSUPPORTED in a dry run, with world_size > 1 (not yet), or in"]
-    #[doc = "  a build without xxhash.  Format: docs/checkpoints.md."]
+    #[doc = "  iterations.  With world_size > 1 it is a collective: every rank writes"]
+    #[doc = "  its shards, rank 0 the manifest and LATEST, into a directory every rank"]
+    #[doc = "  reaches; all ranks return the same status.  PSTAR_ERR_IO names the file"]
+    #[doc = "  and the cause; PSTAR_ERR_UNSUPPORTED in a dry run or in a build without"]
+    #[doc = "  xxhash.  Format: docs/checkpoints.md."]
     pub fn pstar_checkpoint_save(
         engine: *mut pstar_engine,
         dir: *const ::std::os::raw::c_char,
@@ -1126,7 +1128,9 @@ extern "C" {
     #[doc = "  on an error (PSTAR_ERR_IO naming the file and the problem,"]
     #[doc = "  PSTAR_ERR_INVALID_ARGUMENT for another parameter set) the engine is as it"]
     #[doc = "  was.  Training resumed from a checkpoint saved after step k reaches the"]
-    #[doc = "  same parameters, bit for bit, as training that never stopped."]
+    #[doc = "  same parameters, bit for bit, as training that never stopped.  A"]
+    #[doc = "  checkpoint of any world size loads into an engine of any world size"]
+    #[doc = "  (every rank of a sharded engine loads, without collectives)."]
     pub fn pstar_checkpoint_load(
         engine: *mut pstar_engine,
         dir: *const ::std::os::raw::c_char,
