@@ -423,6 +423,7 @@ void Engine::require_file_call(const char* what, const char* path, bool one_proc
 void Engine::read_state(uint32_t id, int list, float* out) {
   const auto& place = layout_->param(id);
   const Param& p = params_[id];
+  if (p.numel == 0) return;  // `out` may be NULL (an empty vector's data())
   ChunkState& c = chunks_[place.chunk];
   nvme_access(place.chunk, false);
   float* base = list == 0 ? c.master : list == 1 ? c.exp_avg : c.exp_avg_sq;
@@ -437,6 +438,7 @@ void Engine::read_state(uint32_t id, int list, float* out) {
 void Engine::write_state(uint32_t id, int list, const float* in) {
   const auto& place = layout_->param(id);
   const Param& p = params_[id];
+  if (p.numel == 0) return;  // `in` may be NULL
   ChunkState& c = chunks_[place.chunk];
   nvme_access(place.chunk, true);
   float* base = list == 0 ? c.master : list == 1 ? c.exp_avg : c.exp_avg_sq;
