@@ -43,6 +43,8 @@
 
 #include <pstar/pstar.h>
 
+#include "bench_util.h"
+
 namespace pstar::bench {
 namespace {
 
@@ -57,16 +59,6 @@ struct AccessOptions {
   bool json = false;
 };
 
-// A failed libpstar call: the call, its status and the library's message.
-struct CallError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-void check(pstar_status st, const char* call) {
-  if (st == PSTAR_OK) return;
-  throw CallError(std::string(call) + " failed with " + pstar_status_name(st) + ": " + pstar_last_error_message());
-}
-
 #define PSTAR_CHECK(call) check((call), #call)
 
 // Owns an engine handle.
@@ -74,12 +66,6 @@ struct EngineHandle {
   pstar_engine* e = nullptr;
   ~EngineHandle() { pstar_engine_destroy(e); }
 };
-
-double median_of(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t k = v.size();
-  return k % 2 == 1 ? v[k / 2] : 0.5 * (v[k / 2 - 1] + v[k / 2]);
-}
 
 // Elements of parameter i: a few hundred, varied so that parameters straddle
 // chunk boundaries at different offsets (256 to 480).
@@ -166,7 +152,7 @@ int run_access(const AccessOptions& o) {
     ns_per_pair.push_back(fwd_s * 1e9 / pairs);
   }
 
-  const double med = median_of(ns_per_pair);
+  const double med = median(ns_per_pair);
   const double mn = *std::min_element(ns_per_pair.begin(), ns_per_pair.end());
   const bool resident = moves_in_timed == 0;
   // Trace checking was on if a trace guided the timed iterations; none of

@@ -42,6 +42,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench_util.h"
 #include "dist/comm/gloo_communicator.h"
 
 namespace pstar::bench {
@@ -93,11 +94,6 @@ class ThreadBarrier {
   int arrived_ = 0;
   uint64_t generation_ = 0;
 };
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 struct Result {
   double ours_s, gloo_s;

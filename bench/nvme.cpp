@@ -39,6 +39,7 @@
 #include <limits.h>
 #include <unistd.h>
 
+#include "bench_util.h"
 #include "nvme_disk.h"
 #include "pstar/pstar.h"
 
@@ -57,17 +58,6 @@ struct NvmeOptions {
   uint32_t max_inflight = 0;
   bool json = false;
 };
-
-void check(pstar_status st, const char* what) {
-  if (st != PSTAR_OK) {
-    throw std::runtime_error(std::string(what) + ": " + pstar_status_name(st) + ": " + pstar_last_error_message());
-  }
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 // A temporary directory on the build's filesystem: beside <build>/bin.
 std::string default_dir() {

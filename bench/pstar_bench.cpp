@@ -37,6 +37,7 @@
 
 #include <sys/mman.h>
 
+#include "bench_util.h"
 #include "optim/adam.h"
 #include "optim/adam_kernel.h"
 #include "stream_kernels.h"
@@ -107,12 +108,6 @@ inline float uniform(uint64_t i, uint64_t seed) {
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
   z ^= z >> 31;
   return static_cast<float>(static_cast<double>(z >> 40) * (2.0 / 16777216.0) - 1.0);
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t k = v.size();
-  return k % 2 == 1 ? v[k / 2] : 0.5 * (v[k / 2 - 1] + v[k / 2]);
 }
 
 // Every loop runs through the library's thread pool with the same grain, so
