@@ -11,6 +11,7 @@
 // done (deferred frees).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -334,6 +335,16 @@ class Engine {
   [[noreturn]] void throw_comm_refused(const char* what) const;
   // The owned range of chunk k: [lo, lo + shard_elems).
   uint64_t shard_lo(uint32_t k) const { return static_cast<uint64_t>(rank_) * chunks_[k].shard_elems; }
+  // The elements of parameter `id` in rank `rank`'s shard of its chunk:
+  // [a, b) in chunk coordinates, none when a >= b; the shard begins at lo.
+  struct ShardSpan {
+    uint64_t lo, a, b;
+  };
+  ShardSpan shard_span(uint32_t id, int rank) const {
+    const auto& place = layout_->param(id);
+    const uint64_t n = chunks_[place.chunk].shard_elems, lo = static_cast<uint64_t>(rank) * n;
+    return {lo, std::max(place.offset_elems, lo), std::min(place.offset_elems + place.numel, lo + n)};
+  }
   void gather(uint32_t k);
   void all_gather_host(const void* mine, void* all, size_t bytes);
   void drop_gathered(uint32_t k);

@@ -555,12 +555,15 @@ std::string Engine::checkpoint_save(const char* dir_c) {
   // them in one process).  Pieces and offsets are a function of the layout,
   // so rank 0 can describe every rank's files.
   auto piece_of = [&](uint32_t id, int r, uint64_t* a, uint64_t* b) {
-    const auto& place = layout_->param(id);
-    const uint64_t shard = sharded() ? chunks_[place.chunk].shard_elems : place.numel;
-    const uint64_t lo = sharded() ? static_cast<uint64_t>(r) * shard : place.offset_elems;
-    *a = std::max(place.offset_elems, lo);
-    *b = std::min(place.offset_elems + params_[id].numel, lo + shard);
-    return *a < *b;
+    if (!sharded()) {
+      *a = layout_->param(id).offset_elems;
+      *b = *a + params_[id].numel;
+      return true;
+    }
+    const ShardSpan s = shard_span(id, r);
+    *a = s.a;
+    *b = s.b;
+    return s.a < s.b;
   };
   std::vector<uint64_t> offsets(params_.size(), 0);
   struct Record {
@@ -694,8 +697,7 @@ void Engine::write_state_sharded(uint32_t id, int list, const float* in) {
   const auto& place = layout_->param(id);
   ChunkState& c = chunks_[place.chunk];
   float* dst = list == 1 ? c.exp_avg : c.exp_avg_sq;
-  const uint64_t lo = shard_lo(place.chunk), hi = lo + c.shard_elems;
-  const uint64_t a = std::max(place.offset_elems, lo), b = std::min(place.offset_elems + place.numel, hi);
+  const auto [lo, a, b] = shard_span(id, rank_);
   for (uint64_t i = a; i < b; ++i) dst[i - lo] = in[i - place.offset_elems];
 }
 

@@ -325,13 +325,11 @@ void Engine::reduce_chunk(uint32_t k) {
                [&] { comm_->reduce_scatter_sum(rs_staging_, rs_out_, c.shard_elems); });
   }
   stats_.bytes_reduce_scattered += c.elems * sizeof(float);
-  const uint64_t lo = shard_lo(k), hi = lo + c.shard_elems;
   const float n = static_cast<float>(world_);
   for (uint32_t id : info.params) {
     Param& p = params_[id];
     if (!p.grad_pending) continue;
-    const auto& place = layout_->param(id);
-    const uint64_t a = std::max(place.offset_elems, lo), b = std::min(place.offset_elems + place.numel, hi);
+    const auto [lo, a, b] = shard_span(id, rank_);
     if (a < b) {
       float* avg = rs_out_ + (a - lo);
       for (uint64_t i = 0; i < b - a; ++i) avg[i] = avg[i] / n;
@@ -363,8 +361,7 @@ void Engine::write_sharded(uint32_t id, const void* src, pstar_dtype dtype) {
   const Param& p = params_[id];
   const auto& place = layout_->param(id);
   ChunkState& c = chunks_[place.chunk];
-  const uint64_t lo = shard_lo(place.chunk), hi = lo + c.shard_elems;
-  const uint64_t a = std::max(place.offset_elems, lo), b = std::min(place.offset_elems + place.numel, hi);
+  const auto [lo, a, b] = shard_span(id, rank_);
   for (uint64_t i = a; i < b; ++i) {
     const float v = load_as(src, dtype, i - place.offset_elems);
     if (!p.frozen()) c.master[i - lo] = v;
@@ -399,10 +396,8 @@ void Engine::read_sharded(uint32_t id, void* dst, pstar_dtype dtype) {
 // The weight back into this rank's part of the compute shard (a skipped
 // step), from the master shard.
 void Engine::restore_slot_sharded(uint32_t id) {
-  const auto& place = layout_->param(id);
-  ChunkState& c = chunks_[place.chunk];
-  const uint64_t lo = shard_lo(place.chunk), hi = lo + c.shard_elems;
-  const uint64_t a = std::max(place.offset_elems, lo), b = std::min(place.offset_elems + place.numel, hi);
+  ChunkState& c = chunks_[layout_->param(id).chunk];
+  const auto [lo, a, b] = shard_span(id, rank_);
   for (uint64_t i = a; i < b; ++i) store_as(c.shard, opt_.compute_dtype, i - lo, c.master[i - lo]);
 }
 
@@ -427,10 +422,8 @@ void Engine::step_update_sharded(pstar_step_result& r) {
     Param& p = params_[id];
     if (!p.has_grad) continue;
     if (opt_.grad_accumulation) {
-      const auto& place = layout_->param(id);
-      const ChunkState& c = chunks_[place.chunk];
-      const uint64_t lo = shard_lo(place.chunk), hi = lo + c.shard_elems;
-      const uint64_t a = std::max(place.offset_elems, lo), b = std::min(place.offset_elems + place.numel, hi);
+      const ChunkState& c = chunks_[layout_->param(id).chunk];
+      const auto [lo, a, b] = shard_span(id, rank_);
       p.grad_sumsq = 0.0;
       p.grad_nonfinite = 0;
       if (a < b) memory::host_grad_norm(c.grad32 + (a - lo), b - a, &p.grad_sumsq, &p.grad_nonfinite);
@@ -485,14 +478,12 @@ void Engine::step_update_sharded(pstar_step_result& r) {
       const auto& info = layout_->chunks()[k];
       if (info.frozen) continue;
       ChunkState& c = chunks_[k];
-      const uint64_t lo = shard_lo(k), hi = lo + c.shard_elems;
       segments.clear();
       for (uint32_t id : info.params) {
         const Param& p = params_[id];
         if (!p.has_grad) continue;
         ++r.params_updated;
-        const auto& place = layout_->param(id);
-        const uint64_t a = std::max(place.offset_elems, lo), b = std::min(place.offset_elems + place.numel, hi);
+        const auto [lo, a, b] = shard_span(id, rank_);
         if (a >= b) continue;
         optim::AdamHyper h = hyper_;
         h.lr = hyper_.lr * p.lr_scale;
