@@ -145,8 +145,7 @@ StepTimes time_steps(const NvmeOptions& o, const std::string& nvme_dir, uint32_t
     out.step_s = times;
     out.median_s = median(times);
     if (!nvme_dir.empty()) {
-      out.nvme.size = sizeof out.nvme;
-      out.nvme.version = 1;
+      check(pstar_x_nvme_stats_init(&out.nvme), "nvme_stats_init");
       check(pstar_x_nvme_get_stats(e, &out.nvme), "nvme_get_stats");
     }
     pstar_stats st;

@@ -72,6 +72,7 @@ void require_struct(const T* s, const size_t (&sizes)[kVersions], const char* wh
 constexpr size_t kStepResultSizes[PSTAR_STEP_RESULT_VERSION] = {sizeof(pstar_step_result)};
 constexpr size_t kStatsSizes[PSTAR_STATS_VERSION] = {offsetof(pstar_stats, trace_fallbacks),
                                                      offsetof(pstar_stats, clock_seconds), sizeof(pstar_stats)};
+constexpr size_t kNvmeStatsSizes[PSTAR_X_NVME_STATS_VERSION] = {sizeof(pstar_x_nvme_stats)};
 
 }  // namespace
 
@@ -326,12 +327,19 @@ pstar_status pstar_x_engine_set_nvme(pstar_engine* engine, const pstar_x_nvme_op
   });
 }
 
+pstar_status pstar_x_nvme_stats_init(pstar_x_nvme_stats* stats) {
+  return guarded([&] {
+    require_out(stats, "stats");
+    *stats = pstar_x_nvme_stats{};
+    stats->size = sizeof(pstar_x_nvme_stats);
+    stats->version = PSTAR_X_NVME_STATS_VERSION;
+  });
+}
+
 pstar_status pstar_x_nvme_get_stats(pstar_engine* engine, pstar_x_nvme_stats* stats) {
   return guarded([&] {
     auto& e = live(engine);
-    require(stats != nullptr, PSTAR_ERR_INVALID_ARGUMENT, "stats is NULL");
-    require(stats->version == 1 && stats->size >= sizeof(pstar_x_nvme_stats), PSTAR_ERR_VERSION,
-            "nvme stats: size/version not supported (set size = sizeof, version = 1)");
+    require_struct(stats, kNvmeStatsSizes, "nvme stats");
     e.fill_nvme_stats(stats);
   });
 }

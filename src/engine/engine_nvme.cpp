@@ -72,6 +72,13 @@ void wait_tickets(memory::NvmeStore& store, Tickets& tickets) {
   for (auto t : tickets) store.wait(t);
   tickets.clear();
 }
+
+// submit_pieces, then waits for them.
+void transfer(memory::NvmeStore& store, uint32_t first_slot, uint64_t bytes, float* buf, bool write) {
+  Tickets t;
+  submit_pieces(store, first_slot, bytes, buf, write, t);
+  wait_tickets(store, t);
+}
 #endif
 }  // namespace
 
@@ -150,7 +157,7 @@ void Engine::nvme_place_lists(std::vector<ChunkState>& chunks, uint64_t largest_
     if (info.frozen) continue;
     ChunkState& c = chunks[k];
     const uint64_t fp32_bytes = info.capacity_elems * sizeof(float);
-    if (host_->capacity() == 0 || host_->can_acquire(3 * fp32_bytes)) {
+    if (host_->can_acquire(3 * fp32_bytes)) {
       for (float** b : {&c.master, &c.exp_avg, &c.exp_avg_sq}) {
         *b = static_cast<float*>(host_->acquire(fp32_bytes));
         if (io) std::memset(*b, 0, fp32_bytes);
@@ -175,13 +182,7 @@ void Engine::nvme_place_lists(std::vector<ChunkState>& chunks, uint64_t largest_
     submit_pieces(*nvme_, c.nvme_slot, 3 * fp32_bytes, nvme_access_buf_.data, true, zeroing);
   }
   if (io) nvme_->wait_all();
-  if (on_drive == 0) {
-    // Everything fit: give the staging memory back.
-    for (StagingBuffer& b : nvme_ring_) host_->release(b.raw, nvme_buffer_bytes_ + kNvmeAlignBytes);
-    host_->release(nvme_access_buf_.raw, nvme_buffer_bytes_ + kNvmeAlignBytes);
-    nvme_ring_.clear();
-    nvme_access_buf_ = StagingBuffer{};
-  }
+  if (on_drive == 0) nvme_release(chunks);  // everything fit: give the staging memory back
   log::info("NVMe tier: optimizer state of " + std::to_string(on_drive) + " chunks on the drive (" +
             (!io ? std::string("dry run") : (nvme_->direct() ? "O_DIRECT, " : "buffered, ") + nvme_->path()) + ")");
 #else
@@ -235,9 +236,7 @@ void Engine::nvme_access(uint32_t k, bool write) {
   if (nvme_access_chunk_ != static_cast<int64_t>(k)) {
     nvme_flush_access();
     try {
-      Tickets t;
-      submit_pieces(*nvme_, c.nvme_slot, nvme_slot_bytes(k), nvme_access_buf_.data, false, t);
-      wait_tickets(*nvme_, t);
+      transfer(*nvme_, c.nvme_slot, nvme_slot_bytes(k), nvme_access_buf_.data, false);
     } catch (const Error& e) {
       nvme_fail(e, "NVMe read");
     }
@@ -261,9 +260,7 @@ void Engine::nvme_flush_access() {
   if (!nvme_access_dirty_) return;
   nvme_access_dirty_ = false;
   try {
-    Tickets t;
-    submit_pieces(*nvme_, c.nvme_slot, nvme_slot_bytes(k), nvme_access_buf_.data, true, t);
-    wait_tickets(*nvme_, t);
+    transfer(*nvme_, c.nvme_slot, nvme_slot_bytes(k), nvme_access_buf_.data, true);
   } catch (const Error& e) {
     nvme_fail(e, "NVMe write-back");
   }
@@ -390,7 +387,7 @@ void Engine::fill_nvme_stats(pstar_x_nvme_stats* out) const {
   require(nvme_requested_, PSTAR_ERR_INVALID_STATE, "nvme_get_stats: the engine has no NVMe tier");
   pstar_x_nvme_stats s{};
   s.size = sizeof s;
-  s.version = 1;
+  s.version = PSTAR_X_NVME_STATS_VERSION;
   s.direct = nvme_ != nullptr && nvme_->direct() ? 1 : 0;
   if (built()) {
     for (uint32_t k = 0; k < chunks_.size(); ++k) {

@@ -139,9 +139,7 @@ static void assert_same(const float *a, const float *b, const char *what) {
 
 static pstar_x_nvme_stats nvme_stats(model *m) {
   pstar_x_nvme_stats s;
-  memset(&s, 0, sizeof s);
-  s.size = sizeof s;
-  s.version = 1;
+  T_OK(pstar_x_nvme_stats_init(&s));
   T_OK(pstar_x_nvme_get_stats(m->e, &s));
   return s;
 }
@@ -316,10 +314,13 @@ Test(nvme, misuse_is_refused) {
   T_FAIL(pstar_x_engine_set_nvme(e, &n), PSTAR_ERR_VERSION, "");
   n.version = PSTAR_X_NVME_OPTIONS_VERSION;
   pstar_x_nvme_stats s;
-  memset(&s, 0, sizeof s);
-  s.size = sizeof s;
-  s.version = 1;
+  T_OK(pstar_x_nvme_stats_init(&s));
+  cr_assert_eq(s.size, sizeof s);
+  cr_assert_eq(s.version, PSTAR_X_NVME_STATS_VERSION);
   T_FAIL(pstar_x_nvme_get_stats(e, &s), PSTAR_ERR_INVALID_STATE, "no NVMe tier");
+  s.version = 0;
+  T_FAIL(pstar_x_nvme_get_stats(e, &s), PSTAR_ERR_VERSION, "");
+  s.version = PSTAR_X_NVME_STATS_VERSION;
   T_OK(pstar_x_engine_set_nvme(e, &n));
   T_FAIL(pstar_x_engine_set_nvme(e, &n), PSTAR_ERR_INVALID_STATE, "already");
   (void)t_register(e, "w", 100, 0);

@@ -124,8 +124,7 @@ ReplayResult replay(const Workload& w, const ReplayConfig& cfg) {
     }
     r.final_stats = stats_of(e);
     if (cfg.use_nvme) {
-      r.nvme.size = sizeof r.nvme;
-      r.nvme.version = 1;
+      check(pstar_x_nvme_stats_init(&r.nvme), "pstar_x_nvme_stats_init");
       check(pstar_x_nvme_get_stats(e, &r.nvme), "pstar_x_nvme_get_stats");
     }
     if (!cfg.timeline_path.empty()) check(pstar_trace_export(e, cfg.timeline_path.c_str()), "pstar_trace_export");

@@ -798,11 +798,14 @@ PSTAR_API pstar_status pstar_x_nvme_options_init(pstar_x_nvme_options *options);
  *  rewrites every state. */
 PSTAR_API pstar_status pstar_x_engine_set_nvme(pstar_engine *engine, const pstar_x_nvme_options *options);
 
+/** Current version of pstar_x_nvme_stats. */
+#define PSTAR_X_NVME_STATS_VERSION 1
+
 /** Experimental: what the NVMe tier holds and has moved. */
 typedef struct pstar_x_nvme_stats {
   /** sizeof(pstar_x_nvme_stats) as the caller compiled it. */
   uint32_t size;
-  /** 1 as the caller compiled it. */
+  /** PSTAR_X_NVME_STATS_VERSION as the caller compiled it. */
   uint32_t version;
   /** Nonzero: the data file is read and written with O_DIRECT; zero:
    *  buffered (the page cache is in the figures). */
@@ -828,7 +831,10 @@ typedef struct pstar_x_nvme_stats {
   uint64_t step_bytes_written;
 } pstar_x_nvme_stats;
 
-/** Experimental: fills *stats (size and version set by the caller);
+/** Experimental: sets *stats's size and version and zeroes the rest. */
+PSTAR_API pstar_status pstar_x_nvme_stats_init(pstar_x_nvme_stats *stats);
+
+/** Experimental: fills *stats (initialised by pstar_x_nvme_stats_init());
  *  PSTAR_ERR_INVALID_STATE if the engine has no NVMe tier. */
 PSTAR_API pstar_status pstar_x_nvme_get_stats(pstar_engine *engine, pstar_x_nvme_stats *stats);
 
