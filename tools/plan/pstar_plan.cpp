@@ -423,6 +423,21 @@ struct Evaluation {
 
 constexpr double kOptListsBytesPerElem = 12.0;  // fp32 master, m, v
 
+// Largest layer count in [1, cap] for which fits(layers) holds, by
+// bisection (assuming monotonicity); 0 if even one layer fails.
+template <class Fits>
+uint32_t largest_layers(uint32_t cap, Fits&& fits) {
+  uint32_t lo = 0, hi = cap + 1;  // fits(lo) holds (vacuously for 0), fits(hi) fails
+  while (hi - lo > 1) {
+    const uint32_t mid = lo + (hi - lo) / 2;
+    if (fits(mid))
+      lo = mid;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
 struct Planner {
   Args args;
   uint32_t dry_runs = 0;
@@ -631,15 +646,9 @@ struct Planner {
   // monotonicity; 0 if even one layer fails.
   template <class Pred>
   uint32_t largest(uint32_t cap, uint64_t chunk_elems, bool hybrid, bool margin, Pred pred) {
-    uint32_t lo = 0, hi = cap + 1;  // pred(lo) holds (vacuously for 0), pred(hi) fails
-    while (hi - lo > 1) {
-      const uint32_t mid = lo + (hi - lo) / 2;
-      if (pred(margin ? evaluate_margin(mid, chunk_elems, hybrid) : evaluate(mid, chunk_elems, hybrid)))
-        lo = mid;
-      else
-        hi = mid;
-    }
-    return lo;
+    return largest_layers(cap, [&](uint32_t layers) {
+      return pred(margin ? evaluate_margin(layers, chunk_elems, hybrid) : evaluate(layers, chunk_elems, hybrid));
+    });
   }
 };
 
@@ -1001,15 +1010,8 @@ int run(int argc, char** argv) {
   if (nvme_modelled && a.search) {
     const uint32_t cap_nvme =
         uint32_t(std::min(1e6, (host_total + hw.nvme) / (bytes_per_param * per_layer))) + 1;
-    uint32_t lo = 0, hi = cap_nvme + 1;
-    while (hi - lo > 1) {
-      const uint32_t mid = lo + (hi - lo) / 2;
-      if (pl.evaluate_nvme(mid, chunk).fits())
-        lo = mid;
-      else
-        hi = mid;
-    }
-    if (lo) top_nvme = &pl.evaluate_nvme(lo, chunk);
+    const uint32_t n = largest_layers(cap_nvme, [&](uint32_t layers) { return pl.evaluate_nvme(layers, chunk).fits(); });
+    if (n) top_nvme = &pl.evaluate_nvme(n, chunk);
   } else if (nvme_modelled) {
     const Evaluation& e = pl.evaluate_nvme(a.shape.layers, chunk);
     top_nvme = e.fits() ? &e : nullptr;
