@@ -61,6 +61,15 @@ typedef struct config {
  * alignment) and two chunks' lists. */
 static const uint64_t kTightHost = 7 * CHUNK * 2 + 5 * (3 * CHUNK * 4 + 4096) + 2 * 3 * CHUNK * 4 + 4096;
 
+/* Registers the model's parameters (the frozen one too when `frozen`). */
+static void register_params(pstar_engine *e, uint32_t *ids, int frozen) {
+  char name[16];
+  for (int i = 0; i < P + (frozen ? 1 : 0); ++i) {
+    snprintf(name, sizeof name, "p%d", i);
+    ids[i] = t_register(e, name, numel_of(i), i == P ? PSTAR_PARAM_FROZEN : 0);
+  }
+}
+
 static void make(model *m, const config *c) {
   pstar_engine_options o = t_options(PSTAR_DTYPE_F16, CHUNK);
   o.lr = 1e-2f;
@@ -77,11 +86,7 @@ static void make(model *m, const config *c) {
     n.buffered = c->buffered;
     T_OK(pstar_x_engine_set_nvme(m->e, &n));
   }
-  char name[16];
-  for (int i = 0; i <= P; ++i) {
-    snprintf(name, sizeof name, "p%d", i);
-    m->ids[i] = t_register(m->e, name, numel_of(i), i == P ? PSTAR_PARAM_FROZEN : 0);
-  }
+  register_params(m->e, m->ids, 1);
   T_OK(pstar_engine_build(m->e));
   float *v = t_alloc_f(N + 17 * P);
   for (int i = 0; i <= P; ++i) {
@@ -187,11 +192,8 @@ Test(nvme, without_the_drive_the_host_budget_is_out_of_memory) {
   pstar_engine_options o = t_options(PSTAR_DTYPE_F16, CHUNK);
   o.host_capacity_bytes = kTightHost - 5 * (3 * CHUNK * 4 + 4096);
   pstar_engine *e = t_create(&o);
-  for (int i = 0; i < P; ++i) {
-    char name[8];
-    snprintf(name, sizeof name, "p%d", i);
-    (void)t_register(e, name, numel_of(i), 0);
-  }
+  uint32_t ids[P + 1];
+  register_params(e, ids, 0);
   T_FAIL(pstar_engine_build(e), PSTAR_ERR_OUT_OF_MEMORY, "");
   T_OK(pstar_engine_destroy(e));
 }
@@ -352,11 +354,8 @@ Test(nvme, the_drive_capacity_is_a_limit) {
   n.dir = on_drive.nvme_dir;
   n.capacity_bytes = 3 * CHUNK * 4; /* one chunk's state; several must go */
   T_OK(pstar_x_engine_set_nvme(e, &n));
-  for (int i = 0; i < P; ++i) {
-    char name[8];
-    snprintf(name, sizeof name, "p%d", i);
-    (void)t_register(e, name, numel_of(i), 0);
-  }
+  uint32_t ids[P + 1];
+  register_params(e, ids, 0);
   T_FAIL(pstar_engine_build(e), PSTAR_ERR_OUT_OF_MEMORY, "NVMe tier's capacity");
   T_OK(pstar_engine_destroy(e));
 }
@@ -382,11 +381,7 @@ Test(nvme, a_dry_run_places_and_counts_like_a_real_run) {
   n.read_bytes_per_s = 2e9;
   n.write_bytes_per_s = 1e9;
   T_OK(pstar_x_engine_set_nvme(dry.e, &n)); /* no directory: no file */
-  char name[16];
-  for (int i = 0; i <= P; ++i) {
-    snprintf(name, sizeof name, "p%d", i);
-    dry.ids[i] = t_register(dry.e, name, numel_of(i), i == P ? PSTAR_PARAM_FROZEN : 0);
-  }
+  register_params(dry.e, dry.ids, 1);
   T_OK(pstar_engine_build(dry.e));
   double before = 0, after = 0;
   for (int s = 0; s < 3; ++s) {
