@@ -164,6 +164,9 @@ EmulatedDevice::Queue* EmulatedDevice::queue_of(Stream* stream) {
 void EmulatedDevice::enqueue(Stream* stream, std::function<void()> work) { queue_of(stream)->push(std::move(work)); }
 
 void EmulatedDevice::copy_async(Stream* stream, void* dst, const void* src, size_t bytes, CopyKind) {
+  // Zero bytes touch no memory, and their pointers may be NULL (an empty
+  // parameter's buffers), which memcpy does not allow.
+  if (bytes == 0) return;
   if (!strict_) {
     enqueue(stream, [dst, src, bytes] { std::memcpy(dst, src, bytes); });
     return;
@@ -181,6 +184,7 @@ void EmulatedDevice::memset_async(Stream* stream, void* dst, int value, size_t b
   // Strict: poisoned when the memset starts on its stream, as a copy's
   // destination (earlier work on the stream may still read the old content,
   // e.g. the optimizer update reading a gradient list cleared after it).
+  if (bytes == 0) return;  // as in copy_async
   if (strict_) enqueue(stream, [dst, bytes] { std::memset(dst, kPoisonByte, bytes); });
   enqueue(stream, [dst, value, bytes] { std::memset(dst, value, bytes); });
 }

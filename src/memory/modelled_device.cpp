@@ -114,13 +114,13 @@ void ModelledDevice::copy_async(Stream* stream, void* dst, const void* src, size
   if (kind == CopyKind::kHostToDevice) seconds = static_cast<double>(bytes) / h2d_bytes_per_s_;
   if (kind == CopyKind::kDeviceToHost) seconds = static_cast<double>(bytes) / d2h_bytes_per_s_;
   s->busy_until = start_on(s) + seconds;
-  if (payloads_) std::memcpy(dst, src, bytes);
+  if (payloads_ && bytes != 0) std::memcpy(dst, src, bytes);  // zero bytes may come with NULL pointers
 }
 
 void ModelledDevice::memset_async(Stream* stream, void* dst, int value, size_t bytes) {
   ModelledStream* s = stream_of(stream);
   s->busy_until = start_on(s);
-  if (payloads_) std::memset(dst, value, bytes);
+  if (payloads_ && bytes != 0) std::memset(dst, value, bytes);
 }
 
 EventPtr ModelledDevice::record(Stream* stream) {
