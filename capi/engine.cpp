@@ -73,6 +73,7 @@ constexpr size_t kStepResultSizes[PSTAR_STEP_RESULT_VERSION] = {sizeof(pstar_ste
 constexpr size_t kStatsSizes[PSTAR_STATS_VERSION] = {offsetof(pstar_stats, trace_fallbacks),
                                                      offsetof(pstar_stats, clock_seconds), sizeof(pstar_stats)};
 constexpr size_t kNvmeStatsSizes[PSTAR_X_NVME_STATS_VERSION] = {sizeof(pstar_x_nvme_stats)};
+constexpr size_t kGatherStatsSizes[PSTAR_X_GATHER_STATS_VERSION] = {sizeof(pstar_x_gather_stats)};
 
 }  // namespace
 
@@ -341,6 +342,27 @@ pstar_status pstar_x_nvme_get_stats(pstar_engine* engine, pstar_x_nvme_stats* st
     auto& e = live(engine);
     require_struct(stats, kNvmeStatsSizes, "nvme stats");
     e.fill_nvme_stats(stats);
+  });
+}
+
+pstar_status pstar_x_engine_set_gather_ahead(pstar_engine* engine, uint32_t chunks) {
+  return guarded([&] { live(engine).set_gather_ahead(chunks); });
+}
+
+pstar_status pstar_x_gather_stats_init(pstar_x_gather_stats* stats) {
+  return guarded([&] {
+    require_out(stats, "stats");
+    *stats = pstar_x_gather_stats{};
+    stats->size = sizeof(pstar_x_gather_stats);
+    stats->version = PSTAR_X_GATHER_STATS_VERSION;
+  });
+}
+
+pstar_status pstar_x_gather_get_stats(pstar_engine* engine, pstar_x_gather_stats* stats) {
+  return guarded([&] {
+    auto& e = live(engine);
+    require_struct(stats, kGatherStatsSizes, "gather stats");
+    e.fill_gather_stats(stats);
   });
 }
 

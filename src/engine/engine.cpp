@@ -1,6 +1,7 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <cstring>
@@ -163,7 +164,9 @@ Engine::Engine(const pstar_engine_options& options, std::unique_ptr<dist::Commun
 }
 
 Engine::~Engine() {
-  // Let every queued item finish before memory goes away.
+  // Let every queued item finish before memory goes away: ahead gathers
+  // first (they write the slots), then the device's streams.
+  cqueue_.reset();
   device_->synchronize(device_->compute_stream());
   device_->synchronize(device_->h2d_stream());
   device_->synchronize(device_->d2h_stream());
@@ -176,7 +179,9 @@ Engine::~Engine() {
     nvme_release(chunks_);
     for (size_t i = 0; i < chunks_.size(); ++i) {
       ChunkState& c = chunks_[i];
-      if (c.tier == Tier::kDevice) {
+      if (c.gather_slot >= 0) {
+        // The slot's buffer, freed with the slots below.
+      } else if (c.tier == Tier::kDevice) {
         device_->deallocate(c.device, c.bytes);
       } else if (c.tier == Tier::kHost) {
         host_->release(c.host, c.bytes);
@@ -185,6 +190,7 @@ Engine::~Engine() {
       release_optimizer_buffers(c, fp32_bytes_held(static_cast<uint32_t>(i)));
     }
   }
+  release_gather_slots();
   host_->release(rs_staging_, rs_staging_bytes_);
   host_->release(rs_out_, rs_out_bytes_);
   host_.reset();
@@ -300,7 +306,9 @@ void Engine::build() {
     }
     layout_ = std::move(layout);  // nvme_place_lists reads the layout
     nvme_place_lists(chunks, largest_trainable);
+    reserve_gather_slots();
   } catch (...) {
+    release_gather_slots();
     nvme_release(chunks);
     for (size_t i = 0; i < chunks.size(); ++i) {
       ChunkState& c = chunks[i];
@@ -543,7 +551,10 @@ void Engine::iteration_begin(pstar_iteration_kind kind) {
   iteration_active_ = true;
   iteration_kind_ = kind;
   ++stats_.iterations;
-  if (kind == PSTAR_ITERATION_TRAIN) trace_iteration_begin();
+  if (kind == PSTAR_ITERATION_TRAIN) {
+    trace_iteration_begin();
+    schedule_iteration_begin();
+  }
 }
 
 void Engine::iteration_end() {
@@ -590,9 +601,23 @@ void* Engine::acquire(uint32_t id, pstar_stage stage, void* stream) {
 
   const auto& place = layout_->param(id);
   ChunkState& c = chunks_[place.chunk];
-  if (iteration_kind_ == PSTAR_ITERATION_TRAIN) trace_check(place.chunk);
-  if (c.tier == Tier::kNone) {
+  if (iteration_kind_ == PSTAR_ITERATION_TRAIN) {
+    trace_check(place.chunk);
+    schedule_at_acquire(place.chunk);  // may gather this and later chunks
+  }
+  const bool gathered_now = c.tier == Tier::kNone;
+  if (gathered_now) {
     gather(place.chunk);  // world > 1: not gathered
+    if (cqueue_ != nullptr) ++gathers_on_demand_;
+  } else if (c.gathering != nullptr) {
+    // Gathered ahead (engine_dist.cpp): wait for the all-gather.
+    if (!cqueue_->done(c.gathering)) {
+      ++gathers_waited_;
+      stats_.bytes_critical += c.bytes;
+    }
+    const auto before = std::chrono::steady_clock::now();
+    finish_gather(place.chunk, false);
+    gather_wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - before).count();
   } else if (c.tier == Tier::kHost) {
     fetch(place.chunk);
     stats_.bytes_critical += c.bytes;  // the caller waits for this copy
@@ -644,6 +669,7 @@ void* Engine::acquire(uint32_t id, pstar_stage stage, void* stream) {
   c.last_acquire = acquires_;
   lru_.touch(place.chunk);
   if (iteration_kind_ == PSTAR_ITERATION_TRAIN) {
+    schedule_after_acquire(place.chunk, gathered_now);
     trace_note_access(place.chunk);
     if (following_ && opt_.prefetch) prefetch_ahead();
   }
@@ -894,7 +920,9 @@ void Engine::make_room(uint64_t bytes, int64_t keep_chunk, const std::string& pu
     auto movable = [&](uint32_t k) {
       const ChunkState& c = chunks_[k];
       // A chunk with its optimizer state on the device stays (hybrid).
-      return static_cast<int64_t>(k) != keep_chunk && c.compute_refs == 0 && c.pins == 0 && c.opt_device == nullptr;
+      // A chunk in a gather slot stays until it is dropped.
+      return static_cast<int64_t>(k) != keep_chunk && c.compute_refs == 0 && c.pins == 0 &&
+             c.opt_device == nullptr && c.gather_slot < 0;
     };
     bool found;
     if (following_) {
@@ -911,7 +939,8 @@ void Engine::make_room(uint64_t bytes, int64_t keep_chunk, const std::string& pu
                       bytes_str(device_capacity_ > device_used_ ? device_capacity_ - device_used_ : 0) +
                       " are free of a capacity of " + bytes_str(device_capacity_) + " (chunks " +
                       bytes_str(device_chunk_bytes_) + ", gradient buffers " + bytes_str(device_grad_bytes_) +
-                      ", optimizer state " + bytes_str(device_opt_bytes_) + ", non-model " +
+                      ", optimizer state " + bytes_str(device_opt_bytes_) + ", gather-ahead slots " +
+                      bytes_str(device_slot_bytes_) + ", non-model " +
                       bytes_str(nonmodel_bytes_) + "); every resident chunk is in use, so nothing can be evicted");
     }
     evict(victim);
@@ -970,6 +999,7 @@ memory::EventPtr Engine::copy_out(uint32_t k) {
   ChunkState& c = chunks_[k];
   if (c.compute_refs != 0 || c.pins != 0) internal_error("evicting a chunk in use");
   if (c.opt_device != nullptr) internal_error("evicting a chunk whose optimizer state is on the device");
+  if (c.gather_slot >= 0) internal_error("evicting a chunk from its gather slot");
   c.evicted = true;
   void* dst = host_->acquire(c.bytes);
   memory::Stream* s = device_->d2h_stream();
@@ -1106,7 +1136,8 @@ void Engine::prefetch_ahead() {
   uint64_t transient_peak = transient_now;
   auto movable = [&](uint32_t j) {
     const ChunkState& cj = chunks_[j];
-    return cj.compute_refs == 0 && cj.pins == 0 && !cj.pinned_static && cj.opt_device == nullptr;
+    return cj.compute_refs == 0 && cj.pins == 0 && !cj.pinned_static && cj.opt_device == nullptr &&
+           cj.gather_slot < 0;
   };
   // True if resident chunks other than `except`, each used after moment t,
   // hold `bytes`: OPT evicts those before a chunk used at t, so transient
@@ -1133,7 +1164,8 @@ void Engine::prefetch_ahead() {
   // is free by then moves bytes on-demand OPT does not.
   auto demand_would_evict = [&](uint64_t t, uint64_t bytes) {
     return device_capacity_ != 0 &&
-           device_chunk_bytes_ + device_opt_bytes_ + trace_.transient_at(t) + bytes > device_capacity_;
+           device_chunk_bytes_ + device_opt_bytes_ + device_slot_bytes_ + trace_.transient_at(t) + bytes >
+               device_capacity_;
   };
   for (uint64_t t = moment_; t < begin; ++t) transient_peak = std::max(transient_peak, trace_.transient_at(t));
   for (uint64_t t = begin; t < end; ++t) {
@@ -1498,6 +1530,7 @@ pstar_step_result Engine::step() {
   }
   iteration_active_ = false;
   trace_iteration_end();
+  schedule_iteration_end();
   if (nvme_error) std::rethrow_exception(nvme_error);
   ++train_iterations_;
   if (opt_.hybrid_optimizer && !hybrid_placed_ && train_iterations_ >= opt_.warmup_iterations) {

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "chunk/layout.h"
+#include "dist/collective_queue.h"
 #include "dist/comm/communicator.h"
 #include "dist/launch_env.h"
 #include "chunk/tensor_state.h"
@@ -52,6 +53,11 @@ constexpr size_t kAdamGrainElems = 1024;
 // moments left 30-70% of the moved bytes on the critical path, 32 under 10%
 // wherever the link has room, with the same bytes moved.
 constexpr uint64_t kPrefetchMoments = 32;
+
+// Most chunks a sharded engine may gather ahead of their use
+// (pstar_x_engine_set_gather_ahead): each takes a chunk-sized device slot
+// for the engine's life.
+constexpr uint32_t kMaxGatherAhead = PSTAR_X_MAX_GATHER_AHEAD;
 
 // Most dimensions a parameter may have.
 constexpr uint32_t kMaxNdim = 16;
@@ -125,6 +131,11 @@ class Engine {
   // The NVMe tier (experimental; engine_nvme.cpp, docs/nvme.md).
   void set_nvme(const pstar_x_nvme_options& options);
   void fill_nvme_stats(pstar_x_nvme_stats* out) const;
+
+  // Gathering ahead along the recorded schedule (experimental;
+  // engine_dist.cpp, docs/distributed.md).
+  void set_gather_ahead(uint32_t chunks);
+  void fill_gather_stats(pstar_x_gather_stats* out) const;
 
   // Data parallelism (docs/distributed.md): this engine's rank and the
   // number of ranks; sharded() when it has a group (more than one rank, or
@@ -215,6 +226,12 @@ class Engine {
     void* opt_device = nullptr;
     uint64_t opt_device_bytes = 0;
     memory::EventPtr opt_ready;
+    // world > 1, gathering ahead: the gather slot holding the gathered
+    // chunk (-1: none; such a chunk is never evicted and its bytes are the
+    // slot's), and the all-gather filling it while it runs on the
+    // collective queue (null once waited for).
+    int32_t gather_slot = -1;
+    dist::CollectiveQueue::Ticket gathering;
     // NVMe tier: the first of the consecutive slots of the data file
     // holding master, m and v back to back (kNoSlot: they are in host
     // memory).  Such a chunk's master,
@@ -346,6 +363,19 @@ class Engine {
     return {lo, std::max(place.offset_elems, lo), std::min(place.offset_elems + place.numel, lo + n)};
   }
   void gather(uint32_t k);
+  [[noreturn]] void fail_collective(const char* what, const std::string& failure);
+  void drain_collectives(const char* what);
+  // Gathering ahead (engine_dist.cpp).
+  void reserve_gather_slots();
+  void release_gather_slots();
+  void schedule_iteration_begin();
+  void schedule_at_acquire(uint32_t k);
+  void schedule_after_acquire(uint32_t k, bool gathered_now);
+  void schedule_iteration_end();
+  void schedule_diverge(const char* why);
+  void issue_gathers_ahead(bool at_acquire);
+  void gather_into_slot(uint32_t k, uint32_t slot);
+  void finish_gather(uint32_t k, bool quiet);
   void all_gather_host(const void* mine, void* all, size_t bytes);
   void drop_gathered(uint32_t k);
   void drop_all_gathered();
@@ -392,12 +422,14 @@ class Engine {
 
   // Device tier accounting; invariant: device_used_ == device_chunk_bytes_ +
   // device_grad_bytes_ + device_deferred_bytes_ + device_opt_bytes_ +
-  // nonmodel_bytes_.
+  // device_slot_bytes_ + nonmodel_bytes_ (a chunk in a gather slot is in
+  // device_slot_bytes_, not device_chunk_bytes_).
   uint64_t device_capacity_ = 0;  // 0 = unlimited
   uint64_t device_chunk_bytes_ = 0;
   uint64_t device_grad_bytes_ = 0;
   uint64_t device_deferred_bytes_ = 0;
   uint64_t device_opt_bytes_ = 0;  // hybrid: optimizer state on the device, for good
+  uint64_t device_slot_bytes_ = 0; // gather-ahead slots, held from build
   uint64_t nonmodel_bytes_ = 0;
   uint64_t device_used_ = 0;
 
@@ -437,6 +469,38 @@ class Engine {
   float* rs_out_ = nullptr;
   uint64_t rs_out_bytes_ = 0;
   uint64_t collective_hash_ = 0;
+
+  // Gathering ahead (world > 1, gather_ahead_ > 0; docs/distributed.md):
+  // every rank records the TRAIN iteration's acquires (the chunk of each
+  // moment) and the gathers they caused; an iteration that repeats them
+  // issues each scheduled gather up to gather_ahead_ entries before its
+  // use, into a free slot, on the collective queue.  Every decision below
+  // is a function of the calls the ranks make and the (agreed) depth,
+  // never of capacity, eviction or policy, so the collective order agrees.
+  struct GatherSlot {
+    void* buffer = nullptr;       // slot_bytes_ of device memory
+    int64_t chunk = -1;           // the chunk in it, -1: free
+    memory::EventPtr free_after;  // queued work that used the last chunk
+  };
+  struct ScheduledGather {
+    uint64_t moment;  // the acquire that needed it
+    uint32_t chunk;
+  };
+  uint32_t gather_ahead_ = 0;
+  uint64_t slot_bytes_ = 0;
+  std::vector<GatherSlot> slots_;
+  std::vector<uint32_t> sched_chunks_, rec_chunks_;  // chunk per moment
+  std::vector<ScheduledGather> sched_, rec_gathers_;
+  bool sched_ready_ = false;      // sched_ holds a complete iteration
+  bool sched_following_ = false;  // this iteration repeats it so far
+  bool sched_recording_ = false;  // this iteration is recorded from its start
+  size_t sched_next_ = 0;         // first entry of sched_ not issued
+  uint64_t sched_moment_ = 0;     // acquires so far in this TRAIN iteration
+  uint64_t gathers_ahead_ = 0, gathers_on_demand_ = 0, gathers_waited_ = 0, schedule_fallbacks_ = 0;
+  double gather_wait_seconds_ = 0.0;
+  // Runs the ahead gathers; declared after comm_ so that it is destroyed
+  // (its thread finished) first.
+  std::unique_ptr<dist::CollectiveQueue> cqueue_;
 
   // NVMe tier: its options (set before build), the data file, the step's
   // ring of staging buffers and the access buffer (allocated when some

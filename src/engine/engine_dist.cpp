@@ -85,26 +85,48 @@ void Engine::throw_comm_refused(const char* what) const {
                                   "); the group is broken: destroy the engine and start the ranks again");
 }
 
+namespace {
+// The message of a collective's failure; a non-COMM pstar::Error is not one.
 template <class F>
-void Engine::collective(const char* what, uint32_t kind, uint64_t chunk, F&& f) {
-  require_comm_ok(what);
-  collective_hash_ = (collective_hash_ ^ (kind * 0x9E3779B97F4A7C15ull + chunk)) * 0x100000001B3ull;
-  ++stats_.collectives;
-  std::string failure;
+bool collective_failed(F&& f, std::string* failure) {
   try {
     f();
-    return;
+    return false;
   } catch (const Error& e) {
     if (e.status() != PSTAR_ERR_COMM) throw;
-    failure = e.what();
+    *failure = e.what();
   } catch (const std::exception& e) {
-    failure = e.what();
+    *failure = e.what();
   }
+  return true;
+}
+}  // namespace
+
+// Marks the engine failed for good and throws PSTAR_ERR_COMM.
+void Engine::fail_collective(const char* what, const std::string& failure) {
   comm_failed_ = true;
   comm_failure_ = std::string(what) + " on rank " + std::to_string(rank_) + " of " + std::to_string(world_) +
                   ": " + failure;
   log::error(comm_failure_);
   throw Error(PSTAR_ERR_COMM, comm_failure_);
+}
+
+// Waits for the collective queue's gathers (issued before, so first in
+// every rank's order) so that this thread may use the communicator.
+void Engine::drain_collectives(const char* what) {
+  if (cqueue_ == nullptr) return;
+  std::string failure;
+  if (collective_failed([&] { cqueue_->drain(); }, &failure)) fail_collective(what, failure);
+}
+
+template <class F>
+void Engine::collective(const char* what, uint32_t kind, uint64_t chunk, F&& f) {
+  require_comm_ok(what);
+  drain_collectives(what);
+  collective_hash_ = (collective_hash_ ^ (kind * 0x9E3779B97F4A7C15ull + chunk)) * 0x100000001B3ull;
+  ++stats_.collectives;
+  std::string failure;
+  if (collective_failed(f, &failure)) fail_collective(what, failure);
 }
 
 // The sharded checkpoint's exchanges (engine_checkpoint.cpp): an all-gather
@@ -155,6 +177,7 @@ void Engine::check_layout_agrees(uint64_t chunk_elems) {
   mix64(chunk_elems);
   mix64(static_cast<uint64_t>(opt_.compute_dtype));
   mix64(opt_.grad_accumulation != 0);
+  mix64(gather_ahead_);
   uint64_t total = 0;
   for (const Param& p : params_) {
     mix(p.name.c_str(), p.name.size() + 1);
@@ -163,21 +186,36 @@ void Engine::check_layout_agrees(uint64_t chunk_elems) {
     mix64(p.flags);
     total += p.numel;
   }
-  const uint64_t mine[3] = {h, params_.size(), total};
-  std::vector<uint64_t> all(3 * static_cast<size_t>(world_));
+  // Whether this rank's device can hold the gather-ahead slots: exchanged
+  // here so that every rank fails the build, not the one short of room.
+  const uint64_t slots = static_cast<uint64_t>(gather_ahead_) * chunk_elems * elem_bytes();
+  const uint64_t slots_fit = slots == 0 || device_fits(slots);
+  const uint64_t mine[4] = {h, params_.size(), total, slots_fit};
+  std::vector<uint64_t> all(4 * static_cast<size_t>(world_));
   collective("engine_build: layout check", kCollLayout, 0, [&] { all_gather_host(mine, all.data(), sizeof mine); });
+  std::string short_ranks;
+  for (int r = 0; r < world_; ++r) {
+    if (all[4 * static_cast<size_t>(r) + 3] == 0) short_ranks += (short_ranks.empty() ? "" : ", ") + std::to_string(r);
+  }
   for (int r = 1; r < world_; ++r) {
-    const uint64_t* o = &all[3 * static_cast<size_t>(r)];
+    const uint64_t* o = &all[4 * static_cast<size_t>(r)];
     if (o[0] == all[0]) continue;
     throw Error(PSTAR_ERR_INVALID_ARGUMENT,
                 "engine_build: the ranks' models differ: rank 0 registered " + std::to_string(all[1]) +
                     " parameters of " + std::to_string(all[2]) + " elements, rank " + std::to_string(r) + " " +
                     std::to_string(o[1]) + " of " + std::to_string(o[2]) +
                     (o[1] == all[1] && o[2] == all[2]
-                         ? " but with other names, shapes, flags or order, or another chunk_elems, compute_dtype "
-                           "or grad_accumulation"
+                         ? " but with other names, shapes, flags or order, or another chunk_elems, compute_dtype, "
+                           "grad_accumulation or gather-ahead depth"
                          : "") +
                     "; every rank must register the same parameters in the same order with the same options");
+  }
+  if (!short_ranks.empty()) {
+    throw Error(PSTAR_ERR_OUT_OF_MEMORY,
+                "engine_build: gathering " + std::to_string(gather_ahead_) + " chunks ahead needs " +
+                    std::to_string(gather_ahead_) + " device slots of " + std::to_string(chunk_elems * elem_bytes()) +
+                    " bytes, more than the free device capacity of rank(s) " + short_ranks +
+                    "; lower the depth (pstar_x_engine_set_gather_ahead) or raise device_capacity_bytes");
   }
 }
 
@@ -220,8 +258,17 @@ void Engine::drop_gathered(uint32_t k) {
   ChunkState& c = chunks_[k];
   if (c.tier == Tier::kNone) return;
   if (c.compute_refs != 0 || c.pins != 0) internal_error("dropping a gathered chunk in use");
+  finish_gather(k, true);  // a failure surfaces at the next collective
   const memory::EventPtr after = c.last_use != nullptr ? c.last_use : c.ready;
-  if (c.tier == Tier::kDevice) {
+  if (c.gather_slot >= 0) {
+    // The slot is free for the next ahead gather once the queued work that
+    // used this chunk is done.
+    GatherSlot& slot = slots_[static_cast<size_t>(c.gather_slot)];
+    slot.chunk = -1;
+    slot.free_after = after;
+    c.gather_slot = -1;
+    c.device = nullptr;
+  } else if (c.tier == Tier::kDevice) {
     device_chunk_bytes_ -= c.bytes;
     defer_free(after, c.device, c.bytes, Tier::kDevice);
     c.device = nullptr;
@@ -257,6 +304,7 @@ void Engine::after_release_sharded(uint32_t id, uint32_t k, pstar_stage stage) {
     if (c.compute_refs != 0 || c.bwd_open != 0) return;
     if (c.grads_pending != 0) reduce_chunk(k);
     drop_gathered(k);
+    if (sched_following_) issue_gathers_ahead(false);
     return;
   }
   const int b = stage == PSTAR_STAGE_RECOMPUTE ? 1 : 0;
@@ -265,7 +313,10 @@ void Engine::after_release_sharded(uint32_t id, uint32_t k, pstar_stage stage) {
     p.used_marks |= bit;
     --c.unmarked[b];
   }
-  if (c.compute_refs == 0 && c.unmarked[b] == 0) drop_gathered(k);
+  if (c.compute_refs == 0 && c.unmarked[b] == 0) {
+    drop_gathered(k);
+    if (sched_following_) issue_gathers_ahead(false);
+  }
 }
 
 // Reduce-scatters the pending gradients of chunk k: their fp32 buffers are
@@ -351,6 +402,215 @@ void Engine::reduce_chunk(uint32_t k) {
     p.has_grad = true;
   }
   c.grads_pending = 0;
+}
+
+// ---------------------------------------------------------------------------
+// Gathering ahead (pstar_x_engine_set_gather_ahead; docs/distributed.md)
+//
+// The schedule is the list of gathers one TRAIN iteration made, each with
+// the acquire ("moment") that needed it, recorded on every rank whatever its
+// placement policy.  A later TRAIN iteration whose acquires repeat the
+// recorded chunks issues the gathers in schedule order: entry j once fewer
+// than gather_ahead_ entries separate it from the last entry due, its chunk
+// is not gathered (its previous gather dropped) and a slot is free.  All
+// three conditions, and the points where they are evaluated (iteration
+// begin, each acquire, each release that drops a chunk), follow from the
+// calls the ranks make; capacity, eviction and policy play no part, so the
+// ranks issue the same collectives in the same order.  Leaving the schedule
+// (another chunk acquired, an entry whose moment passed unissued) is also a
+// function of the calls: the iteration stops issuing, and the next TRAIN
+// iteration records a new schedule.
+
+void Engine::set_gather_ahead(uint32_t chunks) {
+  require(!built(), PSTAR_ERR_INVALID_STATE, "set_gather_ahead: the engine is built; set the depth before");
+  require(chunks <= kMaxGatherAhead, PSTAR_ERR_INVALID_ARGUMENT, [&] {
+    return "set_gather_ahead: " + std::to_string(chunks) + " chunks; at most " + std::to_string(kMaxGatherAhead);
+  });
+  gather_ahead_ = sharded() ? chunks : 0;
+}
+
+// At build, after the layout check agreed that every rank has room.
+void Engine::reserve_gather_slots() {
+  if (gather_ahead_ == 0 || !sharded()) return;
+  slot_bytes_ = layout_->chunk_elems() * elem_bytes();
+  try {
+    for (uint32_t i = 0; i < gather_ahead_; ++i) {
+      void* buffer = device_->allocate(slot_bytes_);
+      slots_.push_back(GatherSlot{buffer, -1, nullptr});
+      device_slot_bytes_ += slot_bytes_;
+      device_used_ += slot_bytes_;
+    }
+    cqueue_ = std::make_unique<dist::CollectiveQueue>();
+  } catch (...) {
+    release_gather_slots();
+    throw;
+  }
+  note_device_peak();
+}
+
+void Engine::release_gather_slots() {
+  cqueue_.reset();  // its thread finishes the gathers writing the slots
+  for (GatherSlot& slot : slots_) {
+    device_->synchronize(slot.free_after);
+    device_->deallocate(slot.buffer, slot_bytes_);
+    device_slot_bytes_ -= slot_bytes_;
+    device_used_ -= slot_bytes_;
+  }
+  slots_.clear();
+}
+
+void Engine::schedule_iteration_begin() {
+  sched_moment_ = 0;
+  sched_next_ = 0;
+  sched_following_ = false;
+  sched_recording_ = false;
+  if (cqueue_ == nullptr) return;
+  if (!sched_ready_) {
+    sched_recording_ = true;
+    rec_chunks_.clear();
+    rec_gathers_.clear();
+    return;
+  }
+  sched_following_ = true;
+  issue_gathers_ahead(false);
+}
+
+void Engine::schedule_diverge(const char* why) {
+  sched_following_ = false;
+  sched_ready_ = false;  // the next TRAIN iteration records anew
+  ++schedule_fallbacks_;
+  log::info(std::string("gather ahead: the acquires left the recorded schedule at moment ") +
+            std::to_string(sched_moment_) + " (" + why + "); gathering at the acquire until a new one is recorded");
+}
+
+// Before an acquire of chunk k (a TRAIN iteration) looks at its chunk.
+void Engine::schedule_at_acquire(uint32_t k) {
+  if (!sched_following_) return;
+  if (sched_moment_ >= sched_chunks_.size()) {
+    schedule_diverge("more acquires than recorded");
+  } else if (sched_chunks_[sched_moment_] != k) {
+    schedule_diverge("another chunk than recorded");
+  } else {
+    issue_gathers_ahead(true);
+    if (sched_following_ && chunks_[k].tier == Tier::kNone) schedule_diverge("a gather the schedule does not have");
+  }
+}
+
+// After a successful acquire of chunk k; `gathered_now`: it gathered k.
+void Engine::schedule_after_acquire(uint32_t k, bool gathered_now) {
+  if (cqueue_ == nullptr) return;
+  if (sched_recording_) {
+    rec_chunks_.push_back(k);
+    if (gathered_now) rec_gathers_.push_back(ScheduledGather{sched_moment_, k});
+  }
+  ++sched_moment_;
+}
+
+void Engine::schedule_iteration_end() {
+  if (cqueue_ == nullptr) return;
+  if (sched_following_ && sched_moment_ != sched_chunks_.size()) schedule_diverge("fewer acquires than recorded");
+  if (sched_recording_) {
+    sched_chunks_ = std::move(rec_chunks_);
+    sched_ = std::move(rec_gathers_);
+    rec_chunks_.clear();
+    rec_gathers_.clear();
+    sched_ready_ = true;
+  }
+  sched_following_ = false;
+  sched_recording_ = false;
+}
+
+// Issues the schedule's gathers that are due or within gather_ahead_ of the
+// last due one.  `at_acquire`: called by the acquire of moment
+// sched_moment_, so that entries of this moment are due now (else only
+// earlier ones are, and none should be left).
+void Engine::issue_gathers_ahead(bool at_acquire) {
+  size_t due_end = sched_next_;  // entries [.., due_end) are due
+  while (due_end < sched_.size() && (sched_[due_end].moment < sched_moment_ ||
+                                     (at_acquire && sched_[due_end].moment == sched_moment_))) {
+    ++due_end;
+  }
+  while (sched_following_ && sched_next_ < sched_.size()) {
+    const ScheduledGather& e = sched_[sched_next_];
+    const bool due = sched_next_ < due_end;
+    if (due && e.moment < sched_moment_) {
+      schedule_diverge("a scheduled gather was not issued by its acquire");
+      return;
+    }
+    if (!due && sched_next_ >= due_end + gather_ahead_) return;
+    ChunkState& c = chunks_[e.chunk];
+    if (c.tier != Tier::kNone) {
+      // Its previous gather is not dropped yet: wait for the drop (a later
+      // call), unless the acquire that needs it is now.
+      if (due) schedule_diverge("the scheduled chunk is still gathered at its acquire");
+      return;
+    }
+    int64_t free_slot = -1;
+    if (c.bytes <= slot_bytes_) {
+      for (size_t i = 0; i < slots_.size() && free_slot < 0; ++i) {
+        if (slots_[i].chunk < 0) free_slot = static_cast<int64_t>(i);
+      }
+    }
+    if (free_slot < 0) {
+      if (!due) return;  // no slot before its acquire: gathered there
+      gather(e.chunk);
+      ++gathers_on_demand_;
+    } else {
+      gather_into_slot(e.chunk, static_cast<uint32_t>(free_slot));
+    }
+    ++sched_next_;
+  }
+}
+
+void Engine::fill_gather_stats(pstar_x_gather_stats* out) const {
+  out->depth = gather_ahead_;
+  out->schedule_ready = sched_ready_ ? 1 : 0;
+  out->slot_bytes = device_slot_bytes_;
+  out->gathers_ahead = gathers_ahead_;
+  out->gathers_on_demand = gathers_on_demand_;
+  out->gathers_waited = gathers_waited_;
+  out->schedule_fallbacks = schedule_fallbacks_;
+  out->wait_seconds = gather_wait_seconds_;
+}
+
+// Starts chunk k's all-gather into a slot on the collective queue: this
+// rank's shard is copied into its block first, on this thread.
+void Engine::gather_into_slot(uint32_t k, uint32_t s) {
+  ChunkState& c = chunks_[k];
+  GatherSlot& slot = slots_[s];
+  require_comm_ok("param_acquire");
+  device_->synchronize(slot.free_after);  // the slot's last chunk is unused
+  slot.free_after = nullptr;
+  const size_t shard_bytes = c.shard_elems * elem_bytes();
+  void* dst = slot.buffer;
+  void* mine = static_cast<char*>(dst) + static_cast<size_t>(rank_) * shard_bytes;
+  copy_sync(mine, c.shard, shard_bytes, memory::CopyKind::kHostToDevice);
+  collective_hash_ = (collective_hash_ ^ (kCollGather * 0x9E3779B97F4A7C15ull + k)) * 0x100000001B3ull;
+  ++stats_.collectives;
+  dist::Communicator* comm = comm_.get();
+  c.gathering = cqueue_->submit([comm, mine, dst, shard_bytes] { comm->all_gather(mine, dst, shard_bytes); });
+  slot.chunk = k;
+  stats_.bytes_all_gathered += c.bytes;
+  ++gathers_ahead_;
+  c.gather_slot = static_cast<int32_t>(s);
+  c.device = dst;
+  c.tier = Tier::kDevice;
+  c.ready = nullptr;  // valid once `gathering` is waited for
+  c.last_use = nullptr;
+  c.prefetched = false;
+}
+
+// Waits for chunk k's ahead gather, if one is running.  A failure marks the
+// engine failed and throws PSTAR_ERR_COMM, unless `quiet` (the chunk is
+// being dropped; the next collective reports the failure).
+void Engine::finish_gather(uint32_t k, bool quiet) {
+  ChunkState& c = chunks_[k];
+  if (c.gathering == nullptr) return;
+  dist::CollectiveQueue::Ticket t = std::move(c.gathering);
+  c.gathering = nullptr;
+  std::string failure;
+  const bool failed = collective_failed([&] { cqueue_->wait(t); }, &failure);
+  if (failed && !quiet) fail_collective("param_acquire: all-gather ahead", failure);
 }
 
 // ---------------------------------------------------------------------------

@@ -18,6 +18,7 @@
  */
 #include <math.h>
 
+#define PSTAR_EXPERIMENTAL_API 1 /* pstar_x_engine_set_gather_ahead */
 #include "dist_test_util.h"
 
 enum { N_PARAMS = 7, TOTAL_ELEMS = 700 + 300 + 37 + 200 + 900 + 2300 + 50, MAX_STEPS = 8, CHUNK = 1024 };
@@ -55,6 +56,9 @@ typedef struct scenario {
   int crash_rank;          /* with save_step: this rank's save stops at durability point crash_point; -1 none */
   int crash_point;
   char ckpt_dir[96];
+  uint32_t gather_ahead;    /* pstar_x_engine_set_gather_ahead on every process; 0 none */
+  int gather_mismatch_rank; /* this rank asks for one chunk more; -1 none */
+  uint64_t slot_short_capacity; /* with gather_ahead: rank 1's device capacity; 0 unlimited */
 } scenario;
 
 typedef struct step_out {
@@ -73,7 +77,9 @@ typedef struct rank_out {
   int32_t save_status;  /* the checkpoint save's status */
   char save_msg[1024];
   double fail_seconds;  /* (failure test) from the end of forward to the failure */
+  int32_t reported;     /* (failure test) this survivor has recorded its failure */
   pstar_stats stats;
+  pstar_x_gather_stats gstats;
   step_out steps[MAX_STEPS];
   uint64_t use_hash[MAX_STEPS]; /* hash of everything acquired in the step */
   float params[TOTAL_ELEMS];
@@ -297,7 +303,11 @@ static int run_one(const scenario *sc, int ref, int rank, rank_out *out) {
     o.device_capacity_bytes = rank % 2 == 0 ? 0 : sc->tight_capacity + nonmodel_for(c, 6);
     if (rank % 4 == 2) o.device_capacity_bytes = 2 * sc->tight_capacity;
   }
+  if (sc->slot_short_capacity != 0 && rank == 1 && !ref) o.device_capacity_bytes = sc->slot_short_capacity;
   CK(pstar_engine_create(&o, &c->e));
+  if (sc->gather_ahead != 0) {
+    CK(pstar_x_engine_set_gather_ahead(c->e, sc->gather_ahead + (rank == sc->gather_mismatch_rank && !ref)));
+  }
   for (int p = 0; p < N_PARAMS; ++p) {
     CK(pstar_param_register(c->e, k_names[p], 1, &k_numel[p], k_flags[p], &c->ids[p]));
   }
@@ -337,6 +347,16 @@ static int run_one(const scenario *sc, int ref, int rank, rank_out *out) {
         snprintf(out->after_msg, sizeof out->after_msg, "%s", pstar_last_error_message());
         void *w = NULL;
         out->later_status = pstar_param_acquire(c->e, c->ids[P_W1], PSTAR_STAGE_FORWARD, NULL, &w);
+        /* Survivors stay until every survivor has its failure: rank 0
+         * serves the store that the others' diagnoses read, and a rank
+         * whose collective times out later must still find it (out is
+         * this rank's entry of the shared array). */
+        __atomic_store_n(&out->reported, 1, __ATOMIC_SEQ_CST);
+        const double wait_end = d_now() + 15.0;
+        for (int q = 0; q < sc->world && d_now() < wait_end; ++q) {
+          if (q == sc->die_rank) continue;
+          while (!__atomic_load_n(&(out - rank + q)->reported, __ATOMIC_SEQ_CST) && d_now() < wait_end) usleep(2000);
+        }
         pstar_engine_destroy(c->e);
         free(c);
         free(vals);
@@ -375,6 +395,8 @@ static int run_one(const scenario *sc, int ref, int rank, rank_out *out) {
   }
   CK(pstar_stats_init(&out->stats));
   CK(pstar_engine_get_stats(c->e, &out->stats));
+  CK(pstar_x_gather_stats_init(&out->gstats));
+  CK(pstar_x_gather_get_stats(c->e, &out->gstats));
   CK(pstar_engine_destroy(c->e));
   free(c);
   free(vals);
@@ -494,6 +516,7 @@ static scenario base(int world, pstar_dtype dtype) {
   sc.die_rank = -1;
   sc.mismatch_rank = -1;
   sc.crash_rank = -1;
+  sc.gather_mismatch_rank = -1;
   sc.comm_timeout_ms = 20000;
   return sc;
 }
@@ -677,6 +700,131 @@ Test(dist_engine, ranks_with_different_capacities_agree_and_finish) {
 }
 
 /* ------------------------------------------------------------------------ */
+/* Gathering ahead (pstar_x_engine_set_gather_ahead)                         */
+/* ------------------------------------------------------------------------ */
+
+/* Per TRAIN iteration the model gathers: forward emb, w1b1, frozen, w2, big,
+ * b2, emb again (dropped after its first use); backward every chunk once
+ * more (emb stays gathered from its second forward use until its backward
+ * ends); with RECOMPUTE before every backward use, more.  The first TRAIN
+ * iteration records them, the later ones gather ahead. */
+static void expect_gathered_ahead(const scenario *sc, const rank_out *out) {
+  for (int r = 0; r < sc->world; ++r) {
+    const pstar_x_gather_stats *g = &out[r].gstats;
+    cr_assert_eq(g->depth, sc->gather_ahead, "rank %d", r);
+    cr_assert_eq(g->slot_bytes, (uint64_t)sc->gather_ahead * CHUNK * dt_size(sc->dtype), "rank %d", r);
+    cr_assert(g->schedule_ready, "rank %d", r);
+    /* Every iteration after the first (but the diverging one) gathers all
+     * but the jumbo chunk (too large for a slot) ahead: at least 9 of its
+     * 11 gathers (more with RECOMPUTE). */
+    const uint64_t following = (uint64_t)(sc->steps - 1 - (sc->diverge_step ? 1 : 0));
+    cr_assert_geq(g->gathers_ahead, 9 * following, "rank %d: %llu ahead in %llu following iterations", r,
+                  (unsigned long long)g->gathers_ahead, (unsigned long long)following);
+    cr_assert_gt(g->gathers_on_demand, 0, "rank %d: the recorded iteration and the jumbo chunk", r);
+    cr_assert_eq(g->gathers_ahead, out[0].gstats.gathers_ahead, "every rank issues the same gathers");
+    cr_assert_eq(g->gathers_on_demand, out[0].gstats.gathers_on_demand);
+    cr_assert_eq(out[r].stats.collectives, out[0].stats.collectives);
+    cr_assert_eq(out[r].stats.bytes_all_gathered, out[0].stats.bytes_all_gathered);
+  }
+  /* One process has no group: the option does nothing there. */
+  cr_assert_eq(out[sc->world].gstats.depth, 0);
+  cr_assert_eq(out[sc->world].gstats.gathers_ahead, 0);
+  cr_log_info("%d ranks, depth %u: %llu gathers ahead (%llu waited for, %.4f s), %llu at the acquire, %llu "
+              "fallbacks", sc->world, sc->gather_ahead, (unsigned long long)out[0].gstats.gathers_ahead,
+              (unsigned long long)out[0].gstats.gathers_waited, out[0].gstats.wait_seconds,
+              (unsigned long long)out[0].gstats.gathers_on_demand,
+              (unsigned long long)out[0].gstats.schedule_fallbacks);
+}
+
+Test(dist_engine, gathering_ahead_is_bit_identical) {
+  /* Two ranks, strict mode, an EVAL iteration between TRAIN ones. */
+  scenario sc = base(2, PSTAR_DTYPE_BF16);
+  sc.strict = 1;
+  sc.eval_after_step = 2;
+  sc.gather_ahead = 2;
+  rank_out *out = run_scenario(&sc, 1);
+  expect_equal_to_reference(&sc, out, 0);
+  expect_gathered_ahead(&sc, out);
+  for (int r = 0; r < 2; ++r) cr_assert_eq(out[r].gstats.schedule_fallbacks, 0, "rank %d", r);
+  /* Four ranks, activation checkpointing, one slot. */
+  sc = base(4, PSTAR_DTYPE_BF16);
+  sc.recompute = 1;
+  sc.gather_ahead = 1;
+  out = run_scenario(&sc, 1);
+  expect_equal_to_reference(&sc, out, 0);
+  expect_gathered_ahead(&sc, out);
+  /* Two micro-batches per step, fp16, more slots than chunks in flight. */
+  sc = base(2, PSTAR_DTYPE_F16);
+  sc.accumulation = 1;
+  sc.micro = 2;
+  sc.steps = 3;
+  sc.gather_ahead = 5;
+  out = run_scenario(&sc, 1);
+  expect_equal_to_reference(&sc, out, 0);
+  expect_gathered_ahead(&sc, out);
+}
+
+Test(dist_engine, gathering_ahead_with_different_capacities_and_a_divergence) {
+  /* Ranks differ in capacity, policy and prefetch (rank 1 tight: its
+   * gathered chunks are evicted); every rank changes its forward order at
+   * step 3, leaving the schedule: it records anew at step 4 and follows it
+   * at step 5.  Collectives agree throughout. */
+  scenario sc = base(4, PSTAR_DTYPE_BF16);
+  sc.varied = 1;
+  sc.strict = 1;
+  sc.steps = 5;
+  sc.diverge_step = 3;
+  sc.tight_capacity = 22 * 1024;
+  sc.gather_ahead = 2;
+  rank_out *out = run_scenario(&sc, 1);
+  expect_equal_to_reference(&sc, out, 0);
+  for (int r = 0; r < 4; ++r) cr_assert_eq(out[r].gstats.schedule_fallbacks, 1, "rank %d", r);
+  cr_assert_gt(out[1].stats.evictions, 0, "rank 1 is tight");
+  scenario counted = sc;
+  counted.steps = 3; /* steps 2 and 5 follow a schedule */
+  counted.diverge_step = 0;
+  expect_gathered_ahead(&counted, out);
+}
+
+Test(dist_engine, gathering_ahead_depths_and_room_are_checked_on_every_rank) {
+  scenario sc = base(2, PSTAR_DTYPE_BF16);
+  sc.gather_ahead = 2;
+  sc.gather_mismatch_rank = 1;
+  rank_out *out = run_scenario(&sc, 0);
+  for (int r = 0; r < 2; ++r) {
+    cr_assert_eq(out[r].status, PSTAR_ERR_INVALID_ARGUMENT, "rank %d: %s", r, out[r].msg);
+    cr_assert(strstr(out[r].msg, "gather-ahead depth") != NULL, "%s", out[r].msg);
+  }
+  /* Rank 1's device holds one slot less than the two asked for. */
+  sc = base(2, PSTAR_DTYPE_BF16);
+  sc.gather_ahead = 2;
+  sc.slot_short_capacity = 2 * CHUNK * 2 - 1;
+  out = run_scenario(&sc, 0);
+  for (int r = 0; r < 2; ++r) {
+    cr_assert_eq(out[r].status, PSTAR_ERR_OUT_OF_MEMORY, "rank %d: %s", r, out[r].msg);
+    cr_assert(strstr(out[r].msg, "rank(s) 1;") != NULL, "%s", out[r].msg);
+  }
+  /* Before build only, and at most PSTAR_X_MAX_GATHER_AHEAD. */
+  pstar_engine_options o;
+  pstar_engine *e = NULL;
+  pstar_engine_options_init(&o);
+  o.world_size = 1;
+  cr_assert_eq(pstar_engine_create(&o, &e), PSTAR_OK);
+  cr_assert_eq(pstar_x_engine_set_gather_ahead(e, PSTAR_X_MAX_GATHER_AHEAD + 1), PSTAR_ERR_INVALID_ARGUMENT);
+  cr_assert_eq(pstar_x_engine_set_gather_ahead(e, 3), PSTAR_OK, "no effect with one process");
+  cr_assert_eq(pstar_engine_build(e), PSTAR_OK);
+  cr_assert_eq(pstar_x_engine_set_gather_ahead(e, 1), PSTAR_ERR_INVALID_STATE);
+  pstar_x_gather_stats g;
+  cr_assert_eq(pstar_x_gather_stats_init(&g), PSTAR_OK);
+  g.version = PSTAR_X_GATHER_STATS_VERSION + 1;
+  cr_assert_eq(pstar_x_gather_get_stats(e, &g), PSTAR_ERR_VERSION);
+  cr_assert_eq(pstar_x_gather_stats_init(&g), PSTAR_OK);
+  cr_assert_eq(pstar_x_gather_get_stats(e, &g), PSTAR_OK);
+  cr_assert_eq(g.depth, 0);
+  cr_assert_eq(pstar_engine_destroy(e), PSTAR_OK);
+}
+
+/* ------------------------------------------------------------------------ */
 /* Sharded checkpoints                                                       */
 /* ------------------------------------------------------------------------ */
 
@@ -850,8 +998,9 @@ Test(dist_engine, out_of_memory_in_a_gather_then_room) {
 /* (e) a rank gone mid-step                                                  */
 /* ------------------------------------------------------------------------ */
 
-static void expect_failure_reported(int world, int die_rank, int stall) {
+static void expect_failure_reported(int world, int die_rank, int stall, uint32_t gather_ahead) {
   scenario sc = base(world, PSTAR_DTYPE_BF16);
+  sc.gather_ahead = gather_ahead;
   sc.die_rank = die_rank;
   sc.stall = stall;
   sc.die_step = 2;
@@ -878,21 +1027,25 @@ static void expect_failure_reported(int world, int die_rank, int stall) {
     cr_assert_eq(out[r].after_status, PSTAR_ERR_COMM, "rank %d: step after the failure: %s", r, out[r].after_msg);
     cr_assert(strstr(out[r].after_msg, "refused") != NULL, "%s", out[r].after_msg);
     cr_assert_eq(out[r].later_status, PSTAR_ERR_COMM);
-    cr_log_info("%d ranks, rank %d %s: rank %d reported after %.3f s: %s", world, die_rank,
-                stall ? "silent" : "gone", r, out[r].fail_seconds, out[r].msg);
+    cr_log_info("%d ranks, rank %d %s%s: rank %d reported after %.3f s: %s", world, die_rank,
+                stall ? "silent" : "gone", gather_ahead ? " (gathering ahead)" : "", r, out[r].fail_seconds,
+                out[r].msg);
   }
   cr_assert_leq(took, 20.0, "the whole run took %.1f s", took);
 }
 
 Test(dist_engine, rank_gone_mid_step_others_report_comm_error) {
-  expect_failure_reported(2, 1, 0);
-  expect_failure_reported(3, 1, 0);
-  expect_failure_reported(3, 0, 0); /* rank 0, the store's host */
+  expect_failure_reported(2, 1, 0, 0);
+  expect_failure_reported(3, 1, 0, 0);
+  expect_failure_reported(3, 0, 0, 0); /* rank 0, the store's host */
+  /* With gathers ahead in flight on the collective queue when it goes. */
+  expect_failure_reported(2, 1, 0, 2);
 }
 
 Test(dist_engine, silent_rank_mid_step_others_time_out) {
-  expect_failure_reported(2, 1, 1); /* within comm_timeout_ms (3 s) plus slack */
-  expect_failure_reported(3, 2, 1); /* a timeout names nobody: the heartbeats do */
+  expect_failure_reported(2, 1, 1, 0); /* within comm_timeout_ms (3 s) plus slack */
+  expect_failure_reported(3, 2, 1, 0); /* a timeout names nobody: the heartbeats do */
+  expect_failure_reported(3, 2, 1, 3);
 }
 
 /* ------------------------------------------------------------------------ */

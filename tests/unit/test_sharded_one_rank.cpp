@@ -4,7 +4,9 @@
 // the device buffer, gradients through a device staging buffer, host values
 // through a device scratch buffer).  With exactly representable gradients
 // the parameters must equal, bit for bit, those of the same steps without a
-// group, at an unlimited and at a constrained capacity.  The GPU twin of
+// group, at an unlimited and at a constrained capacity, also when the
+// engine gathers ahead of use (two slots, the gathers on the collective
+// queue's thread; the capacity grows by the slots).  The GPU twin of
 // this test, over a real one-rank NCCL group, is tests/gpu/nccl_engine_check.
 #include <criterion/criterion.h>
 
@@ -50,7 +52,8 @@ class OneRank final : public dist::Communicator {
 
 constexpr int kParams = 5, kElems = 3000, kSteps = 5, kFrozen = 2;
 
-std::vector<float> train(int group, uint64_t capacity, pstar_dtype dtype, pstar_stats* stats) {
+std::vector<float> train(int group, uint64_t capacity, pstar_dtype dtype, pstar_stats* stats,
+                         uint32_t ahead = 0, pstar_x_gather_stats* gather = nullptr) {
   pstar_engine_options o;
   pstar_engine_options_init(&o);
   o.device = PSTAR_DEVICE_EMULATED;
@@ -63,6 +66,7 @@ std::vector<float> train(int group, uint64_t capacity, pstar_dtype dtype, pstar_
   std::unique_ptr<dist::Communicator> comm;
   if (group != 0) comm = std::make_unique<OneRank>(group == 2);
   engine::Engine e(o, std::move(comm));
+  e.set_gather_ahead(ahead);
   std::vector<uint32_t> id(kParams);
   const int64_t shape[1] = {kElems};
   for (int p = 0; p < kParams; ++p) {
@@ -95,6 +99,10 @@ std::vector<float> train(int group, uint64_t capacity, pstar_dtype dtype, pstar_
   for (int p = 0; p < kParams; ++p) e.read(id[p], out.data() + static_cast<size_t>(p) * kElems, kElems, PSTAR_DTYPE_F32);
   pstar_stats_init(stats);
   e.fill_stats(stats);
+  if (gather != nullptr) {
+    pstar_x_gather_stats_init(gather);
+    e.fill_gather_stats(gather);
+  }
   return out;
 }
 
@@ -119,6 +127,24 @@ void check(pstar_dtype dtype, uint64_t capacity) {
   cr_assert_eq(host_stats.collectives, dev_stats.collectives, "the same collectives whatever the buffers");
   // The device-buffer path stages gradients on the device: a higher peak.
   cr_assert_geq(dev_stats.peak_device_bytes, host_stats.peak_device_bytes);
+  // Gathering ahead, two slots: the same bits, the same collectives.
+  const uint64_t slots = 2 * 4096 * (dtype == PSTAR_DTYPE_F32 ? 4 : 2);
+  for (int group = 1; group <= 2; ++group) {
+    pstar_stats st;
+    pstar_x_gather_stats g;
+    const std::vector<float> ahead = train(group, capacity == 0 ? 0 : capacity + slots, dtype, &st, 2, &g);
+    cr_assert_eq(std::memcmp(plain.data(), ahead.data(), plain.size() * sizeof(float)), 0,
+                 "group %d gathering ahead differs from no group (capacity %llu)", group,
+                 (unsigned long long)capacity);
+    cr_assert_eq(st.collectives, host_stats.collectives);
+    cr_assert_eq(g.slot_bytes, slots);
+    // Steps 2-5 follow the schedule recorded at step 1: each gathers all
+    // five chunks twice (forward, backward), in slots.
+    cr_assert_eq(g.gathers_ahead, 4u * 2 * kParams, "group %d: %llu ahead", group,
+                 (unsigned long long)g.gathers_ahead);
+    cr_assert_eq(g.gathers_on_demand, 2u * kParams);
+    cr_assert_eq(g.schedule_fallbacks, 0u);
+  }
 }
 
 // Two bf16 chunks with their gradient buffers, and one reduce-scatter's

@@ -838,6 +838,63 @@ PSTAR_API pstar_status pstar_x_nvme_stats_init(pstar_x_nvme_stats *stats);
  *  PSTAR_ERR_INVALID_STATE if the engine has no NVMe tier. */
 PSTAR_API pstar_status pstar_x_nvme_get_stats(pstar_engine *engine, pstar_x_nvme_stats *stats);
 
+/** Most chunks pstar_x_engine_set_gather_ahead() accepts. */
+#define PSTAR_X_MAX_GATHER_AHEAD 16
+
+/** Experimental: gathering ahead (docs/distributed.md).  With world_size > 1
+ *  every rank records the gathers of a TRAIN iteration; a later TRAIN
+ *  iteration that makes the same acquires issues each of them up to
+ *  `chunks` gathers before the acquire that needs it, into one of `chunks`
+ *  chunk-sized device slots reserved at build, on a thread of the engine's
+ *  own, so that the all-gather runs while the caller computes.  A chunk too
+ *  large for a slot (a parameter larger than chunk_elems), or one due while
+ *  every slot holds a chunk still in use, is gathered at its acquire as
+ *  without this option.  Every rank must pass the same value (the build
+ *  checks, like the layout).  0 (the default) gathers at the acquire.
+ *  Legal before pstar_engine_build() only; no effect with one process.
+ *  PSTAR_ERR_INVALID_ARGUMENT above PSTAR_X_MAX_GATHER_AHEAD; the build
+ *  fails with PSTAR_ERR_OUT_OF_MEMORY on every rank when some rank's
+ *  device capacity cannot hold the slots. */
+PSTAR_API pstar_status pstar_x_engine_set_gather_ahead(pstar_engine *engine, uint32_t chunks);
+
+/** Current version of pstar_x_gather_stats. */
+#define PSTAR_X_GATHER_STATS_VERSION 1
+
+/** Experimental: what gathering ahead did since the engine was built. */
+typedef struct pstar_x_gather_stats {
+  /** sizeof(pstar_x_gather_stats) as the caller compiled it. */
+  uint32_t size;
+  /** PSTAR_X_GATHER_STATS_VERSION as the caller compiled it. */
+  uint32_t version;
+  /** The depth set with pstar_x_engine_set_gather_ahead() (0 with one
+   *  process). */
+  uint32_t depth;
+  /** Nonzero: a recorded schedule is in place for the next TRAIN
+   *  iteration. */
+  int32_t schedule_ready;
+  /** Device bytes the slots hold, from build on. */
+  uint64_t slot_bytes;
+  /** All-gathers issued into a slot from the schedule. */
+  uint64_t gathers_ahead;
+  /** All-gathers issued by the acquire that needed the chunk (every gather
+   *  without a schedule, and scheduled ones that could not take a slot). */
+  uint64_t gathers_on_demand;
+  /** Acquires that found their chunk's ahead gather still running. */
+  uint64_t gathers_waited;
+  /** TRAIN iterations that left the schedule (another acquire than the
+   *  recorded one, more or fewer acquires, a gather at another point); the
+   *  next TRAIN iteration records a new one. */
+  uint64_t schedule_fallbacks;
+  /** Seconds acquires waited for ahead gathers, summed. */
+  double wait_seconds;
+} pstar_x_gather_stats;
+
+/** Experimental: sets *stats's size and version and zeroes the rest. */
+PSTAR_API pstar_status pstar_x_gather_stats_init(pstar_x_gather_stats *stats);
+
+/** Experimental: fills *stats (initialised by pstar_x_gather_stats_init()). */
+PSTAR_API pstar_status pstar_x_gather_get_stats(pstar_engine *engine, pstar_x_gather_stats *stats);
+
 #endif /* PSTAR_EXPERIMENTAL_API */
 
 #ifdef __cplusplus
