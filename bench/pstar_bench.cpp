@@ -353,6 +353,10 @@ CLI::App* add_placement_subcommand(CLI::App& app, std::function<int()>* run);
 // bench/comm.cpp: registers the `comm` subcommand (builds with Gloo only).
 CLI::App* add_comm_subcommand(CLI::App& app, std::function<int()>* run);
 #endif
+#if defined(PSTAR_HAVE_GLOO) && defined(PSTAR_HAVE_LIBUV)
+// bench/gather.cpp: registers the `gather` subcommand (needs groups: Gloo and libuv).
+CLI::App* add_gather_subcommand(CLI::App& app, std::function<int()>* run);
+#endif
 #if defined(PSTAR_HAVE_NVME)
 // bench/nvme.cpp: registers the `nvme` subcommand (builds with the NVMe tier only).
 CLI::App* add_nvme_subcommand(CLI::App& app, std::function<int()>* run);
@@ -394,6 +398,10 @@ int main(int argc, char** argv) {
   std::function<int()> run_comm;
   CLI::App* comm = pstar::bench::add_comm_subcommand(app, &run_comm);
 #endif
+#if defined(PSTAR_HAVE_GLOO) && defined(PSTAR_HAVE_LIBUV)
+  std::function<int()> run_gather;
+  CLI::App* gather = pstar::bench::add_gather_subcommand(app, &run_gather);
+#endif
 #if defined(PSTAR_HAVE_NVME)
   std::function<int()> run_nvme;
   CLI::App* nvme = pstar::bench::add_nvme_subcommand(app, &run_nvme);
@@ -403,6 +411,9 @@ int main(int argc, char** argv) {
   try {
 #if defined(PSTAR_HAVE_GLOO)
     if (comm->parsed()) return run_comm();
+#endif
+#if defined(PSTAR_HAVE_GLOO) && defined(PSTAR_HAVE_LIBUV)
+    if (gather->parsed()) return run_gather();
 #endif
 #if defined(PSTAR_HAVE_NVME)
     if (nvme->parsed()) return run_nvme();

@@ -5,9 +5,10 @@
 #                          then the libFuzzer harness over the C API for 60 s
 #                          (tests/fuzz/README.md)
 #   ci-sanitizers.sh tsan  clang's ThreadSanitizer: the programs that drive the
-#                          engine's mover (device worker) and optimizer (thread
-#                          pool) threads: the C example in strict and normal
-#                          mode and the access benchmark.  Criterion's test
+#                          engine's mover (device worker), optimizer (thread
+#                          pool), NVMe I/O and collective-queue threads: the C
+#                          example in strict and normal mode, the access, nvme
+#                          and gather benchmarks.  Criterion's test
 #                          runner cannot start under TSan (its process arena is
 #                          mapped at an address TSan reserves), so the
 #                          Criterion suites run under ASan only.
@@ -46,6 +47,9 @@ case "${1:-}" in
     rm -rf build/tsan-nvme && mkdir -p build/tsan-nvme
     build/tsan/bin/pstar-bench nvme --dir build/tsan-nvme --elements 1048576 --chunk-elems 262144 --reps 2 \
       --disk-bytes 16777216
+    # Two ranks gathering ahead: the collective queue's thread against the
+    # engine's, Gloo's and the heartbeat's.
+    build/tsan/bin/pstar-bench gather --layers 4 --chunk-elems 65536 --compute-ms 1 --depths 0,2 --steps 4
     echo "tsan: no reports"
     ;;
   *)

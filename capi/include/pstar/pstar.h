@@ -877,7 +877,8 @@ typedef struct pstar_x_gather_stats {
   /** All-gathers issued into a slot from the schedule. */
   uint64_t gathers_ahead;
   /** All-gathers issued by the acquire that needed the chunk (every gather
-   *  without a schedule, and scheduled ones that could not take a slot). */
+   *  without a schedule, and scheduled ones that could not take a slot);
+   *  counted when depth is above 0. */
   uint64_t gathers_on_demand;
   /** Acquires that found their chunk's ahead gather still running. */
   uint64_t gathers_waited;
