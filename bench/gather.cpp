@@ -24,7 +24,10 @@
 // acquire_s is rank 0's median time inside pstar_param_acquire per
 // iteration: at depth 0 mostly the all-gathers, at depth > 0 what is left
 // of them (waits for gathers not done yet); acquire_hidden_fraction =
-// 1 - acquire_s / acquire_s(depth 0).
+// 1 - acquire_s / acquire_s(depth 0).  release_s, the time inside
+// pstar_param_release, holds the gradients' reduce-scatters (issued by the
+// release that completes a chunk's backward): blocking at depth 0, queued
+// at depth > 0, where the engine has a collective queue.
 #define PSTAR_EXPERIMENTAL_API 1
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -76,6 +79,7 @@ struct RankResult {
   char message[512];
   double iter_s[kMaxSteps];
   double acquire_s[kMaxSteps];  // time inside pstar_param_acquire
+  double release_s[kMaxSteps];  // time inside pstar_param_release
   uint64_t gathers_ahead, gathers_on_demand, gathers_waited;
   double wait_s;
 };
@@ -125,7 +129,12 @@ void run_rank(const GatherOptions& o, uint32_t depth, int rank, RankResult* out)
   for (int s = 0; s < o.steps; ++s) {
     const auto t0 = Clock::now();
     check(pstar_iteration_begin(e, PSTAR_ITERATION_TRAIN), "pstar_iteration_begin");
-    double acquiring = 0.0;
+    double acquiring = 0.0, releasing = 0.0;
+    auto release = [&](uint32_t id) {
+      const auto r0 = Clock::now();
+      check(pstar_param_release(e, id, nullptr), "pstar_param_release");
+      releasing += std::chrono::duration<double>(Clock::now() - r0).count();
+    };
     auto acquire = [&](uint32_t id, pstar_stage stage) {
       void* w = nullptr;
       const auto a0 = Clock::now();
@@ -135,18 +144,19 @@ void run_rank(const GatherOptions& o, uint32_t depth, int rank, RankResult* out)
     for (uint32_t id : ids) {
       acquire(id, PSTAR_STAGE_FORWARD);
       std::this_thread::sleep_for(compute);
-      check(pstar_param_release(e, id, nullptr), "pstar_param_release");
+      release(id);
     }
     for (auto it = ids.rbegin(); it != ids.rend(); ++it) {
       acquire(*it, PSTAR_STAGE_BACKWARD);
       std::this_thread::sleep_for(compute);
       check(pstar_grad_write(e, *it, grad.data(), grad.size(), PSTAR_DTYPE_F32, PSTAR_MEM_HOST, nullptr),
             "pstar_grad_write");
-      check(pstar_param_release(e, *it, nullptr), "pstar_param_release");
+      release(*it);
     }
     check(pstar_step(e, nullptr), "pstar_step");
     out->iter_s[s] = std::chrono::duration<double>(Clock::now() - t0).count();
     out->acquire_s[s] = acquiring;
+    out->release_s[s] = releasing;
   }
   pstar_x_gather_stats g;
   check(pstar_x_gather_stats_init(&g), "pstar_x_gather_stats_init");
@@ -233,6 +243,7 @@ int run_gather(const GatherOptions& o) {
     const std::vector<double> measured(r0.iter_s + kUnmeasured, r0.iter_s + o.steps);
     const double iter_s = median(measured);
     const double acquire_s = median(std::vector<double>(r0.acquire_s + kUnmeasured, r0.acquire_s + o.steps));
+    const double release_s = median(std::vector<double>(r0.release_s + kUnmeasured, r0.release_s + o.steps));
     if (depth == 0) {
       baseline = iter_s;
       baseline_acquire = acquire_s;
@@ -254,6 +265,7 @@ int run_gather(const GatherOptions& o) {
                           {"speedup_vs_depth0", baseline / iter_s},
                           {"acquire_s", acquire_s},
                           {"acquire_hidden_fraction", hidden},
+                          {"release_s", release_s},
                           {"gathers_ahead", r0.gathers_ahead},
                           {"gathers_on_demand", r0.gathers_on_demand},
                           {"gathers_waited", r0.gathers_waited},
@@ -261,10 +273,11 @@ int run_gather(const GatherOptions& o) {
       std::cout << j.dump() << std::endl;
     } else {
       std::printf("gather: %d ranks, %d layers of %.1f MiB, %.1f ms compute per use; depth %u: iteration %.2f ms "
-                  "(modelled compute %.1f ms), %.3fx depth 0; acquires %.2f ms (%.0f%% of depth 0's hidden); %llu "
+                  "(modelled compute %.1f ms), %.3fx depth 0; acquires %.2f ms (%.0f%% of depth 0's hidden), releases "
+                  "%.2f ms; %llu "
                   "gathers ahead (%llu waited for, %.2f ms per iteration), %llu at the acquire\n",
                   o.ranks, o.layers, chunk_bytes / 1048576.0, o.compute_ms, depth, iter_s * 1e3, compute_s * 1e3,
-                  baseline / iter_s, acquire_s * 1e3, hidden * 100.0, static_cast<unsigned long long>(r0.gathers_ahead),
+                  baseline / iter_s, acquire_s * 1e3, hidden * 100.0, release_s * 1e3, static_cast<unsigned long long>(r0.gathers_ahead),
                   static_cast<unsigned long long>(r0.gathers_waited), r0.wait_s / following * 1e3,
                   static_cast<unsigned long long>(r0.gathers_on_demand));
     }

@@ -190,9 +190,13 @@ Engine::~Engine() {
       release_optimizer_buffers(c, fp32_bytes_held(static_cast<uint32_t>(i)));
     }
   }
+  for (PendingReduce& pr : reduces_) release_device_stage(pr);  // the queue is gone: unused
+  reduces_.clear();
   release_gather_slots();
-  host_->release(rs_staging_, rs_staging_bytes_);
-  host_->release(rs_out_, rs_out_bytes_);
+  for (ReduceBuffers& b : rs_bufs_) {
+    host_->release(b.staging, b.staging_bytes);
+    host_->release(b.out, b.out_bytes);
+  }
   host_.reset();
 }
 
@@ -297,11 +301,16 @@ void Engine::build() {
       // The reduce-scatter's fp32 staging (one whole chunk of gradients) and
       // its output (one shard), held for the engine's life.
       // (NCCL stages on the device: only the output is on the host.)
-      rs_out_bytes_ = largest_trainable / static_cast<uint64_t>(world_) * sizeof(float);
-      rs_out_ = static_cast<float*>(host_->acquire(rs_out_bytes_));
-      if (!comm_->device_buffers()) {
-        rs_staging_bytes_ = largest_trainable * sizeof(float);
-        rs_staging_ = static_cast<float*>(host_->acquire(rs_staging_bytes_));
+      // With a collective queue (gathering ahead), kAsyncReduceBuffers
+      // pairs, so that a reduce-scatter on the queue overlaps the next.
+      rs_bufs_.resize(gather_ahead_ > 0 ? kAsyncReduceBuffers : 1);
+      for (ReduceBuffers& b : rs_bufs_) {
+        b.out_bytes = largest_trainable / static_cast<uint64_t>(world_) * sizeof(float);
+        b.out = static_cast<float*>(host_->acquire(b.out_bytes));
+        if (!comm_->device_buffers()) {
+          b.staging_bytes = largest_trainable * sizeof(float);
+          b.staging = static_cast<float*>(host_->acquire(b.staging_bytes));
+        }
       }
     }
     layout_ = std::move(layout);  // nvme_place_lists reads the layout
@@ -316,10 +325,11 @@ void Engine::build() {
       host_->release(c.shard, c.shard_elems * elem_bytes());
       release_optimizer_buffers(c, (sharded() ? c.shard_elems : c.elems) * sizeof(float));
     }
-    host_->release(rs_staging_, rs_staging_bytes_);
-    host_->release(rs_out_, rs_out_bytes_);
-    rs_staging_ = rs_out_ = nullptr;
-    rs_staging_bytes_ = rs_out_bytes_ = 0;
+    for (ReduceBuffers& b : rs_bufs_) {
+      host_->release(b.staging, b.staging_bytes);
+      host_->release(b.out, b.out_bytes);
+    }
+    rs_bufs_.clear();
     layout_.reset();
     throw;
   }
@@ -916,6 +926,10 @@ void Engine::make_room(uint64_t bytes, int64_t keep_chunk, const std::string& pu
     const bool reclaimed = reclaim_deferred(true);
     stats_.wait_seconds += device_->clock_seconds() - before;
     if (reclaimed) continue;
+    if (!reduces_.empty() && reduces_.front().device_stage != nullptr) {
+      reduce_finish_oldest();  // frees its device staging (a local wait)
+      continue;
+    }
     uint32_t victim;
     auto movable = [&](uint32_t k) {
       const ChunkState& c = chunks_[k];

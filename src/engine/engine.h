@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -58,6 +59,10 @@ constexpr uint64_t kPrefetchMoments = 32;
 // (pstar_x_engine_set_gather_ahead): each takes a chunk-sized device slot
 // for the engine's life.
 constexpr uint32_t kMaxGatherAhead = PSTAR_X_MAX_GATHER_AHEAD;
+// Reduce-scatter buffer pairs (a host fp32 chunk and shard) of an engine
+// with a collective queue: one reduce-scatter runs on the queue while the
+// next chunk's gradients are laid out in the other.
+constexpr size_t kAsyncReduceBuffers = 2;
 
 // Most dimensions a parameter may have.
 constexpr uint32_t kMaxNdim = 16;
@@ -232,6 +237,8 @@ class Engine {
     // collective queue (null once waited for).
     int32_t gather_slot = -1;
     dist::CollectiveQueue::Ticket gathering;
+    // Reduce-scatters of its gradients queued and not finished yet.
+    uint32_t reducing = 0;
     // NVMe tier: the first of the consecutive slots of the data file
     // holding master, m and v back to back (kNoSlot: they are in host
     // memory).  Such a chunk's master,
@@ -276,6 +283,26 @@ class Engine {
     void* ptr;
     size_t bytes;
     Tier tier;
+  };
+
+  // One pair of reduce-scatter buffers; kAsyncReduceBuffers with a
+  // collective queue, whose reduce-scatters run while the next ones are
+  // laid out.
+  struct ReduceBuffers {
+    float* staging = nullptr;  // host fp32 chunk (Gloo; NCCL stages on the device)
+    uint64_t staging_bytes = 0;
+    float* out = nullptr;      // host fp32 shard
+    uint64_t out_bytes = 0;
+  };
+  // Reduce-scatters queued on the collective queue, oldest first, whose
+  // results are not applied yet (reduce_finish).
+  struct PendingReduce {
+    uint32_t chunk = 0;
+    size_t buffer = 0;               // index into rs_bufs_
+    std::vector<uint32_t> params;    // whose gradients it carries
+    void* device_stage = nullptr;    // NCCL: the device staging buffer, counted
+    uint64_t device_stage_bytes = 0;
+    dist::CollectiveQueue::Ticket ticket;
   };
 
   Param& param_checked(uint32_t id);
@@ -381,6 +408,12 @@ class Engine {
   void drop_all_gathered();
   void after_release_sharded(uint32_t id, uint32_t k, pstar_stage stage);
   void reduce_chunk(uint32_t k);
+  void reduce_finish(PendingReduce& pr);
+  void reduce_finish_oldest();
+  // Finishes the queued reduce-scatters up to the last one of `chunk`
+  // (all of them when chunk < 0).
+  void reduce_finish_all(int64_t chunk);
+  void release_device_stage(PendingReduce& pr);
   void write_sharded(uint32_t id, const void* src, pstar_dtype dtype);
   void read_sharded(uint32_t id, void* dst, pstar_dtype dtype);
   void restore_slot_sharded(uint32_t id);
@@ -464,10 +497,8 @@ class Engine {
   std::unique_ptr<dist::Communicator> comm_;
   bool comm_failed_ = false;
   std::string comm_failure_;
-  float* rs_staging_ = nullptr;
-  uint64_t rs_staging_bytes_ = 0;
-  float* rs_out_ = nullptr;
-  uint64_t rs_out_bytes_ = 0;
+  std::vector<ReduceBuffers> rs_bufs_;  // kAsyncReduceBuffers with a collective queue, else 1
+  std::deque<PendingReduce> reduces_;   // queued reduce-scatters, oldest first
   uint64_t collective_hash_ = 0;
 
   // Gathering ahead (world > 1, gather_ahead_ > 0; docs/distributed.md):

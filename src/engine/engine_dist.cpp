@@ -227,6 +227,7 @@ void Engine::check_layout_agrees(uint64_t chunk_elems) {
 void Engine::gather(uint32_t k) {
   ChunkState& c = chunks_[k];
   require_comm_ok("param_acquire");
+  reduce_finish_all(k);  // its shard takes the reduced gradient first
   void* dst = device_alloc(c.bytes, k, "gathered chunk " + std::to_string(k));
   try {
     // This rank's shard goes to its block of the buffer (a host-to-device
@@ -327,62 +328,124 @@ void Engine::after_release_sharded(uint32_t id, uint32_t k, pstar_stage stage) {
 // the compute shard (flagged GRAD, as a gradient replaces the weight in one
 // process) with its squared norm and overflow flag over the rounded values;
 // with accumulation it is added to the fp32 gradient shard.
+//
+// With a collective queue (gathering ahead) the reduce-scatter runs there
+// and the rest (reduce_finish) waits until its buffer is needed, the chunk
+// is gathered or written, room is short, or the step: the release that
+// completed the chunk's backward returns to the caller's compute at once.
 void Engine::reduce_chunk(uint32_t k) {
   ChunkState& c = chunks_[k];
   const auto& info = layout_->chunks()[k];
-  if (rs_out_ == nullptr || c.shard_elems * sizeof(float) > rs_out_bytes_) internal_error("no reduce-scatter output");
+  // A free buffer pair; with all in use by queued reduces, the oldest is
+  // finished first.
+  if (reduces_.size() >= rs_bufs_.size()) reduce_finish_oldest();
+  size_t b = 0;
+  while (std::any_of(reduces_.begin(), reduces_.end(), [&](const PendingReduce& r) { return r.buffer == b; })) ++b;
+  ReduceBuffers& buf = rs_bufs_.at(b);
+  if (buf.out == nullptr || c.shard_elems * sizeof(float) > buf.out_bytes) internal_error("no reduce-scatter output");
+  PendingReduce pr;
+  pr.chunk = k;
+  pr.buffer = b;
+  float* data = nullptr;
+  float* out = nullptr;
   if (comm_->device_buffers()) {
     // NCCL reduces device memory: the gradient buffers are laid out as the
     // chunk in a device staging buffer (made room for like a chunk, counted
     // while it lives), reduce-scattered there, and this rank's block is
     // copied to the host, where the shards live.
-    const uint64_t bytes = (c.elems + c.shard_elems) * sizeof(float);
-    auto* stage = static_cast<float*>(device_alloc(bytes, -1, "reduce-scatter staging of chunk " + std::to_string(k)));
-    device_used_ += bytes;
+    pr.device_stage_bytes = (c.elems + c.shard_elems) * sizeof(float);
+    pr.device_stage = device_alloc(pr.device_stage_bytes, -1, "reduce-scatter staging of chunk " + std::to_string(k));
+    device_used_ += pr.device_stage_bytes;
     note_device_peak();
-    float* out = stage + c.elems;
-    try {
-      memory::Stream* s = device_->compute_stream();
-      device_->memset_async(s, stage, 0, c.elems * sizeof(float));
-      for (uint32_t id : info.params) {
-        const Param& p = params_[id];
-        if (!p.grad_pending) continue;
-        device_->stream_wait(s, p.grad_ready);
-        device_->copy_async(s, stage + layout_->param(id).offset_elems, p.grad_acc, p.numel * sizeof(float),
-                            memory::CopyKind::kDeviceToDevice);
-      }
-      device_->synchronize(s);
-      collective("reduce-scatter of gradients", kCollReduce, k,
-                 [&] { comm_->reduce_scatter_sum(stage, out, c.shard_elems); });
-      copy_sync(rs_out_, out, c.shard_elems * sizeof(float), memory::CopyKind::kDeviceToHost);
-    } catch (...) {
-      device_->deallocate(stage, bytes);
-      device_used_ -= bytes;
-      throw;
+    data = static_cast<float*>(pr.device_stage);
+    out = data + c.elems;
+    memory::Stream* s = device_->compute_stream();
+    device_->memset_async(s, data, 0, c.elems * sizeof(float));
+    for (uint32_t id : info.params) {
+      const Param& p = params_[id];
+      if (!p.grad_pending) continue;
+      device_->stream_wait(s, p.grad_ready);
+      device_->copy_async(s, data + layout_->param(id).offset_elems, p.grad_acc, p.numel * sizeof(float),
+                          memory::CopyKind::kDeviceToDevice);
     }
-    device_->deallocate(stage, bytes);  // copy_sync waited: nothing uses it
-    device_used_ -= bytes;
+    device_->synchronize(s);
   } else {
-    if (rs_staging_ == nullptr || c.elems * sizeof(float) > rs_staging_bytes_) internal_error("no reduce-scatter staging");
-    std::memset(rs_staging_, 0, c.elems * sizeof(float));
+    if (buf.staging == nullptr || c.elems * sizeof(float) > buf.staging_bytes) internal_error("no reduce-scatter staging");
+    data = buf.staging;
+    out = buf.out;
+    std::memset(data, 0, c.elems * sizeof(float));
     for (uint32_t id : info.params) {
       Param& p = params_[id];
       if (!p.grad_pending) continue;
       device_->synchronize(p.grad_ready);
       check_ready(p.grad_ready, "gradient buffer");
-      std::memcpy(rs_staging_ + layout_->param(id).offset_elems, p.grad_acc, p.numel * sizeof(float));
+      std::memcpy(data + layout_->param(id).offset_elems, p.grad_acc, p.numel * sizeof(float));
     }
-    collective("reduce-scatter of gradients", kCollReduce, k,
-               [&] { comm_->reduce_scatter_sum(rs_staging_, rs_out_, c.shard_elems); });
   }
-  stats_.bytes_reduce_scattered += c.elems * sizeof(float);
-  const float n = static_cast<float>(world_);
+  // The gradients are in the staging buffer: their device buffers go now.
   for (uint32_t id : info.params) {
     Param& p = params_[id];
     if (!p.grad_pending) continue;
+    pr.params.push_back(id);
+    device_->deallocate(p.grad_acc, p.numel * sizeof(float));
+    device_grad_bytes_ -= p.numel * sizeof(float);
+    device_used_ -= p.numel * sizeof(float);
+    p.grad_acc = nullptr;
+    p.grad_ready = nullptr;
+    p.grad_pending = false;
+    p.has_grad = true;
+  }
+  c.grads_pending = 0;
+  stats_.bytes_reduce_scattered += c.elems * sizeof(float);
+  const size_t shard_elems = c.shard_elems;
+  if (cqueue_ == nullptr) {
+    try {
+      collective("reduce-scatter of gradients", kCollReduce, k,
+                 [&] { comm_->reduce_scatter_sum(data, out, shard_elems); });
+    } catch (...) {
+      release_device_stage(pr);
+      throw;
+    }
+    reduce_finish(pr);
+    return;
+  }
+  require_comm_ok("reduce-scatter of gradients");
+  collective_hash_ = (collective_hash_ ^ (kCollReduce * 0x9E3779B97F4A7C15ull + k)) * 0x100000001B3ull;
+  ++stats_.collectives;
+  dist::Communicator* comm = comm_.get();
+  pr.ticket = cqueue_->submit([comm, data, out, shard_elems] { comm->reduce_scatter_sum(data, out, shard_elems); });
+  ++c.reducing;
+  reduces_.push_back(std::move(pr));
+}
+
+void Engine::release_device_stage(PendingReduce& pr) {
+  if (pr.device_stage == nullptr) return;
+  device_->deallocate(pr.device_stage, pr.device_stage_bytes);  // nothing queued uses it any more
+  device_used_ -= pr.device_stage_bytes;
+  pr.device_stage = nullptr;
+}
+
+// The reduce-scatter of `pr` is done: this rank's shard of the sum (copied
+// from the device stage with NCCL) is averaged and applied.
+void Engine::reduce_finish(PendingReduce& pr) {
+  ChunkState& c = chunks_[pr.chunk];
+  float* avg_all = rs_bufs_[pr.buffer].out;
+  if (pr.device_stage != nullptr) {
+    const float* out = static_cast<const float*>(pr.device_stage) + c.elems;
+    try {
+      copy_sync(avg_all, out, c.shard_elems * sizeof(float), memory::CopyKind::kDeviceToHost);
+    } catch (...) {
+      release_device_stage(pr);
+      throw;
+    }
+    release_device_stage(pr);
+  }
+  const float n = static_cast<float>(world_);
+  for (uint32_t id : pr.params) {
+    Param& p = params_[id];
     const auto [lo, a, b] = shard_span(id, rank_);
     if (a < b) {
-      float* avg = rs_out_ + (a - lo);
+      float* avg = avg_all + (a - lo);
       for (uint64_t i = 0; i < b - a; ++i) avg[i] = avg[i] / n;
       if (opt_.grad_accumulation) {
         float* g = c.grad32 + (a - lo);
@@ -393,15 +456,30 @@ void Engine::reduce_chunk(uint32_t k) {
       }
     }
     if (!opt_.grad_accumulation) p.slot_is_grad = true;
-    device_->deallocate(p.grad_acc, p.numel * sizeof(float));
-    device_grad_bytes_ -= p.numel * sizeof(float);
-    device_used_ -= p.numel * sizeof(float);
-    p.grad_acc = nullptr;
-    p.grad_ready = nullptr;
-    p.grad_pending = false;
-    p.has_grad = true;
   }
-  c.grads_pending = 0;
+}
+
+// Finishes the oldest queued reduce-scatter (waits for it).
+void Engine::reduce_finish_oldest() {
+  PendingReduce pr = std::move(reduces_.front());
+  reduces_.pop_front();
+  --chunks_[pr.chunk].reducing;
+  std::string failure;
+  const bool failed = collective_failed([&] { cqueue_->wait(pr.ticket); }, &failure);
+  if (failed) {
+    release_device_stage(pr);
+    fail_collective("reduce-scatter of gradients", failure);
+  }
+  reduce_finish(pr);
+}
+
+void Engine::reduce_finish_all(int64_t chunk) {
+  size_t n = reduces_.size();
+  if (chunk >= 0) {
+    if (chunks_[static_cast<size_t>(chunk)].reducing == 0) return;
+    while (n > 0 && reduces_[n - 1].chunk != static_cast<uint32_t>(chunk)) --n;
+  }
+  for (size_t i = 0; i < n; ++i) reduce_finish_oldest();
 }
 
 // ---------------------------------------------------------------------------
@@ -579,6 +657,7 @@ void Engine::gather_into_slot(uint32_t k, uint32_t s) {
   ChunkState& c = chunks_[k];
   GatherSlot& slot = slots_[s];
   require_comm_ok("param_acquire");
+  reduce_finish_all(k);  // its shard takes the reduced gradient first
   device_->synchronize(slot.free_after);  // the slot's last chunk is unused
   slot.free_after = nullptr;
   const size_t shard_bytes = c.shard_elems * elem_bytes();
@@ -620,6 +699,7 @@ void Engine::finish_gather(uint32_t k, bool quiet) {
 void Engine::write_sharded(uint32_t id, const void* src, pstar_dtype dtype) {
   const Param& p = params_[id];
   const auto& place = layout_->param(id);
+  reduce_finish_all(place.chunk);
   ChunkState& c = chunks_[place.chunk];
   const auto [lo, a, b] = shard_span(id, rank_);
   for (uint64_t i = a; i < b; ++i) {
@@ -674,6 +754,7 @@ void Engine::step_update_sharded(pstar_step_result& r) {
   for (uint32_t k = 0; k < chunks_.size(); ++k) {
     if (chunks_[k].grads_pending != 0) reduce_chunk(k);
   }
+  reduce_finish_all(-1);
   drop_all_gathered();
 
   double sumsq_local = 0.0;

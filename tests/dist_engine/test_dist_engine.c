@@ -746,6 +746,15 @@ Test(dist_engine, gathering_ahead_is_bit_identical) {
   expect_equal_to_reference(&sc, out, 0);
   expect_gathered_ahead(&sc, out);
   for (int r = 0; r < 2; ++r) cr_assert_eq(out[r].gstats.schedule_fallbacks, 0, "rank %d", r);
+  /* Host model data: the shards, and two reduce-scatter buffer pairs (one
+   * reduce-scatter on the collective queue while the next is laid out):
+   * the memory formula's staging term twice. */
+  for (int r = 0; r < 2; ++r) {
+    const pstar_stats *st = &out[r].stats;
+    const uint64_t jumbo = 2304, shards = (st->compute_list_bytes + 3 * st->optimizer_list_bytes) / 2;
+    cr_assert_eq(st->host_bytes, shards + 2 * (4 * jumbo + 4 * jumbo / 2), "rank %d: host %llu", r,
+                 (unsigned long long)st->host_bytes);
+  }
   /* Four ranks, activation checkpointing, one slot. */
   sc = base(4, PSTAR_DTYPE_BF16);
   sc.recompute = 1;

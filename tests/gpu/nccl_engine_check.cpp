@@ -49,9 +49,12 @@ constexpr int kFrozen = 2;
 struct Run {
   std::vector<float> values;
   pstar_stats stats;
+  pstar_x_gather_stats gather;
 };
 
-Run train(bool grouped, uint64_t capacity, pstar_dtype dtype) {
+// `ahead`: gather-ahead depth (the all-gathers on the collective queue's
+// thread, into device slots).
+Run train(bool grouped, uint64_t capacity, pstar_dtype dtype, uint32_t ahead = 0) {
   pstar_engine_options o;
   pstar_engine_options_init(&o);
   o.device = PSTAR_DEVICE_CUDA;
@@ -68,6 +71,7 @@ Run train(bool grouped, uint64_t capacity, pstar_dtype dtype) {
     group = dist::make_nccl_communicator(nc, nullptr);
   }
   engine::Engine e(o, std::move(group));
+  e.set_gather_ahead(ahead);
   std::vector<uint32_t> id(kParams);
   const int64_t shape[1] = {kElems};
   for (int p = 0; p < kParams; ++p) {
@@ -102,6 +106,8 @@ Run train(bool grouped, uint64_t capacity, pstar_dtype dtype) {
   for (int p = 0; p < kParams; ++p) e.read(id[p], r.values.data() + static_cast<size_t>(p) * kElems, kElems, PSTAR_DTYPE_F32);
   pstar_stats_init(&r.stats);
   e.fill_stats(&r.stats);
+  pstar_x_gather_stats_init(&r.gather);
+  e.fill_gather_stats(&r.gather);
   return r;
 }
 
@@ -135,6 +141,15 @@ int main() {
                                                           std::to_string(nccl.stats.peak_device_bytes) + " of " +
                                                           std::to_string(cap) + ")");
         }
+        // Gathering ahead, two slots (the capacity grows by them).
+        const uint64_t slots = 2 * 4096 * 2;
+        const Run ahead = train(true, cap == 0 ? 0 : cap + slots, dtype, 2);
+        expect(std::memcmp(plain.values.data(), ahead.values.data(), plain.values.size() * sizeof(float)) == 0,
+               tag + "gathering ahead (depth 2) bit-identical to the run without a group");
+        expect(ahead.stats.collectives == nccl.stats.collectives, tag + "the same collectives gathering ahead");
+        expect(ahead.gather.gathers_ahead == static_cast<uint64_t>(kSteps - 1) * 2 * kParams,
+               tag + "every gather after the recorded step ahead (" + std::to_string(ahead.gather.gathers_ahead) +
+                   ")");
         std::printf("%sall-gathered %llu B, reduce-scattered %llu B, %llu collectives, device peak %llu B\n",
                     tag.c_str(), static_cast<unsigned long long>(nccl.stats.bytes_all_gathered),
                     static_cast<unsigned long long>(nccl.stats.bytes_reduce_scattered),

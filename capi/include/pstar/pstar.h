@@ -849,8 +849,10 @@ PSTAR_API pstar_status pstar_x_nvme_get_stats(pstar_engine *engine, pstar_x_nvme
  *  own, so that the all-gather runs while the caller computes.  A chunk too
  *  large for a slot (a parameter larger than chunk_elems), or one due while
  *  every slot holds a chunk still in use, is gathered at its acquire as
- *  without this option.  Every rank must pass the same value (the build
- *  checks, like the layout).  0 (the default) gathers at the acquire.
+ *  without this option.  The same thread also runs the gradients'
+ *  reduce-scatters (a second host buffer pair lets one run while the next
+ *  is laid out).  Every rank must pass the same value (the build checks,
+ *  like the layout).  0 (the default) gathers at the acquire.
  *  Legal before pstar_engine_build() only; no effect with one process.
  *  PSTAR_ERR_INVALID_ARGUMENT above PSTAR_X_MAX_GATHER_AHEAD; the build
  *  fails with PSTAR_ERR_OUT_OF_MEMORY on every rank when some rank's
