@@ -1,36 +1,17 @@
 # Runs `pstar-bench access --iters 50 --reps 3 --json` and checks that it
 # prints one well-formed JSON object with the fixed keys (no timing assertion).
 # Usage: cmake -DBENCH=<path to pstar-bench> -P check_access_json.cmake
-execute_process(
-  COMMAND ${BENCH} access --iters 50 --reps 3 --json
-  OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
-if(NOT rc EQUAL 0)
-  message(FATAL_ERROR "pstar-bench access exited with ${rc}\nstdout:\n${out}\nstderr:\n${err}")
-endif()
-string(STRIP "${out}" out)
+include(${CMAKE_CURRENT_LIST_DIR}/bench_json.cmake)
+bench_run(out access --iters 50 --reps 3 --json)
 if(out MATCHES "\n")
   message(FATAL_ERROR "expected one line of JSON, got:\n${out}")
 endif()
-string(JSON bench ERROR_VARIABLE jerr GET "${out}" bench)
-if(jerr)
-  message(FATAL_ERROR "not a JSON object: '${out}' (${jerr})")
+bench_json_keys("${out}" bench ns_per_acquire_release min_ns_per_acquire_release params iters reps resident
+                trace_moments trace_fallbacks)
+if(NOT v_bench STREQUAL "access")
+  message(FATAL_ERROR "\"bench\" is '${v_bench}', expected 'access'")
 endif()
-if(NOT bench STREQUAL "access")
-  message(FATAL_ERROR "\"bench\" is '${bench}', expected 'access'")
-endif()
-foreach(key ns_per_acquire_release min_ns_per_acquire_release params iters reps resident trace_moments
-            trace_fallbacks)
-  string(JSON value ERROR_VARIABLE jerr GET "${out}" ${key})
-  if(jerr)
-    message(FATAL_ERROR "key \"${key}\" missing in '${out}'")
-  endif()
-  set(v_${key} "${value}")
-endforeach()
-foreach(key ns_per_acquire_release min_ns_per_acquire_release)
-  if(NOT v_${key} MATCHES "^[0-9]" OR v_${key} MATCHES "^0(\\.0*)?$")
-    message(FATAL_ERROR "\"${key}\" is not a positive number: '${v_${key}}'")
-  endif()
-endforeach()
+bench_json_positive("${out}" ns_per_acquire_release min_ns_per_acquire_release)
 if(NOT v_iters EQUAL 50 OR NOT v_reps EQUAL 3 OR NOT v_params EQUAL 64)
   message(FATAL_ERROR "params/iters/reps are ${v_params}/${v_iters}/${v_reps}, expected 64/50/3")
 endif()

@@ -2,31 +2,17 @@
 # (fixed keys, one line per depth, positive times, gathers issued ahead at
 # depth > 0 and none at depth 0).  No timing assertion.
 # Usage: cmake -DBENCH=<path to pstar-bench> -P check_gather_json.cmake
-execute_process(
-  COMMAND ${BENCH} gather --ranks 2 --layers 4 --chunk-elems 65536 --compute-ms 1 --depths 0,2 --steps 4 --json
-  OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
-if(NOT rc EQUAL 0)
-  message(FATAL_ERROR "pstar-bench gather exited with ${rc}\nstdout:\n${out}\nstderr:\n${err}")
-endif()
-string(STRIP "${out}" out)
+include(${CMAKE_CURRENT_LIST_DIR}/bench_json.cmake)
+bench_run(out gather --ranks 2 --layers 4 --chunk-elems 65536 --compute-ms 1 --depths 0,2 --steps 4 --json)
 string(REPLACE "\n" ";" lines "${out}")
 set(rows 0)
 foreach(line IN LISTS lines)
-  foreach(key bench ranks depth iter_s compute_s speedup_vs_depth0 gathers_ahead gathers_on_demand gathers_waited)
-    string(JSON value ERROR_VARIABLE jerr GET "${line}" ${key})
-    if(jerr)
-      message(FATAL_ERROR "key \"${key}\" missing in '${line}'")
-    endif()
-    set(v_${key} "${value}")
-  endforeach()
+  bench_json_keys("${line}" bench ranks depth iter_s compute_s speedup_vs_depth0 acquire_s release_s gathers_ahead
+                  gathers_on_demand gathers_waited)
   if(NOT v_bench STREQUAL "gather")
     message(FATAL_ERROR "\"bench\" is '${v_bench}': '${line}'")
   endif()
-  foreach(key iter_s speedup_vs_depth0)
-    if(NOT v_${key} MATCHES "^[0-9]" OR v_${key} MATCHES "^0(\\.0*)?$")
-      message(FATAL_ERROR "\"${key}\" is not a positive number: '${line}'")
-    endif()
-  endforeach()
+  bench_json_positive("${line}" iter_s speedup_vs_depth0 acquire_s release_s)
   # Depth 0 gathers at the acquire only; depth 2 gathers the 8 chunks of
   # each of the 3 iterations after the recorded one ahead.
   if(v_depth EQUAL 0 AND NOT v_gathers_ahead EQUAL 0)

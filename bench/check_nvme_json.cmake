@@ -2,6 +2,7 @@
 # keys, positive figures, the optimizer state on the drive).  No timing
 # assertion.
 # Usage: cmake -DBENCH=<path to pstar-bench> -DDIR=<scratch directory> -P check_nvme_json.cmake
+include(${CMAKE_CURRENT_LIST_DIR}/bench_json.cmake)
 file(REMOVE_RECURSE ${DIR})
 file(MAKE_DIRECTORY ${DIR})
 execute_process(
@@ -12,20 +13,12 @@ if(NOT rc EQUAL 0)
   message(FATAL_ERROR "pstar-bench nvme exited with ${rc}\nstdout:\n${out}\nstderr:\n${err}")
 endif()
 string(STRIP "${out}" out)
-foreach(key bench disk_read_gbs disk_write_gbs bound_fraction ratio_vs_host chunks_on_nvme nvme_step_s host_step_s)
-  string(JSON v_${key} ERROR_VARIABLE jerr GET "${out}" ${key})
-  if(jerr)
-    message(FATAL_ERROR "key \"${key}\" missing in '${out}'")
-  endif()
-endforeach()
+bench_json_keys("${out}" bench disk_read_gbs disk_write_gbs bound_fraction ratio_vs_host chunks_on_nvme nvme_step_s
+                host_step_s)
 if(NOT v_bench STREQUAL "nvme")
   message(FATAL_ERROR "\"bench\" is '${v_bench}'")
 endif()
-foreach(key disk_read_gbs disk_write_gbs bound_fraction ratio_vs_host nvme_step_s host_step_s)
-  if(NOT v_${key} MATCHES "^[0-9]" OR v_${key} MATCHES "^0(\\.0*)?$")
-    message(FATAL_ERROR "\"${key}\" is not a positive number: '${out}'")
-  endif()
-endforeach()
+bench_json_positive("${out}" disk_read_gbs disk_write_gbs bound_fraction ratio_vs_host nvme_step_s host_step_s)
 # 2^21 elements in chunks of 2^18: every one of the 8 chunks on the drive.
 if(NOT v_chunks_on_nvme EQUAL 8)
   message(FATAL_ERROR "expected 8 chunks on the drive: '${out}'")
