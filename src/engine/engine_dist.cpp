@@ -773,13 +773,18 @@ void Engine::step_update_sharded(pstar_step_result& r) {
     overflow_local = overflow_local || p.grad_nonfinite != 0;
   }
   // Also compared: every rank's hash of the collectives it issued since the
-  // last step; a difference means the ranks' calls differed.
+  // last step; a difference means the ranks' calls differed.  And agreed:
+  // whether the next TRAIN iteration follows the gather schedule (each
+  // rank's own decision, taken from the same calls, is confirmed here
+  // before any rank acts on it: one rank recording anew makes all do so).
+  schedule_iteration_end();
   struct Exchange {
     double sumsq;
     uint64_t overflow;
     uint64_t hash;
+    uint64_t schedule_ready;
   };
-  const Exchange mine{sumsq_local, overflow_local ? 1u : 0u, collective_hash_};
+  const Exchange mine{sumsq_local, overflow_local ? 1u : 0u, collective_hash_, sched_ready_ ? 1u : 0u};
   std::vector<Exchange> all(static_cast<size_t>(world_));
   collective("step: norm and overflow exchange", kCollStep, 0,
              [&] { all_gather_host(&mine, all.data(), sizeof mine); });
@@ -798,6 +803,7 @@ void Engine::step_update_sharded(pstar_step_result& r) {
     }
     sumsq += e.sumsq;  // rank order: the same bits on every rank
     overflow = overflow || e.overflow != 0;
+    if (e.schedule_ready == 0) sched_ready_ = false;
   }
 
   const float scale = scaler_.scale();
