@@ -314,7 +314,8 @@ void Engine::build() {
       }
     }
     layout_ = std::move(layout);  // nvme_place_lists reads the layout
-    nvme_place_lists(chunks, largest_trainable);
+    // With world > 1 the fp32 lists are shards: the staging buffers hold one.
+    nvme_place_lists(chunks, sharded() ? largest_trainable / static_cast<uint64_t>(world_) : largest_trainable);
     reserve_gather_slots();
   } catch (...) {
     release_gather_slots();
@@ -1502,15 +1503,15 @@ pstar_step_result Engine::step() {
   // An NVMe I/O error inside the update still ends the iteration (so that a
   // checkpoint can be loaded), then is reported.
   std::exception_ptr nvme_error;
-  if (sharded()) {
-    step_update_sharded(r);
-  } else {
-    try {
+  try {
+    if (sharded()) {
+      step_update_sharded(r);
+    } else {
       step_update_local(r);
-    } catch (const Error&) {
-      if (!nvme_failed_) throw;
-      nvme_error = std::current_exception();
     }
+  } catch (const Error&) {
+    if (!nvme_failed_) throw;
+    nvme_error = std::current_exception();
   }
   for (uint32_t id = 0; id < params_.size(); ++id) {
     Param& p = params_[id];

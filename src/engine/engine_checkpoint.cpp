@@ -597,6 +597,7 @@ std::string Engine::checkpoint_save(const char* dir_c) {
           // This rank's shard of the chunk: the fp32 list, or the compute
           // payload of a frozen parameter.
           const auto& place = layout_->param(id);
+          if (list != 3) nvme_access(place.chunk, false);
           const ChunkState& c = chunks_[place.chunk];
           const uint64_t lo = shard_lo(place.chunk);
           const float* src = list == 0 ? c.master : list == 1 ? c.exp_avg : c.exp_avg_sq;
@@ -695,6 +696,7 @@ std::string Engine::checkpoint_save(const char* dir_c) {
 
 void Engine::write_state_sharded(uint32_t id, int list, const float* in) {
   const auto& place = layout_->param(id);
+  nvme_access(place.chunk, true);
   ChunkState& c = chunks_[place.chunk];
   float* dst = list == 1 ? c.exp_avg : c.exp_avg_sq;
   const auto [lo, a, b] = shard_span(id, rank_);

@@ -700,6 +700,7 @@ void Engine::write_sharded(uint32_t id, const void* src, pstar_dtype dtype) {
   const Param& p = params_[id];
   const auto& place = layout_->param(id);
   reduce_finish_all(place.chunk);
+  if (!p.frozen()) nvme_access(place.chunk, true);  // the master shard may live on the drive
   ChunkState& c = chunks_[place.chunk];
   const auto [lo, a, b] = shard_span(id, rank_);
   for (uint64_t i = a; i < b; ++i) {
@@ -717,6 +718,7 @@ void Engine::read_sharded(uint32_t id, void* dst, pstar_dtype dtype) {
   const auto& place = layout_->param(id);
   ChunkState& c = chunks_[place.chunk];
   if (!p.frozen()) {
+    nvme_access(place.chunk, false);
     std::vector<float> full(c.elems);
     collective("param_read: all-gather", kCollRead, place.chunk,
                [&] { all_gather_host(c.master, full.data(), c.shard_elems * sizeof(float)); });
@@ -736,6 +738,7 @@ void Engine::read_sharded(uint32_t id, void* dst, pstar_dtype dtype) {
 // The weight back into this rank's part of the compute shard (a skipped
 // step), from the master shard.
 void Engine::restore_slot_sharded(uint32_t id) {
+  nvme_access(layout_->param(id).chunk, false);
   ChunkState& c = chunks_[layout_->param(id).chunk];
   const auto [lo, a, b] = shard_span(id, rank_);
   for (uint64_t i = a; i < b; ++i) store_as(c.shard, opt_.compute_dtype, i - lo, c.master[i - lo]);
@@ -821,9 +824,14 @@ void Engine::step_update_sharded(pstar_step_result& r) {
       optim::AdamStepConstants constants;
     };
     std::vector<Segment> segments;
+    // Shards whose lists live on the NVMe drive stream through the staging
+    // ring (engine_nvme.cpp); the others are updated in place.
+    std::vector<uint32_t> order;
     for (uint32_t k = 0; k < chunks_.size(); ++k) {
+      if (!layout_->chunks()[k].frozen) order.push_back(k);
+    }
+    nvme_update_chunks(order, [&](uint32_t k) {
       const auto& info = layout_->chunks()[k];
-      if (info.frozen) continue;
       ChunkState& c = chunks_[k];
       segments.clear();
       for (uint32_t id : info.params) {
@@ -836,7 +844,7 @@ void Engine::step_update_sharded(pstar_step_result& r) {
         h.lr = hyper_.lr * p.lr_scale;
         segments.push_back({a - lo, b - lo, optim::adam_constants(h, adam_step_, grad_mul, p.weight_decay)});
       }
-      if (segments.empty()) continue;
+      if (segments.empty()) return;
       pool_->parallel_for(c.shard_elems, kAdamGrainElems, [&](size_t bb, size_t ee) {
         for (const Segment& sg : segments) {
           const uint64_t x = std::max<uint64_t>(bb, sg.begin), y = std::min<uint64_t>(ee, sg.end);
@@ -852,7 +860,7 @@ void Engine::step_update_sharded(pstar_step_result& r) {
           optim::adam_update(adam_isa_, sg.constants, range);
         }
       });
-    }
+    });
     ++stats_.steps;
     scaler_.update(false);
   }

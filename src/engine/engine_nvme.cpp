@@ -106,7 +106,6 @@ void Engine::set_nvme(const pstar_x_nvme_options& in) {
           PSTAR_ERR_INVALID_ARGUMENT, "set_nvme: read_bytes_per_s and write_bytes_per_s must be finite and >= 0");
   require(in.staging_buffers == 0 || in.staging_buffers >= 2, PSTAR_ERR_INVALID_ARGUMENT,
           "set_nvme: staging_buffers must be 0 (default) or at least 2");
-  require(!sharded(), PSTAR_ERR_UNSUPPORTED, "set_nvme: not available with world_size > 1 yet");
   require(!opt_.hybrid_optimizer, PSTAR_ERR_UNSUPPORTED, "set_nvme: not available with hybrid optimizer placement");
   nvme_opts_ = in;
   if (nvme_opts_.read_bytes_per_s == 0) nvme_opts_.read_bytes_per_s = PSTAR_X_DEFAULT_NVME_READ_BYTES_PER_S;
@@ -122,7 +121,7 @@ void Engine::set_nvme(const pstar_x_nvme_options& in) {
 #endif
 }
 
-uint64_t Engine::nvme_slot_bytes(uint32_t k) const { return 3 * layout_->chunks()[k].capacity_elems * sizeof(float); }
+uint64_t Engine::nvme_slot_bytes(uint32_t k) const { return 3 * fp32_bytes_held(k); }
 
 void Engine::stage_pointers(ChunkState& c, float* base, uint64_t fp32_elems) {
   c.master = base;
@@ -156,7 +155,8 @@ void Engine::nvme_place_lists(std::vector<ChunkState>& chunks, uint64_t largest_
     const auto& info = layout_->chunks()[k];
     if (info.frozen) continue;
     ChunkState& c = chunks[k];
-    const uint64_t fp32_bytes = info.capacity_elems * sizeof(float);
+    // With world > 1 this rank's shards of the lists.
+    const uint64_t fp32_bytes = (sharded() ? c.shard_elems : info.capacity_elems) * sizeof(float);
     if (host_->can_acquire(3 * fp32_bytes)) {
       for (float** b : {&c.master, &c.exp_avg, &c.exp_avg_sq}) {
         *b = static_cast<float*>(host_->acquire(fp32_bytes));
@@ -240,7 +240,7 @@ void Engine::nvme_access(uint32_t k, bool write) {
     } catch (const Error& e) {
       nvme_fail(e, "NVMe read");
     }
-    stage_pointers(c, nvme_access_buf_.data, layout_->chunks()[k].capacity_elems);
+    stage_pointers(c, nvme_access_buf_.data, fp32_bytes_held(k) / sizeof(float));
     nvme_access_chunk_ = k;
   }
   nvme_access_dirty_ = nvme_access_dirty_ || write;
@@ -334,7 +334,7 @@ void Engine::nvme_update_chunks(const std::vector<uint32_t>& order, const std::f
       const size_t j = next++;
       timed_wait(reads[j]);
       float* buf = nvme_ring_[j % ring].data;
-      stage_pointers(c, buf, layout_->chunks()[k].capacity_elems);
+      stage_pointers(c, buf, fp32_bytes_held(k) / sizeof(float));
       update(k);
       stage_pointers(c, nullptr, 0);
       submit_pieces(*nvme_, c.nvme_slot, nvme_slot_bytes(k), buf, true, writes[j]);

@@ -17,6 +17,7 @@
  * from the reference's in rounding only.
  */
 #include <math.h>
+#include <sys/stat.h>
 
 #define PSTAR_EXPERIMENTAL_API 1 /* pstar_x_engine_set_gather_ahead */
 #include "dist_test_util.h"
@@ -59,6 +60,8 @@ typedef struct scenario {
   uint32_t gather_ahead;    /* pstar_x_engine_set_gather_ahead on every process; 0 none */
   int gather_mismatch_rank; /* this rank asks for one chunk more; -1 none */
   uint64_t slot_short_capacity; /* with gather_ahead: rank 1's device capacity; 0 unlimited */
+  uint64_t nvme_host_capacity;  /* ranks (not the reference) get an NVMe tier in a directory of their
+                                 * own and this host capacity; 0 none */
 } scenario;
 
 typedef struct step_out {
@@ -80,6 +83,7 @@ typedef struct rank_out {
   int32_t reported;     /* (failure test) this survivor has recorded its failure */
   pstar_stats stats;
   pstar_x_gather_stats gstats;
+  pstar_x_nvme_stats nstats;
   step_out steps[MAX_STEPS];
   uint64_t use_hash[MAX_STEPS]; /* hash of everything acquired in the step */
   float params[TOTAL_ELEMS];
@@ -304,9 +308,21 @@ static int run_one(const scenario *sc, int ref, int rank, rank_out *out) {
     if (rank % 4 == 2) o.device_capacity_bytes = 2 * sc->tight_capacity;
   }
   if (sc->slot_short_capacity != 0 && rank == 1 && !ref) o.device_capacity_bytes = sc->slot_short_capacity;
+  if (sc->nvme_host_capacity != 0 && !ref) o.host_capacity_bytes = sc->nvme_host_capacity;
   CK(pstar_engine_create(&o, &c->e));
   if (sc->gather_ahead != 0) {
     CK(pstar_x_engine_set_gather_ahead(c->e, sc->gather_ahead + (rank == sc->gather_mismatch_rank && !ref)));
+  }
+  char nvme_dir[64] = {0};
+  if (sc->nvme_host_capacity != 0 && !ref) {
+    /* Each rank its own directory (the engine's data file goes in it and
+     * is removed when the engine is destroyed). */
+    pstar_x_nvme_options n;
+    snprintf(nvme_dir, sizeof nvme_dir, "dist-nvme-%d-r%d", (int)getpid(), rank);
+    if (mkdir(nvme_dir, 0755) != 0) goto fail;
+    CK(pstar_x_nvme_options_init(&n));
+    n.dir = nvme_dir;
+    CK(pstar_x_engine_set_nvme(c->e, &n));
   }
   for (int p = 0; p < N_PARAMS; ++p) {
     CK(pstar_param_register(c->e, k_names[p], 1, &k_numel[p], k_flags[p], &c->ids[p]));
@@ -397,7 +413,12 @@ static int run_one(const scenario *sc, int ref, int rank, rank_out *out) {
   CK(pstar_engine_get_stats(c->e, &out->stats));
   CK(pstar_x_gather_stats_init(&out->gstats));
   CK(pstar_x_gather_get_stats(c->e, &out->gstats));
+  if (nvme_dir[0] != 0) {
+    CK(pstar_x_nvme_stats_init(&out->nstats));
+    CK(pstar_x_nvme_get_stats(c->e, &out->nstats));
+  }
   CK(pstar_engine_destroy(c->e));
+  if (nvme_dir[0] != 0) rmdir(nvme_dir);
   free(c);
   free(vals);
   return 0;
@@ -831,6 +852,82 @@ Test(dist_engine, gathering_ahead_depths_and_room_are_checked_on_every_rank) {
   cr_assert_eq(pstar_x_gather_get_stats(e, &g), PSTAR_OK);
   cr_assert_eq(g.depth, 0);
   cr_assert_eq(pstar_engine_destroy(e), PSTAR_OK);
+}
+
+/* ------------------------------------------------------------------------ */
+/* The NVMe tier with sharding                                               */
+/* ------------------------------------------------------------------------ */
+
+/* Each rank keeps its shards of some chunks' optimizer lists on the drive
+ * (host capacity below what they all need): the steps stream them through
+ * the staging ring; values, reads and the skipped step's restore stage them
+ * in.  Parameters stay bit-identical to one process in memory, with fp16
+ * loss scaling and an overflow step, also when gathering ahead. */
+/* `host`: bytes for a rank's compute shards, reduce-scatter buffers and
+ * staging ring (5 buffers of its largest shard's three lists) and some but
+ * not all of its optimizer shards. */
+static void expect_nvme_shards(int world, uint32_t gather_ahead, uint64_t host) {
+  scenario sc = base(world, PSTAR_DTYPE_F16);
+  sc.overflow_step = 2;
+  sc.steps = 4;
+  sc.gather_ahead = gather_ahead;
+  sc.nvme_host_capacity = host;
+  rank_out *out = run_scenario(&sc, 1);
+  expect_equal_to_reference(&sc, out, 0);
+  for (int r = 0; r < world; ++r) {
+    const pstar_x_nvme_stats *n = &out[r].nstats;
+    cr_log_info("%d ranks%s: rank %d has %u of 5 trainable chunks' shards on the drive (%llu bytes), steps read "
+                "%llu bytes", world, gather_ahead ? " gathering ahead" : "", r, n->chunks_on_nvme,
+                (unsigned long long)n->bytes_on_nvme, (unsigned long long)n->step_bytes_read);
+    cr_assert_gt(n->chunks_on_nvme, 0, "rank %d: nothing on the drive", r);
+    cr_assert_lt(n->chunks_on_nvme, 5, "rank %d: everything on the drive", r);
+    cr_assert_gt(n->step_bytes_read, 0, "rank %d", r);
+    cr_assert_leq(out[r].stats.peak_host_bytes, host, "rank %d", r);
+  }
+}
+
+Test(dist_engine, nvme_tier_holds_each_ranks_shards) {
+  expect_nvme_shards(2, 0, 136 * 1024);
+  expect_nvme_shards(3, 0, 100 * 1024);
+  expect_nvme_shards(2, 2, 150 * 1024); /* a second reduce-scatter buffer pair */
+}
+
+/* A sharded checkpoint saved by ranks whose shards partly live on the drive
+ * resumes them bit for bit, on the drive again, at 2 and at 3 ranks. */
+Test(dist_engine, nvme_tier_sharded_checkpoints_resume_exactly) {
+  static float uninterrupted[TOTAL_ELEMS];
+  scenario a = base(2, PSTAR_DTYPE_BF16);
+  a.steps = 5;
+  a.save_step = 2;
+  a.nvme_host_capacity = 136 * 1024;
+  snprintf(a.ckpt_dir, sizeof a.ckpt_dir, "dist-nvme-ckpt-%d", (int)getpid());
+  char cmd[160];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", a.ckpt_dir);
+  cr_assert_eq(system(cmd), 0);
+  rank_out *oa = run_scenario(&a, 1);
+  expect_equal_to_reference(&a, oa, 0);
+  for (int r = 0; r < 2; ++r) {
+    cr_assert_eq(oa[r].save_status, PSTAR_OK, "rank %d: %s", r, oa[r].save_msg);
+    cr_assert_gt(oa[r].nstats.chunks_on_nvme, 0, "rank %d", r);
+  }
+  memcpy(uninterrupted, oa[0].params, sizeof uninterrupted);
+  for (int world = 2; world <= 3; ++world) {
+    scenario b = a;
+    b.world = world;
+    b.save_step = 0;
+    b.resume_step = 2;
+    b.nvme_host_capacity = world == 2 ? 136 * 1024 : 100 * 1024;
+    rank_out *ob = run_scenario(&b, 1);
+    expect_equal_to_reference(&b, ob, 0);
+    for (int r = 0; r < world; ++r) cr_assert_gt(ob[r].nstats.chunks_on_nvme, 0, "%d ranks: rank %d", world, r);
+    if (world == 2) {
+      for (size_t i = 0; i < TOTAL_ELEMS; ++i) {
+        cr_assert_eq(f32_bits(ob[0].params[i]), f32_bits(uninterrupted[i]), "element %zu: %.9g resumed, %.9g not",
+                     i, (double)ob[0].params[i], (double)uninterrupted[i]);
+      }
+    }
+  }
+  cr_assert_eq(system(cmd), 0);
 }
 
 /* ------------------------------------------------------------------------ */

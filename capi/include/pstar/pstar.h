@@ -749,9 +749,10 @@ PSTAR_API pstar_status pstar_engine_get_stats(pstar_engine *engine, pstar_stats 
  *  options.host_capacity_bytes lives in a file under `dir` and pstar_step()
  *  streams it through a ring of host staging buffers: the read of the next
  *  chunks and the write-back of the previous ones overlap the update of the
- *  current one.  One process (world_size 1), no hybrid placement.  A dry
- *  run places and counts the same way without a file and advances its
- *  clock by each step's modelled drive time. */
+ *  current one.  With world_size > 1 each rank does this with its own
+ *  shards of the lists (give each rank its own directory or file system).
+ *  No hybrid placement.  A dry run places and counts the same way without
+ *  a file and advances its clock by each step's modelled drive time. */
 typedef struct pstar_x_nvme_options {
   /** sizeof(pstar_x_nvme_options) as the caller compiled it. */
   uint32_t size;
@@ -789,9 +790,9 @@ typedef struct pstar_x_nvme_options {
 PSTAR_API pstar_status pstar_x_nvme_options_init(pstar_x_nvme_options *options);
 
 /** Experimental: gives the engine an NVMe tier; legal once, before
- *  pstar_engine_build().  PSTAR_ERR_UNSUPPORTED with world_size > 1, hybrid
- *  optimizer placement, a dry run, or a library built without libuv and
- *  xxhash; PSTAR_ERR_INVALID_ARGUMENT or PSTAR_ERR_IO for a directory it
+ *  pstar_engine_build().  PSTAR_ERR_UNSUPPORTED with hybrid optimizer
+ *  placement or a library built without libuv and xxhash;
+ *  PSTAR_ERR_INVALID_ARGUMENT or PSTAR_ERR_IO for a directory it
  *  cannot use.  After an I/O error (disk full, the file removed, a checksum
  *  mismatch, a failed read or write) inside pstar_step() the engine refuses
  *  further iterations with PSTAR_ERR_IO until pstar_checkpoint_load()
