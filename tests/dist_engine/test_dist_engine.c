@@ -855,6 +855,44 @@ Test(dist_engine, gathering_ahead_depths_and_room_are_checked_on_every_rank) {
 }
 
 /* ------------------------------------------------------------------------ */
+/* Checkpoint helpers                                                        */
+/* ------------------------------------------------------------------------ */
+
+static void remove_checkpoints(const scenario *a) {
+  char cmd[160];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", a->ckpt_dir);
+  cr_assert_eq(system(cmd), 0);
+}
+
+/* Gives `a` a fresh checkpoint directory named after `prefix` and the test
+ * process, runs it (its ranks save at a->save_step), checks the run against
+ * one process and the saves, and keeps the final parameters. */
+static rank_out *run_saving(scenario *a, const char *prefix, float *uninterrupted) {
+  snprintf(a->ckpt_dir, sizeof a->ckpt_dir, "%s-%d", prefix, (int)getpid());
+  remove_checkpoints(a);
+  rank_out *oa = run_scenario(a, 1);
+  expect_equal_to_reference(a, oa, 0);
+  for (int r = 0; r < a->world; ++r) cr_assert_eq(oa[r].save_status, PSTAR_OK, "rank %d: %s", r, oa[r].save_msg);
+  memcpy(uninterrupted, oa[0].params, TOTAL_ELEMS * sizeof(float));
+  return oa;
+}
+
+/* Resumes `b` (its resume_step and world set) from the checkpoint: equal to
+ * one process that loads it too and, when `uninterrupted` is not NULL, bit
+ * for bit to the run that saved it. */
+static rank_out *run_resuming(const scenario *b, const float *uninterrupted) {
+  rank_out *ob = run_scenario(b, 1);
+  expect_equal_to_reference(b, ob, 0);
+  if (uninterrupted != NULL) {
+    for (size_t i = 0; i < TOTAL_ELEMS; ++i) {
+      cr_assert_eq(f32_bits(ob[0].params[i]), f32_bits(uninterrupted[i]), "element %zu: %.9g resumed, %.9g not", i,
+                   (double)ob[0].params[i], (double)uninterrupted[i]);
+    }
+  }
+  return ob;
+}
+
+/* ------------------------------------------------------------------------ */
 /* The NVMe tier with sharding                                               */
 /* ------------------------------------------------------------------------ */
 
@@ -900,34 +938,18 @@ Test(dist_engine, nvme_tier_sharded_checkpoints_resume_exactly) {
   a.steps = 5;
   a.save_step = 2;
   a.nvme_host_capacity = 136 * 1024;
-  snprintf(a.ckpt_dir, sizeof a.ckpt_dir, "dist-nvme-ckpt-%d", (int)getpid());
-  char cmd[160];
-  snprintf(cmd, sizeof cmd, "rm -rf %s", a.ckpt_dir);
-  cr_assert_eq(system(cmd), 0);
-  rank_out *oa = run_scenario(&a, 1);
-  expect_equal_to_reference(&a, oa, 0);
-  for (int r = 0; r < 2; ++r) {
-    cr_assert_eq(oa[r].save_status, PSTAR_OK, "rank %d: %s", r, oa[r].save_msg);
-    cr_assert_gt(oa[r].nstats.chunks_on_nvme, 0, "rank %d", r);
-  }
-  memcpy(uninterrupted, oa[0].params, sizeof uninterrupted);
+  rank_out *oa = run_saving(&a, "dist-nvme-ckpt", uninterrupted);
+  for (int r = 0; r < 2; ++r) cr_assert_gt(oa[r].nstats.chunks_on_nvme, 0, "rank %d", r);
   for (int world = 2; world <= 3; ++world) {
     scenario b = a;
     b.world = world;
     b.save_step = 0;
     b.resume_step = 2;
     b.nvme_host_capacity = world == 2 ? 136 * 1024 : 100 * 1024;
-    rank_out *ob = run_scenario(&b, 1);
-    expect_equal_to_reference(&b, ob, 0);
+    rank_out *ob = run_resuming(&b, world == 2 ? uninterrupted : NULL);
     for (int r = 0; r < world; ++r) cr_assert_gt(ob[r].nstats.chunks_on_nvme, 0, "%d ranks: rank %d", world, r);
-    if (world == 2) {
-      for (size_t i = 0; i < TOTAL_ELEMS; ++i) {
-        cr_assert_eq(f32_bits(ob[0].params[i]), f32_bits(uninterrupted[i]), "element %zu: %.9g resumed, %.9g not",
-                     i, (double)ob[0].params[i], (double)uninterrupted[i]);
-      }
-    }
   }
-  cr_assert_eq(system(cmd), 0);
+  remove_checkpoints(&a);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -946,14 +968,7 @@ Test(dist_engine, sharded_checkpoints_resume_exactly_at_other_world_sizes) {
   scenario a = base(2, PSTAR_DTYPE_BF16);
   a.steps = 6;
   a.save_step = 3;
-  snprintf(a.ckpt_dir, sizeof a.ckpt_dir, "dist-ckpt-%d", (int)getpid());
-  char cmd[160];
-  snprintf(cmd, sizeof cmd, "rm -rf %s", a.ckpt_dir);
-  cr_assert_eq(system(cmd), 0);
-  rank_out *oa = run_scenario(&a, 1);
-  expect_equal_to_reference(&a, oa, 0);
-  for (int r = 0; r < 2; ++r) cr_assert_eq(oa[r].save_status, PSTAR_OK, "rank %d: %s", r, oa[r].save_msg);
-  memcpy(uninterrupted, oa[0].params, sizeof uninterrupted);
+  run_saving(&a, "dist-ckpt", uninterrupted);
   {
     /* One file per list and rank, a manifest with a piece per (parameter,
      * rank) that holds some of it. */
@@ -1007,16 +1022,9 @@ Test(dist_engine, sharded_checkpoints_resume_exactly_at_other_world_sizes) {
     b.world = world;
     b.save_step = 0;
     b.resume_step = 3;
-    rank_out *ob = run_scenario(&b, 1);
-    expect_equal_to_reference(&b, ob, 0);
-    if (world == 2) {
-      for (size_t i = 0; i < TOTAL_ELEMS; ++i) {
-        cr_assert_eq(f32_bits(ob[0].params[i]), f32_bits(uninterrupted[i]), "element %zu: %.9g resumed, %.9g not",
-                     i, (double)ob[0].params[i], (double)uninterrupted[i]);
-      }
-    }
+    run_resuming(&b, world == 2 ? uninterrupted : NULL);
   }
-  cr_assert_eq(system(cmd), 0);
+  remove_checkpoints(&a);
 }
 
 /* ------------------------------------------------------------------------ */
