@@ -1,6 +1,5 @@
 package org.libpstar;
 
-import java.nio.ByteOrder;
 import java.nio.FloatBuffer;
 import org.libpstar.capi.PstarC;
 
@@ -10,35 +9,20 @@ import org.libpstar.capi.PstarC;
  * pinned writable (then the writes reach the compute copy when it is closed).
  * Close it to unpin; the buffer must not be used afterwards.
  */
-public final class PinnedMaster implements AutoCloseable {
-  private final Engine engine;
-  private final Engine.Param param;
-  private final long address;
-  private final boolean writable;
-  private boolean unpinned;
-
+public final class PinnedMaster extends ParamMemory {
   PinnedMaster(Engine engine, Engine.Param param, long address, boolean writable) {
-    this.engine = engine;
-    this.param = param;
-    this.address = address;
-    this.writable = writable;
+    super(engine, param, address, writable);
   }
-
-  public long address() { return address; }
 
   /** The master values (read-only unless pinned writable). */
-  public FloatBuffer floats() {
-    if (unpinned) throw new IllegalStateException("master of " + param.name + ": unpinned");
-    java.nio.ByteBuffer b = PstarC.pstar_java_wrap(address, param.numel * 4).order(ByteOrder.nativeOrder());
-    if (!writable) b = b.asReadOnlyBuffer().order(ByteOrder.nativeOrder());
-    return b.asFloatBuffer();
-  }
+  public FloatBuffer floats() { return wrap(param.numel * 4, "unpinned").asFloatBuffer(); }
 
-  /** Unpins (idempotent). */
   @Override
-  public void close() {
-    if (unpinned) return;
-    unpinned = true;
+  String describe() { return "master of " + param.name; }
+
+  /** Unpins. */
+  @Override
+  void giveBack() {
     PstarException.check(PstarC.pstar_param_unpin(engine.handle(), param.id), "pstar_param_unpin");
   }
 }

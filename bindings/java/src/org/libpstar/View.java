@@ -1,7 +1,6 @@
 package org.libpstar;
 
 import java.nio.ByteBuffer;
-import java.nio.ByteOrder;
 import java.nio.FloatBuffer;
 import org.libpstar.capi.PstarC;
 
@@ -12,31 +11,18 @@ import org.libpstar.capi.PstarC;
  * buffer must not be used afterwards (it then throws IllegalStateException
  * through this view's accessors; a buffer kept elsewhere cannot be stopped).
  */
-public final class View implements AutoCloseable {
-  private final Engine engine;
-  private final Engine.Param param;
-  private final long address;
-  private final boolean writable;
-  private boolean released;
-
+public final class View extends ParamMemory {
   View(Engine engine, Engine.Param param, long address, boolean writable) {
-    this.engine = engine;
-    this.param = param;
-    this.address = address;
-    this.writable = writable;
+    super(engine, param, address, writable);
   }
-
-  /** The address of the memory (device memory on CUDA). */
-  public long address() { return address; }
 
   /** The memory as a direct ByteBuffer (emulated device only). */
   public ByteBuffer buffer() {
-    if (released) throw new IllegalStateException("view of " + param.name + ": released");
+    ensureOpen("released");
     if (!engine.hostMemory()) {
       throw new UnsupportedOperationException("device memory is not host memory; use address()");
     }
-    ByteBuffer b = PstarC.pstar_java_wrap(address, param.numel * engine.elementBytes()).order(ByteOrder.nativeOrder());
-    return writable ? b : b.asReadOnlyBuffer().order(ByteOrder.nativeOrder());
+    return wrap(param.numel * engine.elementBytes(), "released");
   }
 
   /** The values as floats (f32 compute dtype only). */
@@ -47,11 +33,12 @@ public final class View implements AutoCloseable {
     return buffer().asFloatBuffer();
   }
 
-  /** Releases the parameter (idempotent). */
   @Override
-  public void close() {
-    if (released) return;
-    released = true;
+  String describe() { return "view of " + param.name; }
+
+  /** Releases the parameter. */
+  @Override
+  void giveBack() {
     PstarException.check(PstarC.pstar_param_release(engine.handle(), param.id, 0), "pstar_param_release");
   }
 }
