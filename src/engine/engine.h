@@ -8,7 +8,11 @@
 // Threading: one thread drives an engine.  The device's stream workers run
 // queued copies and gradient operations; they touch only memory that the
 // engine hands them and that stays allocated until an event says they are
-// done (deferred frees).
+// done (deferred frees).  With gathering ahead, the collective queue's
+// thread runs all-gathers into gather slots and reduce-scatters from
+// reduce-scatter buffers, each untouched by the engine until its ticket is
+// waited for, and the communicator only while the engine's thread does not
+// use it (dist/collective_queue.h).
 #pragma once
 
 #include <algorithm>

@@ -4,9 +4,11 @@
 //
 // Every collective here is issued at a point fixed by the access sequence
 // (acquires, releases and their stages) and the API calls (build, read,
-// step): never because of capacity, eviction, prefetch or the trace.  So
-// every rank issues the same collectives in the same order as long as the
-// ranks make the same calls, whatever their capacities and non-model bytes.
+// step): never because of capacity, eviction, prefetch or the placement
+// trace.  Gathering ahead follows a schedule recorded from the same calls
+// (below).  So every rank issues the same collectives in the same order as
+// long as the ranks make the same calls, whatever their capacities and
+// non-model bytes.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
