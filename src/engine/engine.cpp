@@ -193,10 +193,7 @@ Engine::~Engine() {
   for (PendingReduce& pr : reduces_) release_device_stage(pr);  // the queue is gone: unused
   reduces_.clear();
   release_gather_slots();
-  for (ReduceBuffers& b : rs_bufs_) {
-    host_->release(b.staging, b.staging_bytes);
-    host_->release(b.out, b.out_bytes);
-  }
+  release_reduce_buffers();
   host_.reset();
 }
 
@@ -326,11 +323,7 @@ void Engine::build() {
       host_->release(c.shard, c.shard_elems * elem_bytes());
       release_optimizer_buffers(c, (sharded() ? c.shard_elems : c.elems) * sizeof(float));
     }
-    for (ReduceBuffers& b : rs_bufs_) {
-      host_->release(b.staging, b.staging_bytes);
-      host_->release(b.out, b.out_bytes);
-    }
-    rs_bufs_.clear();
+    release_reduce_buffers();
     layout_.reset();
     throw;
   }
@@ -932,13 +925,7 @@ void Engine::make_room(uint64_t bytes, int64_t keep_chunk, const std::string& pu
       continue;
     }
     uint32_t victim;
-    auto movable = [&](uint32_t k) {
-      const ChunkState& c = chunks_[k];
-      // A chunk with its optimizer state on the device stays (hybrid).
-      // A chunk in a gather slot stays until it is dropped.
-      return static_cast<int64_t>(k) != keep_chunk && c.compute_refs == 0 && c.pins == 0 &&
-             c.opt_device == nullptr && c.gather_slot < 0;
-    };
+    auto movable = [&](uint32_t k) { return static_cast<int64_t>(k) != keep_chunk && chunks_[k].evictable(); };
     bool found;
     if (following_) {
       found = opt_policy_.victim(movable, &victim);
@@ -1149,11 +1136,7 @@ void Engine::prefetch_ahead() {
   const uint64_t begin = std::max(moment_, prefetch_frontier_);
   const uint64_t transient_now = nonmodel_bytes_ + device_grad_bytes_;
   uint64_t transient_peak = transient_now;
-  auto movable = [&](uint32_t j) {
-    const ChunkState& cj = chunks_[j];
-    return cj.compute_refs == 0 && cj.pins == 0 && !cj.pinned_static && cj.opt_device == nullptr &&
-           cj.gather_slot < 0;
-  };
+  auto movable = [&](uint32_t j) { return chunks_[j].evictable() && !chunks_[j].pinned_static; };
   // True if resident chunks other than `except`, each used after moment t,
   // hold `bytes`: OPT evicts those before a chunk used at t, so transient
   // growth before t can take their room and the prefetched chunk stays.

@@ -243,6 +243,10 @@ class Engine {
     dist::CollectiveQueue::Ticket gathering;
     // Reduce-scatters of its gradients queued and not finished yet.
     uint32_t reducing = 0;
+    // May leave the accelerator (eviction, prefetch's swap): not in use or
+    // exported, its optimizer state not on the device (hybrid), not in a
+    // gather slot.
+    bool evictable() const { return compute_refs == 0 && pins == 0 && opt_device == nullptr && gather_slot < 0; }
     // NVMe tier: the first of the consecutive slots of the data file
     // holding master, m and v back to back (kNoSlot: they are in host
     // memory).  Such a chunk's master,
@@ -395,6 +399,12 @@ class Engine {
   }
   void gather(uint32_t k);
   [[noreturn]] void fail_collective(const char* what, const std::string& failure);
+  // Counts a collective and folds (kind, chunk) into the step's hash.
+  void note_collective(uint32_t kind, uint64_t chunk);
+  // Queues a collective on the collective queue, counted and hashed now
+  // (issue order); refused after a failure.
+  dist::CollectiveQueue::Ticket collective_async(const char* what, uint32_t kind, uint64_t chunk,
+                                                 std::function<void()> op);
   void drain_collectives(const char* what);
   // Gathering ahead (engine_dist.cpp).
   void reserve_gather_slots();
@@ -418,6 +428,7 @@ class Engine {
   // (all of them when chunk < 0).
   void reduce_finish_all(int64_t chunk);
   void release_device_stage(PendingReduce& pr);
+  void release_reduce_buffers();
   void write_sharded(uint32_t id, const void* src, pstar_dtype dtype);
   void read_sharded(uint32_t id, void* dst, pstar_dtype dtype);
   void restore_slot_sharded(uint32_t id);

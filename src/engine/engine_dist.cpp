@@ -121,12 +121,23 @@ void Engine::drain_collectives(const char* what) {
   if (collective_failed([&] { cqueue_->drain(); }, &failure)) fail_collective(what, failure);
 }
 
+void Engine::note_collective(uint32_t kind, uint64_t chunk) {
+  collective_hash_ = (collective_hash_ ^ (kind * 0x9E3779B97F4A7C15ull + chunk)) * 0x100000001B3ull;
+  ++stats_.collectives;
+}
+
+dist::CollectiveQueue::Ticket Engine::collective_async(const char* what, uint32_t kind, uint64_t chunk,
+                                                       std::function<void()> op) {
+  require_comm_ok(what);
+  note_collective(kind, chunk);
+  return cqueue_->submit(std::move(op));
+}
+
 template <class F>
 void Engine::collective(const char* what, uint32_t kind, uint64_t chunk, F&& f) {
   require_comm_ok(what);
   drain_collectives(what);
-  collective_hash_ = (collective_hash_ ^ (kind * 0x9E3779B97F4A7C15ull + chunk)) * 0x100000001B3ull;
-  ++stats_.collectives;
+  note_collective(kind, chunk);
   std::string failure;
   if (collective_failed(f, &failure)) fail_collective(what, failure);
 }
@@ -411,13 +422,19 @@ void Engine::reduce_chunk(uint32_t k) {
     reduce_finish(pr);
     return;
   }
-  require_comm_ok("reduce-scatter of gradients");
-  collective_hash_ = (collective_hash_ ^ (kCollReduce * 0x9E3779B97F4A7C15ull + k)) * 0x100000001B3ull;
-  ++stats_.collectives;
   dist::Communicator* comm = comm_.get();
-  pr.ticket = cqueue_->submit([comm, data, out, shard_elems] { comm->reduce_scatter_sum(data, out, shard_elems); });
+  pr.ticket = collective_async("reduce-scatter of gradients", kCollReduce, k,
+                               [comm, data, out, shard_elems] { comm->reduce_scatter_sum(data, out, shard_elems); });
   ++c.reducing;
   reduces_.push_back(std::move(pr));
+}
+
+void Engine::release_reduce_buffers() {
+  for (ReduceBuffers& b : rs_bufs_) {
+    host_->release(b.staging, b.staging_bytes);
+    host_->release(b.out, b.out_bytes);
+  }
+  rs_bufs_.clear();
 }
 
 void Engine::release_device_stage(PendingReduce& pr) {
@@ -666,10 +683,9 @@ void Engine::gather_into_slot(uint32_t k, uint32_t s) {
   void* dst = slot.buffer;
   void* mine = static_cast<char*>(dst) + static_cast<size_t>(rank_) * shard_bytes;
   copy_sync(mine, c.shard, shard_bytes, memory::CopyKind::kHostToDevice);
-  collective_hash_ = (collective_hash_ ^ (kCollGather * 0x9E3779B97F4A7C15ull + k)) * 0x100000001B3ull;
-  ++stats_.collectives;
   dist::Communicator* comm = comm_.get();
-  c.gathering = cqueue_->submit([comm, mine, dst, shard_bytes] { comm->all_gather(mine, dst, shard_bytes); });
+  c.gathering = collective_async("param_acquire: all-gather ahead", kCollGather, k,
+                                 [comm, mine, dst, shard_bytes] { comm->all_gather(mine, dst, shard_bytes); });
   slot.chunk = k;
   stats_.bytes_all_gathered += c.bytes;
   ++gathers_ahead_;
