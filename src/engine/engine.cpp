@@ -1528,7 +1528,6 @@ pstar_step_result Engine::step() {
   }
   iteration_active_ = false;
   trace_iteration_end();
-  schedule_iteration_end();
   if (nvme_error) std::rethrow_exception(nvme_error);
   ++train_iterations_;
   if (opt_.hybrid_optimizer && !hybrid_placed_ && train_iterations_ >= opt_.warmup_iterations) {
