@@ -1,21 +1,16 @@
 #include "dist/comm/nccl_communicator.h"
 
 #include <cuda_runtime.h>
-#include <nccl.h>
+#include <nccl.h>  // types and enums only: the functions come from nccl_api() (nccl_loader.h)
 
 #include <cstring>
 #include <exception>
 #include <string>
 #include <thread>
 
+#include "dist/comm/nccl_loader.h"
 #include "util/error.h"
 #include "util/log.h"
-
-#if defined(NCCL_VERSION_CODE) && NCCL_VERSION_CODE >= NCCL_VERSION(2, 14, 0)
-#define PSTAR_NCCL_NONBLOCKING 1
-#else
-#define PSTAR_NCCL_NONBLOCKING 0
-#endif
 
 namespace pstar::dist {
 namespace {
@@ -30,6 +25,9 @@ class NcclCommunicator final : public Communicator {
     });
     require(config.size == 1 || static_cast<bool>(exchange), PSTAR_ERR_INVALID_ARGUMENT,
             "nccl: several ranks need a function to exchange the NCCL id");
+    // NCCL itself, loaded now if this is the process's first CUDA group;
+    // PSTAR_ERR_UNSUPPORTED when there is none to load.
+    nccl_ = &nccl_api();
     try {
       init(exchange);
     } catch (...) {
@@ -42,7 +40,7 @@ class NcclCommunicator final : public Communicator {
   ~NcclCommunicator() override {
     if (comm_ != nullptr) {
       set_device();
-      ncclCommDestroy(comm_);  // finalizes a healthy communicator first
+      nccl_->CommDestroy(comm_);  // finalizes a healthy communicator first
       comm_ = nullptr;
     }
     release();
@@ -59,7 +57,7 @@ class NcclCommunicator final : public Communicator {
     check_usable(op);
     if (shard_bytes == 0) return;
     set_device();
-    enqueue(op, ncclAllGather(shard, out, shard_bytes, ncclUint8, comm_, stream_));
+    enqueue(op, nccl_->AllGather(shard, out, shard_bytes, ncclUint8, comm_, stream_));
     wait(op);
   }
 
@@ -68,7 +66,7 @@ class NcclCommunicator final : public Communicator {
     check_usable(op);
     if (block_elems == 0) return;
     set_device();
-    enqueue(op, ncclReduceScatter(data, out, block_elems, ncclFloat, ncclSum, comm_, stream_));
+    enqueue(op, nccl_->ReduceScatter(data, out, block_elems, ncclFloat, ncclSum, comm_, stream_));
     wait(op);
   }
 
@@ -86,7 +84,7 @@ class NcclCommunicator final : public Communicator {
     require(root >= 0 && root < config_.size, PSTAR_ERR_INVALID_ARGUMENT, "nccl: broadcast root out of range");
     if (bytes == 0) return;
     set_device();
-    enqueue(op, ncclBroadcast(data, data, bytes, ncclUint8, root, comm_, stream_));
+    enqueue(op, nccl_->Broadcast(data, data, bytes, ncclUint8, root, comm_, stream_));
     wait(op);
   }
 
@@ -104,7 +102,7 @@ class NcclCommunicator final : public Communicator {
 
     ncclUniqueId id;
     std::memset(&id, 0, sizeof(id));
-    if (config_.rank == 0) nccl_check(op, ncclGetUniqueId(&id));
+    if (config_.rank == 0) nccl_check(op, nccl_->GetUniqueId(&id));
     if (config_.size > 1) {
       std::vector<char> bytes;
       if (config_.rank == 0)
@@ -126,13 +124,13 @@ class NcclCommunicator final : public Communicator {
 #if PSTAR_NCCL_NONBLOCKING
     ncclConfig_t nccl_config = NCCL_CONFIG_INITIALIZER;
     nccl_config.blocking = 0;
-    ncclResult_t r = ncclCommInitRankConfig(&comm_, config_.size, id, config_.rank, &nccl_config);
+    ncclResult_t r = nccl_->CommInitRankConfig(&comm_, config_.size, id, config_.rank, &nccl_config);
 #else
-    ncclResult_t r = ncclCommInitRank(&comm_, config_.size, id, config_.rank);
+    ncclResult_t r = nccl_->CommInitRank(&comm_, config_.size, id, config_.rank);
 #endif
     if (r != ncclSuccess && r != ncclInProgress) {
       // comm_ may be set (non-blocking): abort it in fail().
-      fail(op, std::string(ncclGetErrorString(r)) + last_error());
+      fail(op, std::string(nccl_->GetErrorString(r)) + last_error());
     }
     enqueue(op, r);  // waits out ncclInProgress against the timeout
   }
@@ -168,7 +166,7 @@ class NcclCommunicator final : public Communicator {
     ensure_staging(op, bytes);
     std::memcpy(host_buf_, values, bytes);
     cuda_check(op, cudaMemcpyAsync(device_buf_, host_buf_, bytes, cudaMemcpyHostToDevice, stream_));
-    enqueue(op, ncclAllReduce(device_buf_, device_buf_, n, type, red, comm_, stream_));
+    enqueue(op, nccl_->AllReduce(device_buf_, device_buf_, n, type, red, comm_, stream_));
     cuda_check(op, cudaMemcpyAsync(host_buf_, device_buf_, bytes, cudaMemcpyDeviceToHost, stream_));
     wait(op);
     std::memcpy(values, host_buf_, bytes);
@@ -197,7 +195,7 @@ class NcclCommunicator final : public Communicator {
 
   std::string last_error() const {
     if (comm_ == nullptr) return "";
-    const char* s = ncclGetLastError(comm_);
+    const char* s = nccl_->GetLastError(comm_);
     return (s != nullptr && *s != '\0') ? std::string(" (") + s + ")" : std::string();
   }
 
@@ -206,7 +204,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   void nccl_check(const char* op, ncclResult_t r) {
-    if (r != ncclSuccess) fail(op, std::string(ncclGetErrorString(r)) + last_error());
+    if (r != ncclSuccess) fail(op, std::string(nccl_->GetErrorString(r)) + last_error());
   }
 
   // The result of an NCCL call: in non-blocking mode ncclInProgress means
@@ -214,14 +212,14 @@ class NcclCommunicator final : public Communicator {
   // state, against the timeout.
   void enqueue(const char* op, ncclResult_t r) {
     if (r == ncclSuccess) return;
-    if (r != ncclInProgress) fail(op, std::string(ncclGetErrorString(r)) + last_error());
+    if (r != ncclInProgress) fail(op, std::string(nccl_->GetErrorString(r)) + last_error());
     const auto deadline = Clock::now() + config_.timeout;
     for (;;) {
       ncclResult_t state = ncclSuccess;
-      ncclResult_t q = ncclCommGetAsyncError(comm_, &state);
-      if (q != ncclSuccess) fail(op, std::string(ncclGetErrorString(q)) + last_error());
+      ncclResult_t q = nccl_->CommGetAsyncError(comm_, &state);
+      if (q != ncclSuccess) fail(op, std::string(nccl_->GetErrorString(q)) + last_error());
       if (state == ncclSuccess) return;
-      if (state != ncclInProgress) fail(op, std::string(ncclGetErrorString(state)) + last_error());
+      if (state != ncclInProgress) fail(op, std::string(nccl_->GetErrorString(state)) + last_error());
       if (Clock::now() > deadline) fail(op, "timed out after " + std::to_string(config_.timeout.count()) + " ms");
       std::this_thread::yield();
     }
@@ -237,10 +235,10 @@ class NcclCommunicator final : public Communicator {
       if (s == cudaSuccess) return;
       if (s != cudaErrorNotReady) fail(op, std::string("CUDA: ") + cudaGetErrorString(s));
       ncclResult_t state = ncclSuccess;
-      const ncclResult_t q = ncclCommGetAsyncError(comm_, &state);
-      if (q != ncclSuccess) fail(op, std::string(ncclGetErrorString(q)) + last_error());
+      const ncclResult_t q = nccl_->CommGetAsyncError(comm_, &state);
+      if (q != ncclSuccess) fail(op, std::string(nccl_->GetErrorString(q)) + last_error());
       if (state != ncclSuccess && state != ncclInProgress)
-        fail(op, std::string(ncclGetErrorString(state)) + last_error());
+        fail(op, std::string(nccl_->GetErrorString(state)) + last_error());
       if (Clock::now() > deadline) fail(op, "timed out after " + std::to_string(config_.timeout.count()) + " ms");
       // Spin briefly (small collectives finish in microseconds), then sleep.
       if (spins < 1000) {
@@ -255,7 +253,7 @@ class NcclCommunicator final : public Communicator {
     const std::string message = std::string("nccl: ") + op + " failed on rank " + std::to_string(config_.rank) +
                                 " of " + std::to_string(config_.size) + ": " + why;
     if (comm_ != nullptr) {
-      ncclCommAbort(comm_);
+      nccl_->CommAbort(comm_);
       comm_ = nullptr;
     }
     failed_ = true;
@@ -265,6 +263,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   NcclConfig config_;
+  const NcclApi* nccl_ = nullptr;  // set before anything else is created
   int device_ = -1;
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;

@@ -9,6 +9,10 @@
 // 2.14), so that neither its creation nor any collective can block the
 // engine's thread beyond the configured timeout.
 //
+// NCCL is not linked: its functions come from nccl_api() (nccl_loader.h),
+// which loads libnccl.so.2 when the first communicator is created,
+// preferring one the process already holds (PyTorch's).
+//
 // Every collective is enqueued on a CUDA stream the communicator creates
 // (non-blocking with respect to the legacy default stream), and the call
 // then waits for it by polling cudaStreamQuery together with
@@ -51,7 +55,8 @@ using NcclIdExchange = std::function<void(std::vector<char>& id_bytes)>;
 
 // Creates the communicator; throws Error(PSTAR_ERR_COMM) on an NCCL or CUDA
 // failure or timeout, Error(PSTAR_ERR_INVALID_ARGUMENT) for a bad rank/size
-// or a missing exchange with several ranks.
+// or a missing exchange with several ranks, Error(PSTAR_ERR_UNSUPPORTED) when
+// no usable NCCL can be loaded (nccl_loader.h).
 std::unique_ptr<Communicator> make_nccl_communicator(const NcclConfig& config, NcclIdExchange exchange);
 
 }  // namespace pstar::dist
