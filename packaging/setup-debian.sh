@@ -7,10 +7,14 @@ packages=(
   build-essential cmake pkg-config
   libuv1-dev libcriterion-dev nlohmann-json3-dev libcli11-dev libxxhash-dev libgloo-dev
   python3 python3-venv python3-dev swig
-  cargo rustc bindgen
+  # bindgen's libclang needs clang's resource headers (stddef.h, ...),
+  # which no package above pulls in on a bare system.
+  cargo rustc bindgen libclang-common-14-dev
   default-jdk junit5
   doxygen
   abigail-tools
+  # The launcher tests start ranks with mpirun (docs/launching.md).
+  openmpi-bin
 )
 
 . "$(dirname "$0")/apt-ensure.sh"

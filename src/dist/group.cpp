@@ -18,7 +18,7 @@
 #include <unistd.h>
 
 #include "dist/liveness.h"
-#include "dist/store/store_client.h"
+#include "dist/store/store.h"
 #include "dist/store/store_server.h"
 #endif
 #if defined(PSTAR_HAVE_GLOO) && defined(PSTAR_HAVE_LIBUV)
@@ -144,6 +144,24 @@ std::map<uint16_t, StoreServer*>& servers() {
   return n;
 }
 
+// Where this rank's store clients connect: rank 0's own server (started
+// here when this is rank 0), or torchrun's TCPStore with libpstar's keys
+// under their own prefix.
+[[maybe_unused]] StoreClientOptions store_options(const LaunchInfo& li, std::chrono::milliseconds timeout) {
+  StoreClientOptions co;
+  co.host = li.master_addr;
+  co.port = li.master_port;
+  co.connect_timeout = timeout;
+  co.timeout = timeout;
+  if (li.torch_agent_store) {
+    co.protocol = StoreProtocol::kTcpStore;
+    co.key_prefix = li.store_key_prefix;
+  } else if (li.rank == 0) {
+    ensure_server(li);
+  }
+  return co;
+}
+
 }  // namespace
 #endif
 
@@ -153,13 +171,8 @@ std::unique_ptr<Communicator> form_cpu_group(const GroupOptions& o) {
   require_group_launch(li, "form_cpu_group");
   ignore_sigpipe_if_default();
   const uint64_t group = group_counter().fetch_add(1);
-  if (li.rank == 0) ensure_server(li);
-  StoreClientOptions co;
-  co.host = li.master_addr;
-  co.port = li.master_port;
-  co.connect_timeout = o.timeout;
-  co.timeout = o.timeout;
-  auto client = std::make_shared<StoreClient>(co);
+  const StoreClientOptions co = store_options(li, o.timeout);
+  std::shared_ptr<Store> client = connect_store(co);
   auto store = std::make_shared<GlooStore>(client, o.timeout);
   GlooConfig gc;
   gc.rank = li.rank;
@@ -196,13 +209,9 @@ std::unique_ptr<Communicator> form_cuda_group(const GroupOptions& o, int device)
   const LaunchInfo& li = o.launch;
   require_group_launch(li, "form_cuda_group");
   const uint64_t group = group_counter().fetch_add(1);
-  if (li.rank == 0) ensure_server(li);
-  StoreClientOptions co;
-  co.host = li.master_addr;
-  co.port = li.master_port;
-  co.connect_timeout = o.timeout;
-  co.timeout = o.timeout;
-  StoreClient client(co);
+  const StoreClientOptions co = store_options(li, o.timeout);
+  const std::unique_ptr<Store> store = connect_store(co);
+  Store& client = *store;
   const std::string key = "pstar/group/" + std::to_string(group) + "/nccl-id";
   // Rank 0's ncclUniqueId through the store: it sets the key, the others
   // wait for it (within the timeout) and read it.
@@ -211,7 +220,7 @@ std::unique_ptr<Communicator> form_cuda_group(const GroupOptions& o, int device)
       client.set(key, id.data(), id.size());
     } else {
       client.wait({key}, o.timeout);
-      const StoreClient::Bytes got = client.get(key, o.timeout);
+      const Store::Bytes got = client.get(key, o.timeout);
       id.assign(got.begin(), got.end());
     }
   };

@@ -2,7 +2,11 @@
 // the rendezvous store and a communicator over it (DESIGN.md section 2,
 // docs/distributed.md).
 //
-// Rank 0 serves the store (StoreServer) on MASTER_PORT; the server lives
+// Under torchrun with TORCHELASTIC_USE_AGENT_STORE=True the agent already
+// serves a c10d TCPStore on MASTER_PORT: every rank joins it as a client
+// (TcpStoreClient) with libpstar's keys under LaunchInfo::store_key_prefix,
+// and no server is started.  Otherwise:
+// rank 0 serves the store (StoreServer) on MASTER_PORT; the server lives
 // from the first group this process forms on that port until the process
 // exits, so that a rank creating its next engine never reaches a server that
 // rank 0 is about to stop with its previous one.  Every rank connects a

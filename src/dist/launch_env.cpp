@@ -278,6 +278,23 @@ LaunchInfo resolve_launch(const LaunchRequest& request, const EnvLookup& env) {
   } else {
     missing("MASTER_PORT");
   }
+
+  // 4. Who serves the store: torchrun's agent, or rank 0.
+  if (f.source == "torchrun" && request.master_addr.empty() && request.master_port < 0) {
+    if (const Var agent = lookup(env, "TORCHELASTIC_USE_AGENT_STORE"); agent.set()) {
+      if (*agent.value != "True" && *agent.value != "False")
+        invalid(show(agent.name, *agent.value) + " is neither 'True' nor 'False'");
+      info.torch_agent_store = *agent.value == "True";
+    }
+    if (info.torch_agent_store) {
+      int attempt = 0;
+      if (const Var restarts = lookup(env, "TORCHELASTIC_RESTART_COUNT"); restarts.set()) {
+        attempt = restarts.as_int();
+        if (attempt < 0) invalid(show(restarts.name, *restarts.value) + " is negative");
+      }
+      info.store_key_prefix = "libpstar/attempt_" + std::to_string(attempt) + "/";
+    }
+  }
   return info;
 }
 
@@ -289,7 +306,8 @@ std::string describe(const LaunchInfo& info) {
   return "rank " + std::to_string(info.rank) + " of " + std::to_string(info.world_size) +
          " (local " + std::to_string(info.local_rank) + " of " +
          std::to_string(info.local_world_size) + ") via " + info.source + ", master " +
-         info.master_addr + ":" + std::to_string(info.master_port);
+         info.master_addr + ":" + std::to_string(info.master_port) +
+         (info.torch_agent_store ? " (torchrun's store)" : "");
 }
 
 }  // namespace pstar::dist

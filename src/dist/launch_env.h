@@ -24,6 +24,17 @@ struct LaunchInfo {
   // Where rank and world size came from: "explicit", "torchrun", "openmpi",
   // "slurm" or "single".
   std::string source;
+  // Who serves the rendezvous store at master_addr:master_port.  false:
+  // nobody yet; rank 0 starts libpstar's own store server there (pstar-run,
+  // mpirun, srun, explicit values).  true: torchrun's agent already serves
+  // a c10d TCPStore there (TORCHELASTIC_USE_AGENT_STORE=True, the address
+  // taken from MASTER_ADDR/MASTER_PORT); every rank joins it as a client.
+  bool torch_agent_store = false;
+  // The namespace of libpstar's keys in torchrun's store:
+  // "libpstar/attempt_<TORCHELASTIC_RESTART_COUNT>/" (a restarted attempt
+  // never reads its predecessor's keys; torch.distributed's own keys live
+  // under "/worker/attempt_<N>/"); empty otherwise.
+  std::string store_key_prefix;
 };
 
 // Values the caller sets itself; a negative number (an empty address) means
@@ -59,6 +70,11 @@ EnvLookup process_environment();
 // single process only, 127.0.0.1 and port 0.  Local rank and size come from
 // the request, else the launcher's variables (never read for an explicit
 // source), else the whole world is taken to be one node.
+// torchrun's agent store is joined (torch_agent_store) when the source is
+// torchrun, TORCHELASTIC_USE_AGENT_STORE is "True" and neither the master
+// address nor the port was given explicitly; TORCHELASTIC_USE_AGENT_STORE
+// must be "True" or "False" when set, TORCHELASTIC_RESTART_COUNT a
+// non-negative integer.
 // Throws pstar::Error(PSTAR_ERR_INVALID_ARGUMENT) naming the variable and
 // its value on anything malformed or inconsistent.
 LaunchInfo resolve_launch(const LaunchRequest& request, const EnvLookup& env);

@@ -38,13 +38,13 @@ Liveness::~Liveness() {
 
 void Liveness::beat_loop() {
   const std::string key = prefix_ + "/live/" + std::to_string(rank_);
-  std::unique_ptr<StoreClient> client;
+  std::unique_ptr<Store> client;
   uint64_t beat = 0;
   std::unique_lock<std::mutex> lock(mu_);
   while (!stop_) {
     lock.unlock();
     try {
-      if (!client) client = std::make_unique<StoreClient>(options_);
+      if (!client) client = connect_store(options_);
       const std::string value = std::to_string(++beat) + " " + std::to_string(seq_.load(std::memory_order_relaxed));
       client->set(key, value.data(), value.size());
     } catch (const std::exception& e) {
@@ -60,13 +60,13 @@ void Liveness::beat_loop() {
 
 std::string Liveness::diagnose() {
   try {
-    StoreClient client(options_);
+    const std::unique_ptr<Store> client = connect_store(options_);
     auto read_all = [&] {
       std::vector<Beat> out(static_cast<size_t>(world_));
       for (int r = 0; r < world_; ++r) {
         const std::string key = prefix_ + "/live/" + std::to_string(r);
-        if (!client.check({key})) continue;
-        const StoreClient::Bytes v = client.get(key, kStoreCallTimeout);
+        if (!client->check({key})) continue;
+        const Store::Bytes v = client->get(key, kStoreCallTimeout);
         const std::string s(v.begin(), v.end());
         unsigned long long b = 0, q = 0;
         if (std::sscanf(s.c_str(), "%llu %llu", &b, &q) == 2) out[static_cast<size_t>(r)] = Beat{true, b, q};

@@ -31,7 +31,7 @@
 #include <thread>
 
 #include "dist/comm/communicator.h"
-#include "dist/store/store_client.h"
+#include "dist/store/store.h"
 
 namespace pstar::dist {
 

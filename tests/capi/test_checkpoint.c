@@ -71,9 +71,9 @@ static void snapshot(model *m, float *out) {
 enum { TOTAL = P * N + 37 * (0 + 1 + 2 + 3) + N };
 
 static char *tmpdir(const char *tag) {
-  static char buf[256];
-  snprintf(buf, sizeof buf, "ckpt-test-%s-%d", tag, (int)getpid());
-  char cmd[300];
+  static char buf[512];
+  snprintf(buf, sizeof buf, "%s/ckpt-test-%s-%d", PSTAR_TEST_TMP_DIR, tag, (int)getpid());
+  char cmd[sizeof buf + 16];
   snprintf(cmd, sizeof cmd, "rm -rf %s", buf);
   if (system(cmd) != 0) cr_assert_fail("rm");
   return buf;
@@ -235,8 +235,8 @@ Test(checkpoint, safetensors_holds_every_parameter_in_fp32) {
   make(&a, PSTAR_DTYPE_BF16, 1024, 0);
   step(&a, 0);
   snapshot(&a, values);
-  char path[128];
-  snprintf(path, sizeof path, "ckpt-test-%d.safetensors", (int)getpid());
+  char path[512];
+  snprintf(path, sizeof path, "%s/ckpt-test-%d.safetensors", PSTAR_TEST_TMP_DIR, (int)getpid());
   T_OK(pstar_export_safetensors(a.e, path));
   FILE *f = fopen(path, "rb");
   cr_assert_not_null(f);

@@ -152,25 +152,25 @@ Test(clock, dry_run_counts_exactly_what_a_real_run_does) {
   for (size_t pi = 0; pi < 3; ++pi) {
     for (int chunks = 3; chunks <= 9; chunks += 3) {
       for (int prefetch = 0; prefetch <= 1; ++prefetch) {
-        clock_cfg c = {policies[pi], prefetch, 0, capacity_for(chunks), 0, 1, "clock_real.json"};
+        clock_cfg c = {policies[pi], prefetch, 0, capacity_for(chunks), 0, 1, PSTAR_TEST_TMP_DIR "/clock_real.json"};
         run_cfg(&c, &real);
         c.dry_run = 1;
-        c.trace_path = "clock_dry.json";
+        c.trace_path = PSTAR_TEST_TMP_DIR "/clock_dry.json";
         run_cfg(&c, &dry);
         char what[96];
         snprintf(what, sizeof what, "policy %d, %d chunks, prefetch %d", (int)policies[pi], chunks, prefetch);
         assert_same_counts(&real.stats, &dry.stats, what);
         cr_assert_gt(real.stats.bytes_host_to_device, 0u, "%s: something moved", what);
         cr_assert_gt(real.stats.peak_host_bytes, 0u, "%s", what);
-        char *a = slurp("clock_real.json"), *b = slurp("clock_dry.json");
+        char *a = slurp(PSTAR_TEST_TMP_DIR "/clock_real.json"), *b = slurp(PSTAR_TEST_TMP_DIR "/clock_dry.json");
         cr_assert_str_eq(a, b, "%s: the timelines differ", what);
         free(a);
         free(b);
       }
     }
   }
-  remove("clock_real.json");
-  remove("clock_dry.json");
+  remove(PSTAR_TEST_TMP_DIR "/clock_real.json");
+  remove(PSTAR_TEST_TMP_DIR "/clock_dry.json");
 }
 
 Test(clock, modelled_copy_time_is_bytes_over_bandwidth) {
@@ -244,11 +244,11 @@ Test(clock, window_budget_holds_at_every_moment) {
   for (int chunks = 3; chunks <= 8; ++chunks) {
     for (int prefetch = 0; prefetch <= 1; ++prefetch) {
       const uint64_t capacity = capacity_for(chunks) + margin;
-      clock_cfg c = {PSTAR_POLICY_OPT, prefetch, 1, capacity, margin, 1, "clock_budget.json"};
+      clock_cfg c = {PSTAR_POLICY_OPT, prefetch, 1, capacity, margin, 1, PSTAR_TEST_TMP_DIR "/clock_budget.json"};
       run_cfg(&c, &r);
       cr_assert_eq(r.stats.budget_overruns, 0u);
       cr_assert_leq(r.stats.peak_device_bytes, capacity - margin, "%d chunks: peak over the budget", chunks);
-      char *text = slurp("clock_budget.json");
+      char *text = slurp(PSTAR_TEST_TMP_DIR "/clock_budget.json");
       const char *rows = strstr(text, "\"rows\":[");
       cr_assert_not_null(rows);
       size_t moments = 0;
@@ -263,20 +263,20 @@ Test(clock, window_budget_holds_at_every_moment) {
       free(text);
     }
   }
-  remove("clock_budget.json");
+  remove(PSTAR_TEST_TMP_DIR "/clock_budget.json");
 }
 
 Test(clock, trace_export_writes_every_move) {
   static clock_run r;
-  clock_cfg c = {PSTAR_POLICY_LRU, 0, 1, capacity_for(4), 0, 1, "clock_moves.json"};
+  clock_cfg c = {PSTAR_POLICY_LRU, 0, 1, capacity_for(4), 0, 1, PSTAR_TEST_TMP_DIR "/clock_moves.json"};
   run_cfg(&c, &r);
-  char *text = slurp("clock_moves.json");
+  char *text = slurp(PSTAR_TEST_TMP_DIR "/clock_moves.json");
   cr_assert_not_null(strstr(text, "\"traceEvents\":["));
   cr_assert_eq(count_of(text, "\"ph\":\"X\""), r.stats.moves_to_device + r.stats.evictions);
   cr_assert_eq(count_of(text, "\"tid\":1,\"args\":{\"bytes\""), r.stats.moves_to_device);
   cr_assert_eq(count_of(text, "\"clock\":\"virtual\""), 1u);
   free(text);
-  remove("clock_moves.json");
+  remove(PSTAR_TEST_TMP_DIR "/clock_moves.json");
 }
 
 Test(clock, errors_are_clear) {

@@ -393,17 +393,17 @@ Test(hybrid, dry_run_counts_exactly_what_a_real_run_does) {
           c.prefetch = prefetch;
           c.capacity = caps[k];
           c.dry_run = 0;
-          c.trace_path = "hybrid_real.json";
+          c.trace_path = PSTAR_TEST_TMP_DIR "/hybrid_real.json";
           run_cfg(&c, &real);
           c.dry_run = 1;
-          c.trace_path = "hybrid_dry.json";
+          c.trace_path = PSTAR_TEST_TMP_DIR "/hybrid_dry.json";
           run_cfg(&c, &dry);
           char what[128];
           snprintf(what, sizeof what, "accumulation %d, policy %d, prefetch %d, capacity %llu", acc, pi, prefetch,
                    (unsigned long long)caps[k]);
           assert_same_counts(&real.stats, &dry.stats, what);
           cr_assert_eq(real.now, dry.now, "%s", what);
-          char *a = slurp("hybrid_real.json"), *b = slurp("hybrid_dry.json");
+          char *a = slurp(PSTAR_TEST_TMP_DIR "/hybrid_real.json"), *b = slurp(PSTAR_TEST_TMP_DIR "/hybrid_dry.json");
           cr_assert_str_eq(a, b, "%s: the timelines differ", what);
           /* Every moment within capacity, optimizer state included. */
           const char *rows = strstr(a, "\"rows\":[");
@@ -421,8 +421,8 @@ Test(hybrid, dry_run_counts_exactly_what_a_real_run_does) {
       }
     }
   }
-  remove("hybrid_real.json");
-  remove("hybrid_dry.json");
+  remove(PSTAR_TEST_TMP_DIR "/hybrid_real.json");
+  remove(PSTAR_TEST_TMP_DIR "/hybrid_dry.json");
 }
 
 Test(hybrid, warmup_of_two_and_eval_iterations) {

@@ -25,12 +25,13 @@ typedef struct model {
 
 static int numel_of(int i) { return i < P ? N + 17 * i : N; }
 
-static char g_dir[128];
+static char g_dir[512];
 
-/* A fresh directory under the test's working directory (the build tree:
- * a real filesystem, where O_DIRECT usually works). */
+/* A fresh directory under the test's own directory in the build tree (a real
+ * filesystem, where O_DIRECT usually works; tmpfs refuses it), wherever the
+ * test is started from. */
 static const char *fresh_dir(const char *tag) {
-  snprintf(g_dir, sizeof g_dir, "nvme-test-%s-%d", tag, (int)getpid());
+  snprintf(g_dir, sizeof g_dir, "%s/nvme-test-%s-%d", PSTAR_TEST_TMP_DIR, tag, (int)getpid());
   char cmd[2 * sizeof g_dir + 32];
   snprintf(cmd, sizeof cmd, "rm -rf %s && mkdir -p %s", g_dir, g_dir);
   if (system(cmd) != 0) cr_assert_fail("mkdir");
@@ -200,7 +201,7 @@ Test(nvme, without_the_drive_the_host_budget_is_out_of_memory) {
 
 Test(nvme, checkpoints_move_state_between_the_drive_and_memory) {
   static float full[TOTAL], resumed[TOTAL];
-  char ckpt[300];
+  char ckpt[600];
   const config on_drive = {fresh_dir("ckpt"), kTightHost, 0, 0};
   snprintf(ckpt, sizeof ckpt, "%s/ckpt", on_drive.nvme_dir);
   model a;
@@ -228,7 +229,7 @@ Test(nvme, checkpoints_move_state_between_the_drive_and_memory) {
  * engine, and training then matches an engine that never failed. */
 static void check_fault(const char *fault, void (*damage)(const char *dir), const char *needle) {
   static float expect[TOTAL], got[TOTAL];
-  char ckpt[300];
+  char ckpt[600];
   const config on_drive = {fresh_dir("fault"), kTightHost, 0, 0};
   snprintf(ckpt, sizeof ckpt, "%s/ckpt", on_drive.nvme_dir);
   const config in_memory = {NULL, 0, 0, 0};

@@ -56,7 +56,7 @@ typedef struct scenario {
   int resume_step;         /* every process loads the checkpoint after build and resumes after this step */
   int crash_rank;          /* with save_step: this rank's save stops at durability point crash_point; -1 none */
   int crash_point;
-  char ckpt_dir[96];
+  char ckpt_dir[512];
   uint32_t gather_ahead;    /* pstar_x_engine_set_gather_ahead on every process; 0 none */
   int gather_mismatch_rank; /* this rank asks for one chunk more; -1 none */
   uint64_t slot_short_capacity; /* with gather_ahead: rank 1's device capacity; 0 unlimited */
@@ -313,12 +313,12 @@ static int run_one(const scenario *sc, int ref, int rank, rank_out *out) {
   if (sc->gather_ahead != 0) {
     CK(pstar_x_engine_set_gather_ahead(c->e, sc->gather_ahead + (rank == sc->gather_mismatch_rank && !ref)));
   }
-  char nvme_dir[64] = {0};
+  char nvme_dir[512] = {0};
   if (sc->nvme_host_capacity != 0 && !ref) {
     /* Each rank its own directory (the engine's data file goes in it and
      * is removed when the engine is destroyed). */
     pstar_x_nvme_options n;
-    snprintf(nvme_dir, sizeof nvme_dir, "dist-nvme-%d-r%d", (int)getpid(), rank);
+    snprintf(nvme_dir, sizeof nvme_dir, "%s/dist-nvme-%d-r%d", PSTAR_TEST_TMP_DIR, (int)getpid(), rank);
     if (mkdir(nvme_dir, 0755) != 0) goto fail;
     CK(pstar_x_nvme_options_init(&n));
     n.dir = nvme_dir;
@@ -859,7 +859,7 @@ Test(dist_engine, gathering_ahead_depths_and_room_are_checked_on_every_rank) {
 /* ------------------------------------------------------------------------ */
 
 static void remove_checkpoints(const scenario *a) {
-  char cmd[160];
+  char cmd[sizeof a->ckpt_dir + 16];
   snprintf(cmd, sizeof cmd, "rm -rf %s", a->ckpt_dir);
   cr_assert_eq(system(cmd), 0);
 }
@@ -868,7 +868,7 @@ static void remove_checkpoints(const scenario *a) {
  * process, runs it (its ranks save at a->save_step), checks the run against
  * one process and the saves, and keeps the final parameters. */
 static rank_out *run_saving(scenario *a, const char *prefix, float *uninterrupted) {
-  snprintf(a->ckpt_dir, sizeof a->ckpt_dir, "%s-%d", prefix, (int)getpid());
+  snprintf(a->ckpt_dir, sizeof a->ckpt_dir, "%s/%s-%d", PSTAR_TEST_TMP_DIR, prefix, (int)getpid());
   remove_checkpoints(a);
   rank_out *oa = run_scenario(a, 1);
   expect_equal_to_reference(a, oa, 0);
@@ -972,7 +972,7 @@ Test(dist_engine, sharded_checkpoints_resume_exactly_at_other_world_sizes) {
   {
     /* One file per list and rank, a manifest with a piece per (parameter,
      * rank) that holds some of it. */
-    char path[256], name[64] = {0}, line[256];
+    char path[sizeof a.ckpt_dir + 128], name[64] = {0}, line[256];
     snprintf(path, sizeof path, "%s/LATEST", a.ckpt_dir);
     FILE *f = fopen(path, "r");
     cr_assert_not_null(f);

@@ -392,3 +392,58 @@ Test(launch_env, describe_names_everything) {
   cr_expect_eq(d, std::string("rank 3 of 8 (local 1 of 2) via torchrun, master node0:29500"), "%s",
                d.c_str());
 }
+
+// torchrun's agent store: joined when torchrun says it serves one and the
+// rendezvous address is its (not given explicitly); keys namespaced per
+// restart attempt.
+Test(launch_env, torchrun_agent_store_is_joined) {
+  Env env = {{"RANK", "1"},        {"WORLD_SIZE", "2"},       {"MASTER_ADDR", "localhost"},
+             {"MASTER_PORT", "29500"}, {"TORCHELASTIC_USE_AGENT_STORE", "True"},
+             {"TORCHELASTIC_RESTART_COUNT", "3"}};
+  LaunchInfo i = resolve(env);
+  cr_expect(i.torch_agent_store);
+  cr_expect_eq(i.store_key_prefix, std::string("libpstar/attempt_3/"), "prefix '%s'", i.store_key_prefix.c_str());
+  cr_expect(pstar::dist::describe(i).find("torchrun's store") != std::string::npos);
+
+  env.erase("TORCHELASTIC_RESTART_COUNT");
+  i = resolve(env);
+  cr_expect_eq(i.store_key_prefix, std::string("libpstar/attempt_0/"));
+
+  env["TORCHELASTIC_USE_AGENT_STORE"] = "False";
+  i = resolve(env);
+  cr_expect_not(i.torch_agent_store, "False: rank 0 serves libpstar's own store");
+  cr_expect(i.store_key_prefix.empty());
+
+  env.erase("TORCHELASTIC_USE_AGENT_STORE");
+  cr_expect_not(resolve(env).torch_agent_store, "unset: rank 0 serves libpstar's own store");
+}
+
+Test(launch_env, agent_store_only_for_torchrun_and_its_address) {
+  // An explicit rendezvous address is not the agent's store.
+  Env env = {{"RANK", "0"},        {"WORLD_SIZE", "2"},       {"MASTER_ADDR", "localhost"},
+             {"MASTER_PORT", "29500"}, {"TORCHELASTIC_USE_AGENT_STORE", "True"}};
+  LaunchRequest r;
+  r.master_port = 29600;
+  cr_expect_not(resolve(env, r).torch_agent_store);
+  // Ranks given explicitly: not torchrun's ranks either.
+  LaunchRequest e;
+  e.rank = 0;
+  e.world_size = 2;
+  cr_expect_not(resolve(env, e).torch_agent_store);
+  // mpirun's ranks with a stray torchrun variable.
+  Env mpi = {{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"},
+             {"MASTER_PORT", "1"},          {"TORCHELASTIC_USE_AGENT_STORE", "True"}};
+  cr_expect_not(resolve(mpi).torch_agent_store);
+}
+
+Test(launch_env, agent_store_variables_are_validated) {
+  const Env base = {{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}};
+  Env env = base;
+  env["TORCHELASTIC_USE_AGENT_STORE"] = "true";
+  expect_error("lower-case true", env, {}, {"TORCHELASTIC_USE_AGENT_STORE='true'", "'True' nor 'False'"});
+  env["TORCHELASTIC_USE_AGENT_STORE"] = "True";
+  env["TORCHELASTIC_RESTART_COUNT"] = "-1";
+  expect_error("negative restarts", env, {}, {"TORCHELASTIC_RESTART_COUNT='-1'", "negative"});
+  env["TORCHELASTIC_RESTART_COUNT"] = "1x";
+  expect_error("restarts not a number", env, {}, {"TORCHELASTIC_RESTART_COUNT='1x'"});
+}

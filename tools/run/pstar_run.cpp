@@ -331,10 +331,13 @@ void check_program(const std::string& program) {
   std::exit(127);
 }
 
-// The parent's environment without the variables pstar-run sets.
+// The parent's environment without the variables pstar-run sets, and
+// without torchrun's claim to serve the store (pstar-run started inside a
+// torchrun worker: its ranks meet at pstar-run's port, where rank 0 serves
+// libpstar's store, not at torchrun's).
 std::vector<std::string> inherited_environment() {
-  static const char* const kOwn[] = {"RANK",        "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
-                                     "MASTER_ADDR", "MASTER_PORT"};
+  static const char* const kOwn[] = {"RANK",        "WORLD_SIZE",  "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+                                     "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE"};
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string entry = *e;

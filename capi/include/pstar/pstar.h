@@ -353,7 +353,8 @@ typedef struct pstar_engine_options {
    *  docs/launching.md), a single process when none is set.  1: this
    *  process alone, whatever the environment.  With more than one rank the
    *  rendezvous address comes from MASTER_ADDR and MASTER_PORT, rank 0
-   *  serves the rendezvous store on MASTER_PORT, and every rank must make
+   *  serves the rendezvous store on MASTER_PORT (under torchrun every rank
+   *  joins the store torchrun serves there instead), and every rank must make
    *  the same calls in the same order (registration, acquires and releases,
    *  pstar_param_read, pstar_step).  Emulated device only for now (CUDA
    *  ranks: PSTAR_ERR_UNSUPPORTED). */

@@ -2,7 +2,7 @@
 
 namespace pstar::dist {
 
-GlooStore::GlooStore(std::shared_ptr<StoreClient> client, std::chrono::milliseconds timeout)
+GlooStore::GlooStore(std::shared_ptr<pstar::dist::Store> client, std::chrono::milliseconds timeout)
     : client_(std::move(client)), timeout_(timeout) {}
 
 void GlooStore::set(const std::string& key, const std::vector<char>& data) {
@@ -10,7 +10,7 @@ void GlooStore::set(const std::string& key, const std::vector<char>& data) {
 }
 
 std::vector<char> GlooStore::get(const std::string& key) {
-  const StoreClient::Bytes v = client_->get(key, timeout_);
+  const pstar::dist::Store::Bytes v = client_->get(key, timeout_);
   return std::vector<char>(v.begin(), v.end());
 }
 

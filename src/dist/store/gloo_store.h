@@ -1,6 +1,6 @@
-// GlooStore: Gloo's rendezvous::Store interface over the libuv store's
-// client (store_client.h), so that a Gloo communicator rendezvous through
-// the StoreServer on rank 0 (gloo_communicator.h).
+// GlooStore: Gloo's rendezvous::Store interface over a rendezvous store
+// client (store.h: libpstar's StoreServer on rank 0, or torchrun's TCPStore),
+// so that a Gloo communicator meets its peers there (gloo_communicator.h).
 //
 // Gloo calls set/get/wait from the thread that connects the mesh; errors of
 // the client (PSTAR_ERR_COMM: unreachable, timed out) propagate as
@@ -14,14 +14,14 @@
 #include <string>
 #include <vector>
 
-#include "dist/store/store_client.h"
+#include "dist/store/store.h"
 
 namespace pstar::dist {
 
 class GlooStore final : public gloo::rendezvous::Store {
  public:
   // `timeout` bounds get() and wait() without a timeout of their own.
-  GlooStore(std::shared_ptr<StoreClient> client, std::chrono::milliseconds timeout);
+  GlooStore(std::shared_ptr<pstar::dist::Store> client, std::chrono::milliseconds timeout);
 
   void set(const std::string& key, const std::vector<char>& data) override;
   std::vector<char> get(const std::string& key) override;
@@ -29,7 +29,7 @@ class GlooStore final : public gloo::rendezvous::Store {
   void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override;
 
  private:
-  std::shared_ptr<StoreClient> client_;
+  std::shared_ptr<pstar::dist::Store> client_;
   std::chrono::milliseconds timeout_;
 };
 

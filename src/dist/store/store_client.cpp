@@ -15,6 +15,7 @@
 #include <cstring>
 #include <thread>
 
+#include "dist/store/socket_io.h"
 #include "util/error.h"
 #include "util/log.h"
 
@@ -23,177 +24,20 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
+using net::deadline_after;
+using net::Io;
+using net::io_message;
+using net::IoResult;
+using net::quote_key;
+using net::recv_all;
+using net::send_all;
 
-// Pauses between connection attempts: short at first (the server is usually
-// about to come up), growing to a ceiling so a missing server costs little.
-constexpr milliseconds kFirstRetryPause{10};
-constexpr milliseconds kMaxRetryPause{1000};
-// How much of a key a message shows.
-constexpr std::size_t kKeyShownBytes = 64;
 
-Clock::time_point deadline_after(milliseconds timeout) {
-  const Clock::time_point now = Clock::now();
-  const auto room = std::chrono::duration_cast<milliseconds>(Clock::time_point::max() - now);
-  return timeout >= room ? Clock::time_point::max() : now + timeout;
-}
-
-// poll(2)'s timeout for a deadline: milliseconds rounded up (never 0 before
-// the deadline, or we would spin), clamped to int.
-int poll_timeout_ms(Clock::time_point deadline) {
-  const Clock::time_point now = Clock::now();
-  if (now >= deadline) return 0;
-  const auto left = std::chrono::ceil<milliseconds>(deadline - now).count();
-  return static_cast<int>(std::min<long long>(left, INT_MAX));
-}
-
-enum class Io { kOk, kTimedOut, kClosed, kFailed };
-
-struct IoResult {
-  Io io = Io::kOk;
-  int err = 0;  // errno for kFailed
-};
-
-IoResult wait_ready(int fd, short events, Clock::time_point deadline) {
-  for (;;) {
-    const int ms = poll_timeout_ms(deadline);
-    if (ms == 0) return {Io::kTimedOut, 0};
-    pollfd p{fd, events, 0};
-    const int rc = poll(&p, 1, ms);
-    if (rc < 0) {
-      if (errno == EINTR) continue;
-      return {Io::kFailed, errno};
-    }
-    // Readiness, an error or a hang-up: the next send or recv tells which.
-    if (rc > 0) return {};
-  }
-}
-
-IoResult send_all(int fd, const void* data, std::size_t n, Clock::time_point deadline) {
-  const auto* p = static_cast<const std::uint8_t*>(data);
-  while (n > 0) {
-    // MSG_NOSIGNAL: a closed peer must give EPIPE, not kill the process.
-    const ssize_t k = ::send(fd, p, n, MSG_NOSIGNAL);
-    if (k > 0) {
-      p += k;
-      n -= static_cast<std::size_t>(k);
-    } else if (k < 0 && errno == EINTR) {
-      continue;
-    } else if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      const IoResult r = wait_ready(fd, POLLOUT, deadline);
-      if (r.io != Io::kOk) return r;
-    } else if (k < 0 && (errno == EPIPE || errno == ECONNRESET)) {
-      return {Io::kClosed, errno};
-    } else {
-      return {Io::kFailed, errno};
-    }
-  }
-  return {};
-}
-
-IoResult recv_all(int fd, void* data, std::size_t n, Clock::time_point deadline) {
-  auto* p = static_cast<std::uint8_t*>(data);
-  while (n > 0) {
-    const ssize_t k = ::recv(fd, p, n, 0);
-    if (k > 0) {
-      p += k;
-      n -= static_cast<std::size_t>(k);
-    } else if (k == 0) {
-      return {Io::kClosed, 0};
-    } else if (errno == EINTR) {
-      continue;
-    } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      const IoResult r = wait_ready(fd, POLLIN, deadline);
-      if (r.io != Io::kOk) return r;
-    } else if (errno == ECONNRESET) {
-      return {Io::kClosed, errno};
-    } else {
-      return {Io::kFailed, errno};
-    }
-  }
-  return {};
-}
-
-// What went wrong during `doing` ("sending the request", ...).
-std::string io_message(const IoResult& r, milliseconds timeout, const char* doing) {
-  switch (r.io) {
-    case Io::kOk: return "ok";
-    case Io::kTimedOut:
-      return "timed out after " + std::to_string(timeout.count()) + " ms while " + doing;
-    case Io::kClosed: return std::string("the server closed the connection while ") + doing;
-    case Io::kFailed: return std::string(doing) + ": " + std::strerror(r.err);
-  }
-  return "?";
-}
-
-std::string quote_key(const std::string& key) {
-  std::string out = "\"";
-  const std::size_t shown = std::min(key.size(), kKeyShownBytes);
-  for (std::size_t i = 0; i < shown; ++i) {
-    const unsigned char ch = static_cast<unsigned char>(key[i]);
-    if (ch >= 0x20 && ch < 0x7f && ch != '"' && ch != '\\') {
-      out += static_cast<char>(ch);
-    } else {
-      char esc[8];
-      std::snprintf(esc, sizeof esc, "\\x%02x", ch);
-      out += esc;
-    }
-  }
-  out += "\"";
-  if (key.size() > shown) out += "... (" + std::to_string(key.size()) + " bytes)";
-  return out;
-}
-
-// One connection attempt's outcome.
-struct Attempt {
-  int fd = -1;
-  bool fatal = false;  // do not retry
-  std::string error;
-};
-
-Attempt try_connect_once(const std::string& host, std::uint16_t port, Clock::time_point deadline) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICSERV;
-  addrinfo* found = nullptr;
-  const std::string service = std::to_string(port);
-  const int gai = getaddrinfo(host.c_str(), service.c_str(), &hints, &found);
-  if (gai != 0) return {-1, false, std::string("cannot resolve the host: ") + gai_strerror(gai)};
-  Attempt result{-1, false, "no address"};
-  for (addrinfo* ai = found; ai != nullptr; ai = ai->ai_next) {
-    const int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
-    if (fd < 0) {
-      result.error = std::string("socket: ") + std::strerror(errno);
-      continue;
-    }
-    int rc = ::connect(fd, ai->ai_addr, ai->ai_addrlen);
-    if (rc < 0 && errno == EINPROGRESS) {
-      const IoResult r = wait_ready(fd, POLLOUT, deadline);
-      if (r.io == Io::kOk) {
-        int err = 0;
-        socklen_t len = sizeof err;
-        rc = getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0 ? 0 : -1;
-        errno = err;
-      } else {
-        rc = -1;
-        errno = r.io == Io::kTimedOut ? ETIMEDOUT : r.err;
-      }
-    }
-    if (rc == 0) {
-      result.fd = fd;
-      break;
-    }
-    result.error = std::string("connect: ") + std::strerror(errno);
-    ::close(fd);
-  }
-  freeaddrinfo(found);
-  if (result.fd < 0) return result;
-
+net::Attempt try_connect_once(const std::string& host, std::uint16_t port, Clock::time_point deadline) {
+  const net::Connected c = net::connect_tcp(host, port, deadline);
+  if (c.fd < 0) return {-1, false, c.error};
+  net::Attempt result{c.fd, false, ""};
   const int fd = result.fd;
-  // Small requests and responses that alternate: Nagle's algorithm would
-  // hold each back for a delayed ACK.
-  const int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   const std::vector<std::uint8_t> hello = wire::encode_hello();
   std::uint8_t reply[wire::kHelloBytes];
   IoResult r = send_all(fd, hello.data(), hello.size(), deadline);
@@ -225,8 +69,10 @@ Attempt try_connect_once(const std::string& host, std::uint16_t port, Clock::tim
 }  // namespace
 
 StoreClient::StoreClient(StoreClientOptions options) : options_(std::move(options)) {
-  const bool ipv6_literal = options_.host.find(':') != std::string::npos;
-  endpoint_ = (ipv6_literal ? "[" + options_.host + "]" : options_.host) + ":" + std::to_string(options_.port);
+  endpoint_ = net::endpoint_of(options_.host, options_.port);
+  if (options_.protocol != StoreProtocol::kLibpstar) {
+    fail(PSTAR_ERR_INVALID_ARGUMENT, "connect", "the options name another protocol than libpstar's own");
+  }
   if (options_.connect_timeout.count() <= 0 || options_.timeout.count() <= 0) {
     fail(PSTAR_ERR_INVALID_ARGUMENT, "connect", "timeouts must be positive");
   }
@@ -246,25 +92,12 @@ void StoreClient::fail(int status, const std::string& what, const std::string& d
 }
 
 void StoreClient::connect_until(Clock::time_point deadline, const std::string& what) {
-  const Clock::time_point started = Clock::now();
-  milliseconds pause = kFirstRetryPause;
-  for (;;) {
-    Attempt a = try_connect_once(options_.host, options_.port, deadline);
-    if (a.fd >= 0) {
-      fd_ = a.fd;
-      log::debug("store client " + endpoint_ + ": connected");
-      return;
-    }
-    if (a.fatal) fail(PSTAR_ERR_COMM, what, a.error);
-    const Clock::time_point now = Clock::now();
-    if (now >= deadline) {
-      const auto waited = std::chrono::duration_cast<milliseconds>(now - started).count();
-      fail(PSTAR_ERR_COMM, what,
-           "could not reach the store server within " + std::to_string(waited) + " ms (last error: " + a.error + ")");
-    }
-    std::this_thread::sleep_for(std::min<Clock::duration>(pause, deadline - now));
-    pause = std::min(pause * 2, kMaxRetryPause);
-  }
+  const net::Attempt a = net::connect_retrying(
+      [this](Clock::time_point d) { return try_connect_once(options_.host, options_.port, d); }, deadline,
+      "the store server");
+  if (a.fd < 0) fail(PSTAR_ERR_COMM, what, a.error);
+  fd_ = a.fd;
+  log::debug("store client " + endpoint_ + ": connected");
 }
 
 std::string StoreClient::describe(wire::Op op, const std::vector<std::string>& keys) const {
@@ -286,8 +119,12 @@ void StoreClient::check_key(const std::string& key, const std::string& what) con
   }
 }
 
-StoreClient::Bytes StoreClient::call(wire::Op op, const std::vector<std::string>& keys, const void* value,
+StoreClient::Bytes StoreClient::call(wire::Op op, const std::vector<std::string>& given_keys, const void* value,
                                      std::size_t value_bytes, milliseconds timeout, long expected_payload) {
+  std::vector<std::string> keys = given_keys;
+  if (!options_.key_prefix.empty()) {
+    for (std::string& k : keys) k.insert(0, options_.key_prefix);
+  }
   const std::string what = describe(op, keys);
   for (const std::string& k : keys) check_key(k, what);
   if (value_bytes > wire::kMaxValueBytes) {

@@ -28,6 +28,9 @@
 // was.  There is no status of its own for a timeout: it is PSTAR_ERR_COMM
 // with "timed out" in the message.
 //
+// Keys: options.key_prefix is prepended to every key before it is checked
+// against the limits and sent (messages show the full key).
+//
 // Thread safety: calls are serialised by a mutex; a caller blocked in get or
 // wait holds it, so threads that must not wait for each other use clients of
 // their own.
@@ -40,25 +43,13 @@
 #include <string>
 #include <vector>
 
+#include "dist/store/store.h"
 #include "dist/store/store_protocol.h"
 
 namespace pstar::dist {
 
-struct StoreClientOptions {
-  std::string host = "127.0.0.1";
-  std::uint16_t port = 0;
-  // How long the constructor keeps trying to reach the server.
-  std::chrono::milliseconds connect_timeout{300000};
-  // Default bound of every call, from sending the request to the end of its
-  // response (connecting again first if the connection was closed); get and
-  // wait also take one per call.  Five minutes: ranks of a large job start
-  // minutes apart.
-  std::chrono::milliseconds timeout{300000};
-};
-
-class StoreClient {
+class StoreClient final : public Store {
  public:
-  using Bytes = std::vector<std::uint8_t>;
 
   // Connects and performs the handshake, retrying until connect_timeout.
   // Throws PSTAR_ERR_COMM (unreachable, timed out, version mismatch) or
@@ -68,28 +59,28 @@ class StoreClient {
   StoreClient(const StoreClient&) = delete;
   StoreClient& operator=(const StoreClient&) = delete;
 
+  using Store::set;
   // Stores (replaces) the value of `key`.
-  void set(const std::string& key, const void* data, std::size_t size);
-  void set(const std::string& key, const Bytes& value) { set(key, value.data(), value.size()); }
+  void set(const std::string& key, const void* data, std::size_t size) override;
   // The value of `key`, waiting until some client sets it.
   Bytes get(const std::string& key);
-  Bytes get(const std::string& key, std::chrono::milliseconds timeout);
+  Bytes get(const std::string& key, std::chrono::milliseconds timeout) override;
   // Adds `delta` to the counter `key` (missing: 0) and returns the new
   // value.  The counter is stored as decimal text; PSTAR_ERR_INVALID_ARGUMENT
   // if the stored value is not an int64 in decimal or the sum overflows.
-  std::int64_t add(const std::string& key, std::int64_t delta);
+  std::int64_t add(const std::string& key, std::int64_t delta) override;
   // Returns once every key exists (an empty list returns at once).
   void wait(const std::vector<std::string>& keys);
-  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout);
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
   // Whether every key exists now (true for an empty list).
-  bool check(const std::vector<std::string>& keys);
+  bool check(const std::vector<std::string>& keys) override;
   // Removes `key`; whether it existed.
-  bool erase(const std::string& key);
+  bool erase(const std::string& key) override;
   // How many keys the store holds.
   std::uint64_t num_keys();
 
   // "host:port" of the server, as messages name it.
-  const std::string& endpoint() const { return endpoint_; }
+  const std::string& endpoint() const override { return endpoint_; }
 
  private:
   using Clock = std::chrono::steady_clock;
