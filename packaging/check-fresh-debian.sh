@@ -24,6 +24,13 @@ if [ -f /etc/ssl/certs/ca-certificates.crt ]; then
   mkdir -p "$root/etc/ssl/certs"
   cp /etc/ssl/certs/ca-certificates.crt "$root/etc/ssl/certs/ca-certificates.crt"
 fi
+# Its local CAs too: installing ca-certificates in the root (setup-debian.sh
+# pulls it in) rebuilds the bundle from the root's own CA folders, which
+# would drop the copied one's extra CAs and break pip there.
+if compgen -G "/usr/local/share/ca-certificates/*.crt" > /dev/null; then
+  mkdir -p "$root/usr/local/share/ca-certificates"
+  cp /usr/local/share/ca-certificates/*.crt "$root/usr/local/share/ca-certificates/"
+fi
 [ -f /etc/pip.conf ] && cp /etc/pip.conf "$root/etc/pip.conf"
 rm -rf "$root/root/libpstar"
 git clone -q "$repo" "$root/root/libpstar"
