@@ -18,6 +18,12 @@ for d in proc sys dev; do
 done
 trap 'for d in dev sys proc; do umount "$root/$d" 2>/dev/null || true; done' EXIT
 cp /etc/resolv.conf "$root/etc/resolv.conf"
+# debootstrap's minbase writes no /etc/hosts, which every installed Debian
+# has: without it "localhost" does not resolve there (torchrun's agent could
+# not reach its own store at localhost).
+if [ ! -s "$root/etc/hosts" ]; then
+  printf '127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n' > "$root/etc/hosts"
+fi
 # A network that inspects TLS needs its CA: give the root the host's trust
 # store and pip's settings (nothing else of the host's).
 if [ -f /etc/ssl/certs/ca-certificates.crt ]; then
