@@ -25,12 +25,16 @@ PROBE = sys.argv[1]
 PREFIX = "libpstar/attempt_0/"
 
 
-def server():
-    return dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+def server(use_libuv=True):
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, use_libuv=use_libuv)
+    assert store.libuvBackend == use_libuv
+    return store
 
 
-def check_ops():
-    store = server()
+def check_ops(use_libuv):
+    """Both of PyTorch's server backends: libuv (the default) and the
+    classic one (use_libuv=False, or TORCH_USE_LIBUV=0)."""
+    store = server(use_libuv)
     store.set("py/greeting", "hello from torch")
     proc = subprocess.Popen([PROBE, "ops", "127.0.0.1", str(store.port), PREFIX],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -65,7 +69,8 @@ def check_ops():
     assert lines == expected, out
     assert store.get(PREFIX + "ctr") == b"13"
     assert not store.check([PREFIX + "k"])
-    print("ops: every step as expected; torch reads libpstar's keys under", PREFIX)
+    backend = "libuv" if use_libuv else "classic"
+    print(f"ops ({backend} server): every step as expected; torch reads libpstar's keys under {PREFIX}")
 
 
 def listening_socket(behaviour):
@@ -119,6 +124,7 @@ def check_handshakes():
     print("libpstar's own store server:", out.strip())
 
 
-check_ops()
+check_ops(use_libuv=True)
+check_ops(use_libuv=False)
 check_handshakes()
 print("tcpstore_vs_torch: all checks passed")

@@ -3,7 +3,7 @@
 # case per CTest test (label dist):
 #   check_launcher.sh CASE PSTAR_RUN EXAMPLE VENV_BIN REFERENCE_FILE
 # CASE: reference (pstar-run -n 2; writes REFERENCE_FILE), torchrun_standalone,
-# torchrun_c10d, torchrun_two_nodes, mpirun, slurm_env.  Every other case
+# torchrun_c10d, torchrun_two_nodes, torchrun_restart, mpirun, slurm_env.  Every other case
 # trains the same model for the same steps and must end at the same held-out
 # loss as the reference, on every rank.  A launcher that is not installed
 # makes the case exit 77 (skipped), saying so.
@@ -111,6 +111,27 @@ case "$name" in
       pids="$pids $!"
     done
     wait_all "$tmp/node0" "$tmp/node1"
+    expect_reference_loss
+    ;;
+  torchrun_restart)
+    # A restarted attempt: on attempt 0 both ranks form their group and
+    # train 2 steps, then rank 1 fails; torchrun restarts both (the agent's
+    # store, with attempt 0's keys, lives on) and attempt 1 must train as
+    # if alone: its keys are under libpstar/attempt_1/, never attempt 0's.
+    need_torchrun
+    cat >"$tmp/attempt.sh" <<SCRIPT
+#!/bin/sh
+if [ "\$TORCHELASTIC_RESTART_COUNT" = 0 ]; then
+  "$example" --steps 2 >"$tmp/attempt0-rank\$RANK" 2>&1 || exit \$?
+  [ "\$RANK" = 1 ] && exit 3
+  exit 0
+fi
+exec "$example" --steps $steps
+SCRIPT
+    chmod +x "$tmp/attempt.sh"
+    timeout 100 "$torchrun" --standalone --nproc-per-node 2 --max-restarts 1 --no-python \
+      "$tmp/attempt.sh" >"$out" 2>&1 || fail "torchrun exited $?"
+    grep -q "data parallel: rank 1 of 2" "$tmp/attempt0-rank1" || fail "attempt 0 did not form its group"
     expect_reference_loss
     ;;
   mpirun)
