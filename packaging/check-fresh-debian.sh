@@ -9,6 +9,12 @@ set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 root=${1:-/var/tmp/pstar-fresh-bookworm}
 
+# One check at a time per root: a second run's exit would unmount /proc
+# under the first one's tests.
+mkdir -p "$(dirname "$root")"
+exec 9> "$root.lock"
+flock -n 9 || { echo "check-fresh-debian: another check is using $root" >&2; exit 1; }
+
 command -v debootstrap > /dev/null || apt-get install -y -qq --no-install-recommends debootstrap
 if [ ! -x "$root/usr/bin/apt-get" ]; then
   debootstrap --variant=minbase bookworm "$root" http://deb.debian.org/debian
