@@ -221,6 +221,10 @@ pstar_status pstar_iteration_end(pstar_engine* engine) {
   return guarded([&] { live(engine).iteration_end(); });
 }
 
+pstar_status pstar_iteration_abort(pstar_engine* engine) {
+  return guarded([&] { live(engine).iteration_abort(); });
+}
+
 pstar_status pstar_engine_compute_stream(pstar_engine* engine, void** out_stream) {
   return guarded([&] {
     auto& e = live(engine);

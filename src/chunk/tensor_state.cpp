@@ -26,6 +26,7 @@ const char* event_name(TensorEvent e) {
     case TensorEvent::kReleaseEval: return "release(eval)";
     case TensorEvent::kStep: return "step";
     case TensorEvent::kAcquireNextMicroBatch: return "acquire(FORWARD, next micro-batch)";
+    case TensorEvent::kAbort: return "abort";
   }
   return "?";
 }

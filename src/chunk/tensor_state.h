@@ -34,8 +34,11 @@ enum class TensorEvent : uint8_t {
   // First forward use of a new micro-batch, after the parameter's backward
   // in the previous one (gradient accumulation only).
   kAcquireNextMicroBatch = 10,
+  // End of an abandoned iteration (pstar_iteration_abort): from any state
+  // of a built engine back to HOLD, the parameter released if acquired.
+  kAbort = 11,
 };
-constexpr int kTensorEventCount = 11;
+constexpr int kTensorEventCount = 12;
 
 // Sentinel: the event is illegal in that state.
 constexpr int8_t kIllegal = -1;
@@ -43,12 +46,12 @@ constexpr int8_t kIllegal = -1;
 // kTransitions[state][event] = new state, or kIllegal.
 // clang-format off
 constexpr int8_t kTransitions[kTensorStateCount][kTensorEventCount] = {
-  //            build  acqF  acqR  acqB  acqE  relF  relB  relBL relE  step  acqN
-  /* Free  */ { 1,     -1,   -1,   -1,   -1,   -1,   -1,   -1,   -1,   -1,   -1 },
-  /* Hold  */ { -1,    2,    -1,   -1,   2,    -1,   -1,   -1,   -1,   1,    -1 },
-  /* Comp  */ { -1,    -1,   -1,   -1,   -1,   3,    3,    4,    1,    -1,   -1 },
-  /* HFwd  */ { -1,    2,    2,    2,    -1,   -1,   -1,   -1,   -1,   1,    -1 },
-  /* HBwd  */ { -1,    -1,   -1,   -1,   -1,   -1,   -1,   -1,   -1,   1,    2  },
+  //            build  acqF  acqR  acqB  acqE  relF  relB  relBL relE  step  acqN  abort
+  /* Free  */ { 1,     -1,   -1,   -1,   -1,   -1,   -1,   -1,   -1,   -1,   -1,   -1 },
+  /* Hold  */ { -1,    2,    -1,   -1,   2,    -1,   -1,   -1,   -1,   1,    -1,   1  },
+  /* Comp  */ { -1,    -1,   -1,   -1,   -1,   3,    3,    4,    1,    -1,   -1,   1  },
+  /* HFwd  */ { -1,    2,    2,    2,    -1,   -1,   -1,   -1,   -1,   1,    -1,   1  },
+  /* HBwd  */ { -1,    -1,   -1,   -1,   -1,   -1,   -1,   -1,   -1,   1,    2,    1  },
 };
 // clang-format on
 

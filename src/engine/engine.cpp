@@ -538,7 +538,8 @@ void Engine::iteration_begin(pstar_iteration_kind kind) {
   require(kind == PSTAR_ITERATION_TRAIN || kind == PSTAR_ITERATION_EVAL, PSTAR_ERR_INVALID_ARGUMENT,
           "iteration_begin: unknown iteration kind");
   require(!iteration_active_, PSTAR_ERR_INVALID_STATE,
-          "iteration_begin: an iteration is in progress (end it with pstar_step or pstar_iteration_end)");
+          "iteration_begin: an iteration is in progress (end it with pstar_step or pstar_iteration_end, or "
+          "abandon it with pstar_iteration_abort)");
   require_nvme_ok("iteration_begin");
   nvme_flush_access();  // values written between iterations reach the drive now
   require(writable_pins_ == 0, PSTAR_ERR_INVALID_STATE,
@@ -571,6 +572,90 @@ void Engine::iteration_end() {
   }
   if (sharded()) drop_all_gathered();
   iteration_active_ = false;
+}
+
+// Abandons the iteration in progress (pstar_iteration_abort), typically from
+// the caller's exception path: releases what is still acquired, discards the
+// iteration's gradients and use counts, and leaves every parameter, the
+// optimizer state, the step count, the loss scaler and the trace as the step
+// before the iteration left them.  Chunks stay where they are.  With a group
+// (world > 1) the ranks would have to agree on abandoning the iteration (its
+// reduce-scatters and gathers are collectives): refused.
+void Engine::iteration_abort() {
+  require_built("iteration_abort");
+  require(!sharded(), PSTAR_ERR_UNSUPPORTED,
+          "iteration_abort: not with a data-parallel group (world_size > 1): an abandoned iteration in a group "
+          "would need every rank to agree on it; rebuild the group's engines from a checkpoint "
+          "(pstar_checkpoint_load) instead");
+  require(iteration_active_, PSTAR_ERR_INVALID_STATE, "iteration_abort: no iteration in progress");
+  // The caller's work on what it acquired and the gradient finalizes its
+  // releases queued (which write grad_sumsq and grad_nonfinite) are done
+  // before anything below reads, restores or frees their memory.
+  memory::Stream* s = device_->compute_stream();
+  device_->synchronize(s);
+  // Slots holding a gradient get their weight back from the master, as in a
+  // skipped step (nothing in a dry run).  The only part that may fail, so it
+  // comes first: an NVMe read of a master still ends the abort, then is
+  // reported (training is refused until a checkpoint is loaded, as after a
+  // failed step); any other error (a device failure) leaves the iteration in
+  // progress with slot_is_grad as it was, and a repeated abort restores the
+  // slots again (restoring is idempotent).
+  std::exception_ptr nvme_error;
+  for (uint32_t id = 0; id < params_.size(); ++id) {
+    if (!params_[id].slot_is_grad) continue;
+    try {
+      restore_slot(id);
+    } catch (const Error&) {
+      if (!nvme_failed_) throw;
+      if (!nvme_error) nvme_error = std::current_exception();
+    }
+  }
+  const memory::EventPtr done = device_->record(s);
+  for (uint32_t id = 0; id < params_.size(); ++id) {
+    Param& p = params_[id];
+    const auto& place = layout_->param(id);
+    ChunkState& c = chunks_[place.chunk];
+    if (p.state == TensorState::kCompute) {
+      // Released here, as by pstar_param_release on the default stream,
+      // without its gradient work.
+      c.last_use = done;
+      --c.compute_refs;
+    }
+    if (p.grad_acc != nullptr) {
+      defer_free(done, p.grad_acc, p.numel * sizeof(float), Tier::kDevice);
+      device_grad_bytes_ -= p.numel * sizeof(float);
+      p.grad_acc = nullptr;
+    }
+    if (p.has_grad && opt_.grad_accumulation && payloads_ && c.opt_device == nullptr) {
+      // The micro-batches' gradients folded so far (host-synchronous).
+      std::memset(c.grad32 + place.offset_elems, 0, p.numel * sizeof(float));
+    }
+    apply(p, id, TensorEvent::kAbort);
+    p.forward_uses = 0;
+    p.backward_uses = 0;
+    p.slot_is_grad = false;
+    p.has_grad = false;
+    p.grad_sumsq = 0.0;
+    p.grad_nonfinite = 0;
+  }
+  for (ChunkState& c : chunks_) c.bwd_open = 0;
+  if (opt_.grad_accumulation) {
+    // Device-resident gradient lists (hybrid placement): cleared on the
+    // device, as the step clears them.
+    for (uint32_t k = 0; k < chunks_.size(); ++k) {
+      ChunkState& c = chunks_[k];
+      if (c.opt_device == nullptr) continue;
+      device_->stream_wait(s, c.opt_ready);
+      device_->stream_wait(s, c.last_use);
+      device_->memset_async(s, c.grad32, 0, layout_->chunks()[k].capacity_elems * sizeof(float));
+      c.last_use = device_->record(s);
+    }
+  }
+  if (iteration_kind_ == PSTAR_ITERATION_TRAIN) trace_iteration_abort();
+  iteration_active_ = false;
+  log::info(std::string("iteration aborted (") + (iteration_kind_ == PSTAR_ITERATION_TRAIN ? "TRAIN" : "EVAL") +
+            "): no step, its gradients discarded");
+  if (nvme_error) std::rethrow_exception(nvme_error);
 }
 
 void* Engine::acquire(uint32_t id, pstar_stage stage, void* stream) {
@@ -1064,6 +1149,7 @@ void Engine::check_ready(const memory::EventPtr& ev, const char* what) const {
 
 void Engine::trace_iteration_begin() {
   moment_ = 0;
+  fallbacks_at_begin_ = stats_.trace_fallbacks;
   following_ = false;
   recording_now_ = false;
   if (opt_.placement_policy != PSTAR_POLICY_OPT) return;
@@ -1217,6 +1303,19 @@ void Engine::trace_iteration_end() {
   }
   following_ = false;
   recording_now_ = false;
+}
+
+// An aborted TRAIN iteration leaves the trace as it was: a partial recording
+// (warm-up, or a re-trace after a divergence) is dropped and warm-up still
+// needs as many iterations; one that followed the trace stops following (the
+// next iteration follows from its start); a divergence it had is not counted.
+void Engine::trace_iteration_abort() {
+  stats_.trace_fallbacks = fallbacks_at_begin_;
+  following_ = false;
+  recording_now_ = false;
+  recording_.clear();
+  moment_ = 0;
+  prefetch_frontier_ = 0;
 }
 
 // ---------------------------------------------------------------------------

@@ -115,6 +115,9 @@ class Engine {
 
   void iteration_begin(pstar_iteration_kind kind);
   void iteration_end();
+  // pstar_iteration_abort: ends the iteration in progress without a step,
+  // as if it had never begun (one process only).
+  void iteration_abort();
   void* compute_stream_handle() { return device_->compute_stream_handle(); }
 
   void* acquire(uint32_t id, pstar_stage stage, void* stream);
@@ -360,6 +363,7 @@ class Engine {
   void trace_check(uint32_t chunk);
   void trace_note_access(uint32_t chunk);
   void trace_iteration_end();
+  void trace_iteration_abort();
   void diverge(const char* why);
   void prefetch_ahead();
   void choose_static_chunks();
@@ -466,6 +470,9 @@ class Engine {
   bool following_ = false;      // this TRAIN iteration matches trace_ so far
   uint32_t warmup_left_ = 0;    // TRAIN iterations to record before following
   uint64_t moment_ = 0;         // acquires so far in this TRAIN iteration
+  // stats_.trace_fallbacks when this TRAIN iteration began (an aborted
+  // iteration's divergence is not counted).
+  uint64_t fallbacks_at_begin_ = 0;
   uint64_t prefetch_frontier_ = 0;  // first moment prefetch_ahead() has not placed
 
   // Device tier accounting; invariant: device_used_ == device_chunk_bytes_ +

@@ -169,3 +169,57 @@ Test(sharded_one_rank, a_cuda_engine_refuses_a_host_memory_group) {
   }
   cr_assert(refused, "a CUDA engine accepted a group that takes host memory");
 }
+
+// pstar_iteration_abort needs every rank to agree: refused with a group, in
+// an iteration or not, and the refused call changes nothing (the iteration
+// goes on to the same step as one that was never interrupted).
+Test(sharded_one_rank, iteration_abort_is_refused_and_changes_nothing) {
+  auto refused = [](engine::Engine& e) {
+    try {
+      e.iteration_abort();
+    } catch (const Error& err) {
+      return err.status() == PSTAR_ERR_UNSUPPORTED &&
+             std::string(err.what()).find("every rank to agree") != std::string::npos &&
+             std::string(err.what()).find("checkpoint") != std::string::npos;
+    }
+    return false;
+  };
+  std::vector<float> out[2];
+  for (int interrupted = 0; interrupted < 2; ++interrupted) {
+    pstar_engine_options o;
+    pstar_engine_options_init(&o);
+    o.device = PSTAR_DEVICE_EMULATED;
+    o.chunk_elems = 4096;
+    o.compute_dtype = PSTAR_DTYPE_BF16;
+    o.lr = 1e-2f;
+    engine::Engine e(o, std::make_unique<OneRank>(false));
+    const int64_t shape[1] = {kElems};
+    const uint32_t a = e.register_param("a", 1, shape, 0), b = e.register_param("b", 1, shape, 0);
+    e.build();
+    std::vector<float> buf(kElems);
+    for (int i = 0; i < kElems; ++i) buf[i] = static_cast<float>(i % 29) / 32.0f - 0.4f;
+    e.write(a, buf.data(), kElems, PSTAR_DTYPE_F32);
+    e.write(b, buf.data(), kElems, PSTAR_DTYPE_F32);
+    if (interrupted) cr_assert(refused(e), "abort without an iteration in a group");
+    e.iteration_begin(PSTAR_ITERATION_TRAIN);
+    for (uint32_t id : {a, b}) {
+      e.acquire(id, PSTAR_STAGE_FORWARD, nullptr);
+      e.release(id, nullptr);
+    }
+    for (uint32_t id : {b, a}) {
+      e.acquire(id, PSTAR_STAGE_BACKWARD, nullptr);
+      for (int i = 0; i < kElems; ++i) buf[i] = static_cast<float>((i + id) % 13) / 64.0f - 0.1f;
+      e.grad_write(id, buf.data(), kElems, PSTAR_DTYPE_F32, PSTAR_MEM_HOST, nullptr);
+      if (interrupted) cr_assert(refused(e), "abort with a parameter acquired in a group");
+      e.release(id, nullptr);
+    }
+    const pstar_step_result r = e.step();
+    cr_assert_eq(r.step, 1u);
+    cr_assert_eq(r.params_updated, 2u);
+    out[interrupted].resize(2 * kElems);
+    e.read(a, out[interrupted].data(), kElems, PSTAR_DTYPE_F32);
+    e.read(b, out[interrupted].data() + kElems, kElems, PSTAR_DTYPE_F32);
+  }
+  cr_assert_eq(std::memcmp(out[0].data(), out[1].data(), out[0].size() * sizeof(float)), 0,
+               "a refused abort changed the step");
+}

@@ -18,11 +18,11 @@ Test(tensor_state, every_transition_matches_the_specification) {
   const TensorState S[] = {TensorState::kFree, TensorState::kHold, TensorState::kCompute, TensorState::kHoldAfterFwd,
                            TensorState::kHoldAfterBwd};
   const int expected[kTensorStateCount][kTensorEventCount] = {
-      {1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1},
-      {-1, 2, -1, -1, 2, -1, -1, -1, -1, 1, -1},
-      {-1, -1, -1, -1, -1, 3, 3, 4, 1, -1, -1},
-      {-1, 2, 2, 2, -1, -1, -1, -1, -1, 1, -1},
-      {-1, -1, -1, -1, -1, -1, -1, -1, -1, 1, 2},
+      {1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1},
+      {-1, 2, -1, -1, 2, -1, -1, -1, -1, 1, -1, 1},
+      {-1, -1, -1, -1, -1, 3, 3, 4, 1, -1, -1, 1},
+      {-1, 2, 2, 2, -1, -1, -1, -1, -1, 1, -1, 1},
+      {-1, -1, -1, -1, -1, -1, -1, -1, -1, 1, 2, 1},
   };
   int legal = 0;
   for (int s = 0; s < kTensorStateCount; ++s) {
@@ -38,7 +38,7 @@ Test(tensor_state, every_transition_matches_the_specification) {
       }
     }
   }
-  cr_assert_eq(legal, 14);
+  cr_assert_eq(legal, 18);
 }
 
 Test(tensor_state, compute_cannot_be_reacquired_or_stepped) {
@@ -55,7 +55,23 @@ Test(tensor_state, gradient_slot_is_not_readable_as_weights) {
   cr_assert(!transition(TensorState::kHoldAfterBwd, TensorEvent::kAcquireBackward, &to));
 }
 
+// pstar_iteration_abort: every state of a built engine, an acquired
+// parameter included (the abort releases it), goes back to HOLD; an
+// unbuilt parameter has nothing to abort.
+Test(tensor_state, abort_returns_every_built_state_to_hold) {
+  for (TensorState from : {TensorState::kHold, TensorState::kCompute, TensorState::kHoldAfterFwd,
+                           TensorState::kHoldAfterBwd}) {
+    TensorState to = TensorState::kFree;
+    cr_assert(transition(from, TensorEvent::kAbort, &to), "abort from %s", state_name(from));
+    cr_assert_eq(to, TensorState::kHold, "abort from %s", state_name(from));
+  }
+  TensorState to = TensorState::kHold;
+  cr_assert(!transition(TensorState::kFree, TensorEvent::kAbort, &to));
+  cr_assert_eq(to, TensorState::kHold, "an illegal transition must not write its output");
+}
+
 Test(tensor_state, names) {
   cr_assert_str_eq(state_name(TensorState::kHoldAfterBwd), "HOLD_AFTER_BWD");
   cr_assert_str_eq(event_name(TensorEvent::kStep), "step");
+  cr_assert_str_eq(event_name(TensorEvent::kAbort), "abort");
 }

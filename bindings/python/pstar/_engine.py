@@ -391,6 +391,14 @@ class Engine:
         finally:
             check(_c.pstar_iteration_end(self._handle()), "pstar_iteration_end")
 
+    def abort_iteration(self):
+        """Ends the current TRAIN or EVAL iteration without a step
+        (pstar_iteration_abort), e.g. from an exception handler: releases
+        what is still acquired, discards the iteration's gradients, and
+        leaves the parameters, the optimizer state, the step count, the loss
+        scale and the trace as if the iteration had never begun."""
+        check(_c.pstar_iteration_abort(self._handle()), "pstar_iteration_abort")
+
     def acquire(self, param: Param, stage: str = "forward", writable: bool = False, stream=None) -> View:
         """Acquires a parameter for a use (pstar_param_acquire): a View, to
         release (or use in a ``with`` block)."""

@@ -508,11 +508,47 @@ PSTAR_API pstar_status pstar_export_safetensors(pstar_engine *engine, const char
 /* ------------------------------------------------------------------------ */
 
 /** Begins an iteration.  A TRAIN iteration ends with pstar_step(), an EVAL
- *  iteration with pstar_iteration_end(). */
+ *  iteration with pstar_iteration_end(); either may be abandoned with
+ *  pstar_iteration_abort(). */
 PSTAR_API pstar_status pstar_iteration_begin(pstar_engine *engine, pstar_iteration_kind kind);
 
 /** Ends an EVAL iteration.  Every parameter must be released. */
 PSTAR_API pstar_status pstar_iteration_end(pstar_engine *engine);
+
+/** Ends the current TRAIN or EVAL iteration without a step: for an
+ *  iteration abandoned part way, e.g. from the caller's exception path.
+ *  Legal while an iteration is in progress; otherwise
+ *  PSTAR_ERR_INVALID_STATE and nothing changes.
+ *
+ *  Every parameter still acquired is released by this call (the caller's
+ *  work on its memory must be complete, or ordered on the default stream,
+ *  NULL).  Then nothing is updated: no Adam update, Adam's step count
+ *  (PSTAR_HPARAM_STEP) does not advance, the loss scale and its scaler's
+ *  state are unchanged.  The iteration's gradients are discarded: the fp32
+ *  gradient buffers are freed, a parameter slot that holds a gradient gets
+ *  its weight back from the fp32 master (as a skipped step does), and with
+ *  options.grad_accumulation the gradients accumulated in this iteration's
+ *  micro-batches are cleared.  Use counts are reset and every parameter is
+ *  in HOLD, as after pstar_step().  Chunks stay where they are.
+ *
+ *  Placement: an aborted TRAIN iteration is not part of the trace.  During
+ *  warm-up its partial recording is dropped and warm-up still takes as many
+ *  completed iterations; an iteration that followed the trace stops
+ *  following it (the next one follows from its start).  It is never
+ *  counted in stats.trace_fallbacks (a divergence before the abort
+ *  included); stats.iterations counts it (iterations begun).
+ *
+ *  Training after an abort reaches the same parameters and optimizer state,
+ *  bit for bit, as if the aborted iteration had never begun.  Works in dry
+ *  runs too.
+ *
+ *  With world_size > 1 (a data-parallel group) PSTAR_ERR_UNSUPPORTED and
+ *  nothing changes: abandoning an iteration in a group would need every
+ *  rank to agree; rebuild the group's engines from a checkpoint instead.
+ *  An NVMe read error while restoring a weight still ends the iteration,
+ *  then returns PSTAR_ERR_IO (training is refused until
+ *  pstar_checkpoint_load(), as after a failed step). */
+PSTAR_API pstar_status pstar_iteration_abort(pstar_engine *engine);
 
 /** Returns the emulated device's compute stream handle (NULL on CUDA, where
  *  the caller's own streams are used).  Passing NULL as a stream to the

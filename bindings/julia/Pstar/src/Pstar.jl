@@ -224,6 +224,7 @@ pstar_export_safetensors(engine, path) =
 pstar_iteration_begin(engine, kind) =
     ccall((:pstar_iteration_begin, libpstar), Cint, (Ptr{Cvoid}, Cint), engine, kind)
 pstar_iteration_end(engine) = ccall((:pstar_iteration_end, libpstar), Cint, (Ptr{Cvoid},), engine)
+pstar_iteration_abort(engine) = ccall((:pstar_iteration_abort, libpstar), Cint, (Ptr{Cvoid},), engine)
 pstar_engine_compute_stream(engine, out_stream) =
     ccall((:pstar_engine_compute_stream, libpstar), Cint, (Ptr{Cvoid}, Ref{Ptr{Cvoid}}), engine, out_stream)
 pstar_param_acquire(engine, id, stage, stream, out_ptr) =
@@ -370,6 +371,15 @@ export_safetensors(e::Engine, path::AbstractString) = @check pstar_export_safete
 begin_train!(e::Engine) = @check pstar_iteration_begin(e.ptr, PSTAR_ITERATION_TRAIN)
 
 """
+    abort_iteration!(e)
+
+Ends the current TRAIN or EVAL iteration without a step (pstar_iteration_abort):
+releases what is still acquired and discards the iteration's gradients, as if it
+had never begun.
+"""
+abort_iteration!(e::Engine) = @check pstar_iteration_abort(e.ptr)
+
+"""
     acquire(e, id, stage) -> Vector{Float32} (a view of host memory)
 
 On the emulated device with an f32 compute dtype the parameter's memory is
@@ -404,6 +414,6 @@ function stats(e::Engine)
 end
 
 export Engine, EngineOptions, PstarError, @check, options, register!, build!, write!, read, begin_train!,
-       acquire, release!, grad_write!, step!, stats, pin, unpin!, save, load!, export_safetensors
+       abort_iteration!, acquire, release!, grad_write!, step!, stats, pin, unpin!, save, load!, export_safetensors
 
 end # module

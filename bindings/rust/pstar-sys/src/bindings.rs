@@ -1148,7 +1148,8 @@ extern "C" {
 }
 extern "C" {
     #[doc = " Begins an iteration.  A TRAIN iteration ends with pstar_step(), an EVAL"]
-    #[doc = "  iteration with pstar_iteration_end()."]
+    #[doc = "  iteration with pstar_iteration_end(); either may be abandoned with"]
+    #[doc = "  pstar_iteration_abort()."]
     pub fn pstar_iteration_begin(
         engine: *mut pstar_engine,
         kind: pstar_iteration_kind,
@@ -1157,6 +1158,42 @@ extern "C" {
 extern "C" {
     #[doc = " Ends an EVAL iteration.  Every parameter must be released."]
     pub fn pstar_iteration_end(engine: *mut pstar_engine) -> pstar_status;
+}
+extern "C" {
+    #[doc = " Ends the current TRAIN or EVAL iteration without a step: for an"]
+    #[doc = "  iteration abandoned part way, e.g. from the caller's exception path."]
+    #[doc = "  Legal while an iteration is in progress; otherwise"]
+    #[doc = "  PSTAR_ERR_INVALID_STATE and nothing changes."]
+    #[doc = ""]
+    #[doc = "  Every parameter still acquired is released by this call (the caller's"]
+    #[doc = "  work on its memory must be complete, or ordered on the default stream,"]
+    #[doc = "  NULL).  Then nothing is updated: no Adam update, Adam's step count"]
+    #[doc = "  (PSTAR_HPARAM_STEP) does not advance, the loss scale and its scaler's"]
+    #[doc = "  state are unchanged.  The iteration's gradients are discarded: the fp32"]
+    #[doc = "  gradient buffers are freed, a parameter slot that holds a gradient gets"]
+    #[doc = "  its weight back from the fp32 master (as a skipped step does), and with"]
+    #[doc = "  options.grad_accumulation the gradients accumulated in this iteration's"]
+    #[doc = "  micro-batches are cleared.  Use counts are reset and every parameter is"]
+    #[doc = "  in HOLD, as after pstar_step().  Chunks stay where they are."]
+    #[doc = ""]
+    #[doc = "  Placement: an aborted TRAIN iteration is not part of the trace.  During"]
+    #[doc = "  warm-up its partial recording is dropped and warm-up still takes as many"]
+    #[doc = "  completed iterations; an iteration that followed the trace stops"]
+    #[doc = "  following it (the next one follows from its start).  It is never"]
+    #[doc = "  counted in stats.trace_fallbacks (a divergence before the abort"]
+    #[doc = "  included); stats.iterations counts it (iterations begun)."]
+    #[doc = ""]
+    #[doc = "  Training after an abort reaches the same parameters and optimizer state,"]
+    #[doc = "  bit for bit, as if the aborted iteration had never begun.  Works in dry"]
+    #[doc = "  runs too."]
+    #[doc = ""]
+    #[doc = "  With world_size > 1 (a data-parallel group) PSTAR_ERR_UNSUPPORTED and"]
+    #[doc = "  nothing changes: abandoning an iteration in a group would need every"]
+    #[doc = "  rank to agree; rebuild the group's engines from a checkpoint instead."]
+    #[doc = "  An NVMe read error while restoring a weight still ends the iteration,"]
+    #[doc = "  then returns PSTAR_ERR_IO (training is refused until"]
+    #[doc = "  pstar_checkpoint_load(), as after a failed step)."]
+    pub fn pstar_iteration_abort(engine: *mut pstar_engine) -> pstar_status;
 }
 extern "C" {
     #[doc = " Returns the emulated device's compute stream handle (NULL on CUDA, where"]

@@ -363,6 +363,18 @@ impl Engine {
         check(unsafe { sys::pstar_iteration_end(self.raw) }, "pstar_iteration_end")
     }
 
+    /// Ends the current TRAIN or EVAL iteration without a step
+    /// (`pstar_iteration_abort`): releases what is still acquired (a View
+    /// leaked with `std::mem::forget`; Views dropped on the way here have
+    /// released themselves), discards the iteration's gradients and use
+    /// counts, and leaves the parameters, the optimizer state, the step
+    /// count, the loss scale and the trace as if the iteration had never
+    /// begun.  `INVALID_STATE` without an iteration; `UNSUPPORTED` with a
+    /// data-parallel group (world size > 1).
+    pub fn abort_iteration(&mut self) -> Result<()> {
+        check(unsafe { sys::pstar_iteration_abort(self.raw) }, "pstar_iteration_abort")
+    }
+
     /// Acquires a parameter for a use; the View releases it when dropped
     /// (or explicitly, with its status, through `release`).
     pub fn acquire(&self, p: Param, stage: Stage) -> Result<View<'_>> {

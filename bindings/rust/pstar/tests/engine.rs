@@ -1,6 +1,6 @@
 // The safe crate against the library: errors with the library's status and
 // message, values, and training while chunks move.
-use pstar::{status, Device, Dtype, Engine, Options, Stage};
+use pstar::{status, Device, Dtype, Engine, Options, Param, Stage};
 
 fn small(capacity: u64) -> Options {
     Options::new()
@@ -196,4 +196,57 @@ fn a_writable_pin_reaches_the_values_at_unpin() {
     assert_eq!(v.as_f32().unwrap(), &[1.0, 2.0, 3.0, 4.0]);
     v.release().unwrap();
     e.end_iteration().unwrap();
+}
+
+/// One iteration over `layers`: forward, then backward with gradients that
+/// depend on the weights seen and on `s`; with `abandon`, the backward stops
+/// half way with a View leaked (as an unwinding caller could leave one) and
+/// the iteration is aborted instead of stepped.
+fn iteration(e: &mut Engine, layers: &[Param], s: usize, abandon: bool) {
+    e.begin_train().unwrap();
+    for &w in layers {
+        e.acquire(w, Stage::Forward).unwrap().release().unwrap();
+    }
+    for (i, &w) in layers.iter().enumerate().rev() {
+        let v = e.acquire(w, Stage::Backward).unwrap();
+        let g: Vec<f32> =
+            v.as_f32().unwrap().iter().enumerate().map(|(j, x)| 0.1 * x + ((j + 3 * s + i) % 7) as f32 * 1e-2).collect();
+        e.grad_write_f32(w, &g).unwrap();
+        if abandon && i == layers.len() / 2 {
+            std::mem::forget(v);
+            e.abort_iteration().unwrap();
+            return;
+        }
+        v.release().unwrap();
+    }
+    e.step().unwrap();
+}
+
+#[test]
+fn an_aborted_iteration_changes_nothing() {
+    let run = |abort: bool| {
+        let mut e = Engine::new(&small(0)).unwrap();
+        let layers: Vec<_> = (0..4).map(|i| e.register(&format!("w{}", i), &[16, 16], false).unwrap()).collect();
+        e.build().unwrap();
+        for (i, &w) in layers.iter().enumerate() {
+            let v: Vec<f32> = (0..256).map(|j| ((j * 5 + i * 11) % 17) as f32 / 17.0 - 0.5).collect();
+            e.write_f32(w, &v).unwrap();
+        }
+        assert_eq!(e.abort_iteration().unwrap_err().status, status::INVALID_STATE);
+        for s in 0..4 {
+            if abort && s == 2 {
+                iteration(&mut e, &layers, 100, true);
+                assert_eq!(e.stats().unwrap().steps, 2);
+                assert_eq!(e.abort_iteration().unwrap_err().status, status::INVALID_STATE);
+            }
+            iteration(&mut e, &layers, s, false);
+        }
+        let mut out = vec![0.0f32; 4 * 256];
+        for (i, &w) in layers.iter().enumerate() {
+            e.read_f32(w, &mut out[i * 256..(i + 1) * 256]).unwrap();
+        }
+        out
+    };
+    let (plain, aborted) = (run(false), run(true));
+    assert!(plain.iter().zip(&aborted).all(|(a, b)| a.to_bits() == b.to_bits()), "an aborted iteration changed training");
 }

@@ -179,6 +179,17 @@ public final class Engine implements AutoCloseable {
     PstarException.check(PstarC.pstar_iteration_end(handle), "pstar_iteration_end");
   }
 
+  /**
+   * Ends the current TRAIN or EVAL iteration without a step
+   * (pstar_iteration_abort), e.g. from a catch block: releases what is still
+   * acquired, discards the iteration's gradients, and leaves the parameters,
+   * the optimizer state, the step count, the loss scale and the trace as if
+   * the iteration had never begun.
+   */
+  public void abortIteration() {
+    PstarException.check(PstarC.pstar_iteration_abort(handle), "pstar_iteration_abort");
+  }
+
   /** Acquires a parameter for a use: a View to close (it releases). */
   public View acquire(Param p, Stage stage) { return acquire(p, stage, false); }
 

@@ -115,6 +115,35 @@ class EngineTest {
   }
 
   @Test
+  void anAbortedIterationReleasesItsViewAndUpdatesNothing() {
+    try (Engine e = new Engine(small(0))) {
+      Engine.Param w = e.register("w", 8);
+      e.build();
+      float[] values = {0.1f, -0.2f, 0.3f, -0.4f, 0.5f, -0.6f, 0.7f, -0.8f};
+      e.write(w, values);
+      assertThrows(PstarException.InvalidState.class, e::abortIteration);
+      e.beginTrain();
+      e.acquire(w, Engine.Stage.FORWARD).close();
+      e.acquire(w, Engine.Stage.BACKWARD); // left open, as an exception could leave it
+      float[] g = new float[8];
+      java.util.Arrays.fill(g, 1f);
+      e.gradWrite(w, g);
+      e.abortIteration();
+      assertThrows(PstarException.InvalidState.class, e::step);
+      float[] back = new float[8];
+      e.read(w, back);
+      assertArrayEquals(values, back);
+      assertEquals(0, e.stats().getSteps());
+      e.beginTrain(); // usable as after a step
+      e.acquire(w, Engine.Stage.FORWARD).close();
+      try (View v = e.acquire(w, Engine.Stage.BACKWARD)) {
+        e.gradWrite(w, g);
+      }
+      assertEquals(1, e.step().step);
+    }
+  }
+
+  @Test
   void theLogHandlerReceivesTheLibraryRecords() {
     java.util.List<String> seen = java.util.Collections.synchronizedList(new java.util.ArrayList<>());
     Engine.setLogHandler((level, message) -> seen.add(level + " " + message), PstarC.PSTAR_LOG_INFO);
