@@ -1,6 +1,7 @@
 """The Pythonic layer over pstar.capi: Options, Engine, Param, View."""
 import contextlib
 import ctypes
+import weakref
 from dataclasses import dataclass
 
 from . import capi as _c
@@ -99,7 +100,9 @@ class Param:
     """A registered parameter: its id, name, shape and element count."""
 
     def __init__(self, engine, pid: int, name: str, shape):
-        self.engine = engine
+        # Weak: the engine keeps its Params, and a cycle would leave the
+        # engine (and its memory) to the garbage collector.
+        self._engine = weakref.ref(engine)
         self.id = pid
         self.name = name
         self.shape = tuple(int(d) for d in shape)
@@ -107,6 +110,10 @@ class Param:
         for d in self.shape:
             n *= d
         self.numel = n
+
+    @property
+    def engine(self):
+        return self._engine()
 
     def __repr__(self):
         return f"Param({self.name!r}, shape={self.shape})"

@@ -14,85 +14,168 @@ How it works, at the tensor level (no module hooks, so it sees every use):
   whose own storage is empty; its values live in the engine.  Any torch
   function that receives it (``F.linear(x, self.weight)``, ``w.t()``,
   ``emb.weight @ h.T`` in a tied head, a parameter used outside its module)
-  goes through ``__torch_function__``: the parameter is acquired (FORWARD,
-  or RECOMPUTE inside a backward pass: activation checkpointing), a zero-copy
-  tensor of the chunk memory (DLPack) stands in for it in the call, and it
-  is released right after.  Metadata (shape, dtype, device...) is answered
-  without acquiring.
+  goes through ``__torch_function__``: inside an iteration the parameter is
+  acquired (FORWARD, or RECOMPUTE inside a backward pass: activation
+  checkpointing), a zero-copy tensor of the chunk memory (DLPack) stands in
+  for it in the call, and it is released right after.  Metadata (shape,
+  dtype, device...) is answered without acquiring: the device and dtype are
+  those the parameter computes in (the engine's).
+- Outside an iteration a parameter reads as a copy of its current weights
+  in the compute dtype (``engine.read``, no acquire): ``state_dict()``,
+  ``torch.save``, ``save_pretrained``, inference under ``torch.no_grad()``,
+  ``generate()``.  ``copy_`` into it (``load_state_dict``) writes the engine
+  (``pstar_param_write``); every other write is refused with an error that
+  says what to do.
 - The stand-in comes out of a small autograd Function per use, so autograd
   calls back once per use in backward: there the gradient is written to the
   engine (pstar_grad_write) between a BACKWARD acquire and its release.
   Tied weights and modules called twice make several uses: the engine adds
-  their gradients.
+  their gradients.  A parameter no gradient reached gets no BACKWARD use at
+  all, and the engine leaves it untouched (no weight decay, no moment
+  update), as torch does for a parameter whose ``grad`` is None.
 - Saved tensors: a pstar.torch iteration installs saved-tensor hooks, so an
   op that saves the stand-in for backward saves a handle instead; when
   backward needs it, the parameter is acquired (BACKWARD) and a fresh
-  zero-copy tensor is returned.  The chunk is thus free to move between
-  forward and backward, as the engine decides.
+  zero-copy tensor is returned (a parameter that takes no gradient: a copy,
+  acquired for RECOMPUTE and released at once).  The chunk is thus free to
+  move between forward and backward, as the engine decides.
 - A result that aliases chunk memory (``w.t()`` returned to the caller) is
   copied before the release, so no tensor outlives its acquire.  Inside a
-  checkpoint's recomputation, the stand-in is a copy too (the recomputed
-  graph keeps it until its backward runs).
+  checkpoint's recomputation, the stand-in is a copy too.  Both checkpoint
+  modes work: non-reentrant (the original forward's graph writes the
+  gradients; the recomputed one is never walked) and reentrant (the forward
+  ran without a graph; the recomputed graph is walked, and its uses write
+  the gradients).
+- Leaving ``train_iteration()`` by an exception, or without ``step()``,
+  abandons the iteration (pstar_iteration_abort): nothing is updated and the
+  next iteration starts clean.
 
-Not supported (and refused or documented): in-place writes to parameters
-(``p.add_()``; use ``ParameterModel.write``), ``torch.compile``, autocast
-(the compute dtype is the engine's), sparse or complex parameters,
-parameters on another device than the engine's, DataParallel/DDP wrappers
-(the engine shards by itself), optimizers other than the engine's AdamW.
+Refused with an error that says what to do: in-place writes to parameters
+inside an iteration or other than ``copy_`` (use ``ParameterModel.write``),
+``.data``, moving or converting the module after attach (``.to`` to another
+device or dtype, ``.cuda()``, ``.float()``), ``copy.deepcopy``, pickling a
+parameter, ``torch.compile``, unfreezing a parameter that was frozen at
+attach.  Documented: gradients go to the engine, so ``p.grad`` stays None
+(torch's clipping and optimizers see nothing: a warning says so once);
+autocast, sparse or complex parameters, DDP wrappers are not supported.
 """
 import contextlib
 import gc
+import traceback
+import warnings
+import weakref
 
 import torch
 
 from ._engine import Engine, Options
-from ._errors import InvalidStateError, check
+from ._errors import BusyError, InvalidStateError, PstarError, UnsupportedError, check
 from . import capi as _c
 
 _TORCH_DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 _ENGINE_DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 
-# Tensor attributes and methods that read metadata only: answered from the
-# registered shape and the engine's dtype and device, without an acquire.
+
+def _unsupported(message):
+    return UnsupportedError(_c.PSTAR_ERR_UNSUPPORTED, "PSTAR_ERR_UNSUPPORTED", message)
+
+
+def _invalid_state(message):
+    return InvalidStateError(_c.PSTAR_ERR_INVALID_STATE, "PSTAR_ERR_INVALID_STATE", message)
+
+
+# Tensor attributes and methods that read metadata only, answered without an
+# acquire.  The value names how (see ParameterModel._metadata); "meta": from
+# a meta tensor of the parameter's shape, dtype and requires_grad.  (Keys
+# are compared by equality: `torch.Tensor.device.__get__` is a new object at
+# every access.)
 _METADATA = {
-    torch.Tensor.size, torch.Tensor.dim, torch.Tensor.numel, torch.Tensor.__len__, torch.Tensor.stride,
-    torch.Tensor.shape.__get__, torch.Tensor.dtype.__get__, torch.Tensor.device.__get__,
-    torch.Tensor.requires_grad.__get__, torch.Tensor.is_leaf.__get__, torch.Tensor.grad.__get__,
-    torch.Tensor.ndim.__get__, torch.Tensor.is_cuda.__get__, torch.Tensor.layout.__get__,
-    torch.Tensor.data.__get__, torch.Tensor.grad_fn.__get__, torch.Tensor.__hash__,
+    torch.Tensor.size: "meta", torch.Tensor.dim: "meta", torch.Tensor.numel: "meta",
+    torch.Tensor.nelement: "meta", torch.Tensor.__len__: "meta", torch.Tensor.stride: "meta",
+    torch.Tensor.element_size: "meta", torch.Tensor.is_floating_point: "meta", torch.Tensor.is_complex: "meta",
+    torch.Tensor.is_contiguous: "meta", torch.Tensor.storage_offset: "meta",
+    torch.Tensor.shape.__get__: "meta", torch.Tensor.dtype.__get__: "meta", torch.Tensor.ndim.__get__: "meta",
+    torch.Tensor.layout.__get__: "meta", torch.Tensor.requires_grad.__get__: "meta",
+    torch.Tensor.is_leaf.__get__: "meta", torch.Tensor.is_sparse.__get__: "meta",
+    torch.Tensor.is_quantized.__get__: "meta", torch.Tensor.itemsize.__get__: "meta",
+    torch.Tensor.nbytes.__get__: "meta",
+    torch.Tensor.device.__get__: "device", torch.Tensor.is_cuda.__get__: "is_cuda",
+    torch.Tensor.is_cpu.__get__: "is_cpu", torch.Tensor.is_meta.__get__: "false",
+    torch.Tensor.get_device: "get_device", torch.Tensor.grad_fn.__get__: "none",
+    torch.Tensor.grad.__get__: "grad", torch.Tensor.grad.__set__: "grad_set",
+    torch.Tensor._grad.__get__: "grad", torch.Tensor.__hash__: "hash",
+    torch.Tensor.data.__get__: "data", torch.Tensor.data.__set__: "data",
+    torch.Tensor.requires_grad.__set__: "requires_grad_set", torch.Tensor.requires_grad_: "requires_grad_",
+    torch.Tensor.__reduce_ex__: "pickle", torch.Tensor.__deepcopy__: "deepcopy",
 }
+
+# In-place dunders (the other in-place methods end in "_").
+_INPLACE_DUNDERS = {"__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__", "__imod__",
+                    "__ipow__", "__iand__", "__ior__", "__ixor__", "__ilshift__", "__irshift__", "__imatmul__"}
+
+# Reads outside an iteration that are fine with autograd enabled (the copy
+# takes no gradient, as the caller expects of them).
+_PLAIN_READS = {torch.Tensor.detach}
+
+
+def _is_inplace(func, args, kwargs):
+    name = getattr(func, "__name__", "")
+    if name in _INPLACE_DUNDERS or (name.endswith("_") and not name.startswith("__")):
+        return args and isinstance(args[0], PstarParameter)
+    out = kwargs.get("out")
+    return out is not None and any(isinstance(o, PstarParameter) for o in _flatten(out))
 
 
 class PstarParameter(torch.nn.Parameter):
     """A parameter whose values live in a libpstar chunk (see the module doc)."""
 
-    _pstar = None  # the _Slot of this parameter
+    _pstar = None        # the _Slot of this parameter
+    _pstar_owner = None  # its ParameterModel (the model's parameters keep it alive)
 
-    def __new__(cls, data, slot):
+    def __new__(cls, data, slot, owner):
         p = torch.Tensor._make_subclass(cls, data, data.requires_grad)
         p._pstar = slot
+        p._pstar_owner = owner
         return p
 
     def __repr__(self):
         return f"PstarParameter(name={self._pstar.name!r}, shape={tuple(self._pstar.shape)})"
 
     def __deepcopy__(self, memo):
-        raise InvalidStateError(_c.PSTAR_ERR_UNSUPPORTED, "PSTAR_ERR_UNSUPPORTED",
-                                "a PstarParameter lives in an engine: read it with ParameterModel.state_dict()")
+        raise _unsupported(f"{self._pstar.name}: a model attached to pstar.torch cannot be deep-copied (its "
+                           "parameters live in the engine): copy the model before attach, or build a new one and "
+                           "load_state_dict(pm.state_dict()) into it")
+
+    def __reduce_ex__(self, proto):
+        raise _unsupported(f"{self._pstar.name}: a PstarParameter cannot be pickled (torch.save(model)): save "
+                           "model.state_dict() (copies of the weights) or pm.engine.save_checkpoint(dir)")
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         slots = []
+        owner = None
         for a in _flatten((args, kwargs)):
             if isinstance(a, PstarParameter) and all(s is not a._pstar for s in slots):
                 slots.append(a._pstar)
+                owner = owner or a._pstar_owner
         if not slots:
             with torch._C.DisableTorchFunctionSubclass():
                 return func(*args, **kwargs)
-        if func in _METADATA:
-            return slots[0].model._metadata(func, slots[0], args, kwargs)
-        return slots[0].model._call(func, slots, args, kwargs)
+        if torch.compiler.is_compiling():
+            raise _unsupported("torch.compile of a model attached to pstar.torch is not supported (its parameters "
+                               "are acquired from the engine at every use): call the model uncompiled")
+        how = _METADATA.get(func)
+        if how is not None:
+            return owner._metadata(how, func, slots[0], args, kwargs)
+        if _is_inplace(func, args, kwargs):
+            return owner._inplace(func, slots, args, kwargs)
+        if not owner._in_iteration:
+            if not torch.is_grad_enabled() or func in _PLAIN_READS:
+                return owner._read_outside(func, slots, args, kwargs)
+            # A use with autograd outside an iteration: the forward of a
+            # training step written without train_iteration().
+            owner._begin_implicit()
+        return owner._call(func, slots, args, kwargs)
 
 
 def _replace(obj, subst):
@@ -108,18 +191,29 @@ def _replace(obj, subst):
 
 
 class _Slot:
-    """Bookkeeping of one parameter: its engine Param and open views."""
+    """Bookkeeping of one parameter: its engine Param and open views.
 
-    def __init__(self, model, name, param, shape, requires_grad):
-        self.model = model
+    `owner` is a weak reference: the ParameterModel holds its slots, and the
+    model's PstarParameters hold the ParameterModel (no reference cycle, so
+    dropping the model and the ParameterModel frees the engine at once)."""
+
+    def __init__(self, owner, name, param, shape, requires_grad):
+        self.owner = weakref.ref(owner)
         self.name = name
         self.param = param
         self.shape = torch.Size(shape)
         self.requires_grad = requires_grad
+        self.frozen_at_attach = not requires_grad  # the engine keeps no optimizer state for it
         self.held = None        # the View while acquired
         self.held_count = 0     # uses sharing it
-        self.forward_uses = 0
-        self.backward_uses = 0
+        self.reset_counts()
+
+    def reset_counts(self):
+        # Engine acquires this iteration (a held View shared by several uses
+        # is one acquire): what the engine counts, so what step() pads.
+        self.engine_forward = 0
+        self.engine_backward = 0
+        self.unpacked = 0       # BACKWARD holds from unpack awaiting their use's gradient
 
 
 class _Use(torch.autograd.Function):
@@ -133,20 +227,25 @@ class _Use(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        ctx.slot.model._backward_use(ctx.slot, grad)
+        ctx.slot.owner()._backward_use(ctx.slot, grad, reuse_unpacked=True)
         return None, None, None
 
 
 class _RecomputedUse(torch.autograd.Function):
-    """A use inside a checkpoint's recomputation (see _call)."""
+    """A use inside a checkpoint's recomputation (see _call).  Its backward
+    runs only when the recomputed graph is the one walked (reentrant
+    checkpointing, whose forward built no graph): then it writes the
+    gradient, as _Use does in the other mode."""
 
     @staticmethod
-    def forward(ctx, anchor, tensor):
+    def forward(ctx, anchor, tensor, slot):
+        ctx.slot = slot
         return tensor.view_as(tensor)
 
     @staticmethod
     def backward(ctx, grad):
-        return None, None
+        ctx.slot.owner()._backward_use(ctx.slot, grad, reuse_unpacked=False)
+        return None, None, None
 
 
 class _Packed:
@@ -161,11 +260,46 @@ class _Packed:
         self.offset = t.storage_offset()
 
 
+def _guarded_apply(module_ref, original):
+    """Module._apply of an attached module (model.to, .cuda(), .float(),
+    .half()...): buffers are converted as usual; parameters only when the
+    conversion changes nothing (model.to(model.device) stays a no-op),
+    otherwise refused."""
+
+    def _apply(fn, recurse=True):
+        module = module_ref()
+        owner = next((p._pstar_owner for p in module.parameters() if isinstance(p, PstarParameter)), None)
+        if owner is not None:
+            here = f"the module's parameters live in a libpstar engine that computes in {owner.dtype} on {owner.device}"
+            advice = ("convert the model before attach, or create the engine with the compute_dtype and device "
+                      "wanted")
+            try:
+                with torch.no_grad():
+                    probe = fn(torch.empty(1, dtype=owner.dtype, device=owner.device))
+            except Exception as e:
+                raise _unsupported(f"{here}; moving or converting them after attach is not supported ({e}): "
+                                   f"{advice}") from e
+            if probe.dtype != owner.dtype or probe.device != owner.device:
+                raise _unsupported(f"{here}; converting them to {probe.dtype} on {probe.device} after attach is "
+                                   f"not supported: {advice}")
+        # The parameters stay; buffers (and submodules, whose own _apply is
+        # guarded too) are converted.
+        if recurse:
+            for child in module.children():
+                child._apply(fn)
+        for key, buf in module._buffers.items():
+            if buf is not None:
+                module._buffers[key] = fn(buf)
+        return module
+
+    return _apply
+
+
 class ParameterModel:
     """A module whose parameters live in a libpstar engine."""
 
     def __init__(self, module: torch.nn.Module, engine: Engine):
-        self.module = module
+        self._module = weakref.ref(module)
         self.engine = engine
         self.dtype = _TORCH_DTYPES[engine.compute_dtype]
         self.device = torch.device("cpu") if engine.device == "emulated" else torch.device(
@@ -173,18 +307,26 @@ class ParameterModel:
         self.slots = []
         self._live = {}  # storage address of a held view -> slot (while acquired in forward)
         self._in_iteration = False
-        self._hooks = None
+        self._implicit = False   # the iteration was begun by a use, not by train_iteration()
+        self._warned_grad = False
+
+    @property
+    def module(self):
+        """The attached module (None once it is gone)."""
+        return self._module()
 
     # -- setup -------------------------------------------------------------
-    def _adopt(self):
+    def _adopt(self, module):
         seen = {}
-        for mod_name, mod in self.module.named_modules():
+        for mod_name, mod in module.named_modules():
             for pname, p in list(mod._parameters.items()):
                 if p is None:
                     continue
                 if id(p) in seen:  # tied: the same PstarParameter
                     mod._parameters[pname] = seen[id(p)]
                     continue
+                if isinstance(p, PstarParameter):
+                    raise _unsupported(f"{mod_name}.{pname}: already attached to pstar.torch")
                 if p.is_sparse or p.is_complex():
                     raise ValueError(f"{mod_name}.{pname}: sparse and complex parameters are not supported")
                 full = f"{mod_name}.{pname}" if mod_name else pname
@@ -194,54 +336,130 @@ class ParameterModel:
                 self.slots.append(slot)
                 placeholder = torch.empty(0, dtype=self.dtype, device=self.device)
                 placeholder.requires_grad_(p.requires_grad)
-                new = PstarParameter(placeholder, slot)
+                new = PstarParameter(placeholder, slot, self)
                 seen[id(p)] = new
                 mod._parameters[pname] = new
         self.engine.build()
         for slot in self.slots:
             self.engine.write(slot.param, slot.initial.numpy().reshape(-1))
             del slot.initial
+        for mod in module.modules():
+            mod._apply = _guarded_apply(weakref.ref(mod), mod._apply)
 
     # -- iterations ---------------------------------------------------------
+    def _begin_implicit(self):
+        # The TRAIN iteration of a loop written as for a torch optimizer
+        # (forward, backward, pm.step()): begun by the first use, ended by
+        # step() or abandon_iteration().  The saved-tensor hooks are pushed
+        # now and popped then.
+        self.engine_iteration_begin()
+        torch._C._autograd._push_saved_tensors_default_hooks(self._pack, self._unpack)
+        self._implicit = True
+
+    def _end_implicit(self):
+        if self._implicit:
+            self._implicit = False
+            torch._C._autograd._pop_saved_tensors_default_hooks()
+
+    def _refuse_nested(self, what):
+        if self._in_iteration:
+            how = ("begun implicitly by a use of a parameter with autograd outside train_iteration()"
+                   if self._implicit else "in progress")
+            raise _invalid_state(f"{what}: a TRAIN iteration is {how}: end it with pm.step(), or "
+                                 "pm.abandon_iteration() to drop it")
+
     @contextlib.contextmanager
     def train_iteration(self):
-        """A TRAIN iteration: forward, backward and step() inside."""
+        """A TRAIN iteration: forward, backward and step() inside.  Leaving
+        it by an exception, or without step(), abandons the iteration:
+        nothing is updated (a warning says so in the second case)."""
+        self._refuse_nested("train_iteration()")
         self.engine_iteration_begin()
-        with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
-            yield self
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
+                yield self
+        except BaseException as e:
+            self._abandon_after(e)
+            raise
+        if self._in_iteration:
+            self.abandon_iteration()
+            warnings.warn("pstar.torch: train_iteration() left without pm.step(): the iteration was abandoned, "
+                          "nothing was updated", RuntimeWarning, stacklevel=3)
 
     @contextlib.contextmanager
     def eval_iteration(self):
         """An EVAL iteration (forward only, no autograd graph)."""
+        self._refuse_nested("eval_iteration()")
         check(_c.pstar_iteration_begin(self.engine._handle(), _c.PSTAR_ITERATION_EVAL), "pstar_iteration_begin")
         self._in_iteration = True
         try:
             with torch.no_grad():
                 yield self
-        finally:
-            self._in_iteration = False
-            check(_c.pstar_iteration_end(self.engine._handle()), "pstar_iteration_end")
+        except BaseException as e:
+            self._abandon_after(e)
+            raise
+        self._in_iteration = False
+        check(_c.pstar_iteration_end(self.engine._handle()), "pstar_iteration_end")
 
     def engine_iteration_begin(self):
         check(_c.pstar_iteration_begin(self.engine._handle(), _c.PSTAR_ITERATION_TRAIN), "pstar_iteration_begin")
         self._in_iteration = True
         for s in self.slots:
-            s.forward_uses = s.backward_uses = 0
+            s.reset_counts()
+
+    def abandon_iteration(self):
+        """Ends the iteration in progress without updating anything
+        (pstar_iteration_abort): the engine releases what is acquired and
+        discards this iteration's gradients."""
+        if not self._in_iteration:
+            raise _invalid_state("abandon_iteration(): no pstar.torch iteration in progress")
+        self._in_iteration = False
+        self._end_implicit()
+        self._forget_views()
+        self.engine.abort_iteration()
+
+    def _abandon_after(self, error):
+        # The caller's exception is what propagates; an abort that fails too
+        # (a data-parallel engine refuses it) is noted on it.
+        if not self._in_iteration:
+            return
+        try:
+            self.abandon_iteration()
+        except PstarError as abort_error:
+            error.add_note(f"pstar.torch: the iteration could not be abandoned: {abort_error}")
+
+    def _forget_views(self):
+        # The engine releases (or has released) them; tensors made from the
+        # views may still be alive in a traceback.
+        for s in self.slots:
+            if s.held is not None:
+                s.held.released = True
+            s.held = None
+            s.held_count = 0
+            s.reset_counts()
+        self._live.clear()
 
     def step(self):
         """Ends the TRAIN iteration with the engine's AdamW."""
+        if not self._in_iteration:
+            raise _invalid_state("step(): no pstar.torch TRAIN iteration in progress (train_iteration(), or a use "
+                                 "of a parameter with autograd on, begins one)")
         for s in self.slots:
-            # Uses whose backward never ran (frozen parameters, a parameter
-            # whose gradient was not needed): one BACKWARD use each, so that
-            # the engine sees every use ended.
-            while s.backward_uses < s.forward_uses:
-                self._acquire(s, "backward")
-                self._release(s)
-                s.backward_uses += 1
             while s.held is not None:
                 self._release(s)
-        result = self.engine.step()
+            # Uses whose backward never ran (a use that did not reach the
+            # loss, a parameter that takes no gradient now): when some use
+            # of the parameter had a backward, one BACKWARD use each, so
+            # that the engine sees every use ended and sums the gradients
+            # that came.  A parameter no gradient reached keeps its missing
+            # uses: the engine does not update it.
+            if s.engine_backward > 0:
+                while s.engine_backward < s.engine_forward:
+                    self._acquire(s, "backward")
+                    self._release(s)
+        result = self.engine.step()  # on an error the iteration stays open (retry, or abandon)
         self._in_iteration = False
+        self._end_implicit()
         return result
 
     # -- acquire / release -------------------------------------------------------
@@ -249,6 +467,10 @@ class ParameterModel:
         if slot.held is None:
             slot.held = self.engine.acquire(slot.param, stage, writable=stage != "forward")
             slot.held_count = 0
+            if stage == "forward":
+                slot.engine_forward += 1
+            elif stage == "backward":
+                slot.engine_backward += 1
         slot.held_count += 1
         t = torch.from_dlpack(slot.held)
         return t.view(slot.shape) if slot.shape else t.view(())
@@ -256,42 +478,125 @@ class ParameterModel:
     def _release(self, slot):
         slot.held_count -= 1
         if slot.held_count <= 0 and slot.held is not None:
-            view, slot.held = slot.held, None
-            slot.held_count = 0
+            view = slot.held
             if view._exports:  # DLPack tensors in reference cycles: collect them first
                 gc.collect()
-            view.release()
+            try:
+                view.release()
+            except BusyError:
+                slot.held_count = 1  # still held, by this last use
+                raise
+            slot.held = None
+            slot.held_count = 0
 
     # -- the interception -------------------------------------------------------
-    def _metadata(self, func, slot, args, kwargs):
+    def _metadata(self, how, func, slot, args, kwargs):
+        if how == "device":
+            return self.device
+        if how == "is_cuda":
+            return self.device.type == "cuda"
+        if how == "is_cpu":
+            return self.device.type == "cpu"
+        if how == "false":
+            return False
+        if how == "get_device":
+            return self.device.index if self.device.type == "cuda" else -1
+        if how == "none":
+            return None
+        if how == "hash":
+            return object.__hash__(args[0])
+        if how == "grad":
+            self._warn_grad()
+            return None
+        if how == "grad_set":
+            if args[1] is not None:
+                raise _unsupported(f"{slot.name}: a PstarParameter's gradient goes to the engine; .grad cannot be "
+                                   "set")
+            return None
+        if how == "data":
+            raise _unsupported(f"{slot.name}: .data of a PstarParameter: read a copy with p.detach() (or "
+                               "pm.read(p), fp32), write with pm.write(p, values) or load_state_dict() between "
+                               "iterations")
+        if how in ("requires_grad_set", "requires_grad_"):
+            flag = args[1] if len(args) > 1 else kwargs.get("requires_grad", True)
+            self._set_requires_grad(slot, args[0], bool(flag))
+            return args[0] if how == "requires_grad_" else None
+        if how == "pickle":
+            return args[0].__reduce_ex__(*args[1:])
+        if how == "deepcopy":
+            return args[0].__deepcopy__(*args[1:])
         stand_in = torch.empty(slot.shape, dtype=self.dtype, device="meta")
         stand_in.requires_grad_(slot.requires_grad)
-        if func is torch.Tensor.device.__get__:
-            return self.device
-        if func is torch.Tensor.is_cuda.__get__:
-            return self.device.type == "cuda"
-        if func is torch.Tensor.grad.__get__:
-            return None
-        if func is torch.Tensor.grad_fn.__get__:
-            return None
-        if func is torch.Tensor.data.__get__:
-            raise InvalidStateError(_c.PSTAR_ERR_UNSUPPORTED, "PSTAR_ERR_UNSUPPORTED",
-                                    f"{slot.name}: .data of a PstarParameter: read it with ParameterModel.read()")
-        if func is torch.Tensor.__hash__:
-            return object.__hash__(args[0])
         args = tuple(stand_in if isinstance(a, PstarParameter) else a for a in args)
         with torch._C.DisableTorchFunctionSubclass():
             return func(*args, **kwargs)
 
+    def _warn_grad(self):
+        if self._warned_grad:
+            return
+        self._warned_grad = True
+        warnings.warn("pstar.torch: a PstarParameter's .grad is always None: gradients go to the engine, whose AdamW "
+                      "(pm.step()) is the optimizer. torch.nn.utils.clip_grad_norm_ and torch optimizers over "
+                      "model.parameters() see no gradient and do nothing; clip with the engine's clip_norm "
+                      "option (attach(..., clip_norm=1.0) or pm.engine.set_hparam('clip_norm', ...))",
+                      UserWarning, stacklevel=4)
+
+    def _set_requires_grad(self, slot, param, flag):
+        if flag == slot.requires_grad:
+            return
+        if self._in_iteration:
+            raise _invalid_state(f"{slot.name}: requires_grad changed inside an iteration; freeze or unfreeze "
+                                 "between iterations")
+        if flag and slot.frozen_at_attach:
+            raise _unsupported(f"{slot.name}: was frozen when attached, so the engine keeps no fp32 master or Adam "
+                               "state for it; set requires_grad=True before attach to train it (and freeze it "
+                               "after attach if it should start frozen)")
+        slot.requires_grad = flag
+        with torch._C.DisableTorchFunctionSubclass():
+            torch.Tensor.requires_grad_(param, flag)
+
+    def _snapshot(self, slot):
+        """The parameter's current weights in the compute dtype (a copy)."""
+        if self.dtype == torch.bfloat16:
+            t = torch.from_numpy(self.engine.read(slot.param, dtype="bf16")).view(torch.bfloat16)
+        elif self.dtype == torch.float16:
+            t = torch.from_numpy(self.engine.read(slot.param, dtype="f16"))
+        else:
+            t = torch.from_numpy(self.engine.read(slot.param))
+        t = t.reshape(slot.shape)
+        return t if self.device.type == "cpu" else t.to(self.device)
+
+    def _read_outside(self, func, slots, args, kwargs):
+        # Outside an iteration, without autograd: copies of the current
+        # weights stand in.
+        subst = {id(s): self._snapshot(s) for s in slots}
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*_replace(args, subst), **_replace(kwargs, subst))
+
+    def _inplace(self, func, slots, args, kwargs):
+        target = args[0] if args and isinstance(args[0], PstarParameter) else None
+        if func == torch.Tensor.copy_ and target is not None and not self._in_iteration:
+            # load_state_dict() and p.copy_(values): written into the engine.
+            src = args[1]
+            if isinstance(src, PstarParameter):
+                src = src._pstar_owner._snapshot(src._pstar)
+            src = torch.as_tensor(src)
+            if src.shape != target._pstar.shape:
+                src = src.expand(target._pstar.shape)
+            self.write(target, src)
+            return target
+        name = getattr(func, "__name__", repr(func))
+        where = "inside an iteration" if self._in_iteration else "on a PstarParameter"
+        raise _unsupported(f"{slots[0].name}: in-place {name} {where} is not supported (its values live in the "
+                           "engine): write new values between iterations with pm.write(p, values), p.copy_(values) "
+                           "or model.load_state_dict(...)")
+
     def _call(self, func, slots, args, kwargs):
-        if not self._in_iteration:
-            raise InvalidStateError(_c.PSTAR_ERR_INVALID_STATE, "PSTAR_ERR_INVALID_STATE",
-                                    f"{slots[0].name} used outside a pstar.torch iteration "
-                                    "(use train_iteration() or eval_iteration())")
         in_backward = torch._C._current_autograd_node() is not None
         stage = "recompute" if in_backward else "forward"
         subst = {}
         out = None
+        failure = None
         try:
             for slot in slots:
                 t = self._acquire(slot, stage)
@@ -299,17 +604,15 @@ class ParameterModel:
                     # A checkpoint's recomputation keeps what it saves until
                     # that backward runs: hand it a copy, not chunk memory,
                     # through a Function of the same shape as in forward (so
-                    # the ops save the same tensors) whose backward is never
-                    # run (the original forward's graph is the one walked).
+                    # the ops save the same tensors).
                     t = t.clone()
                     if slot.requires_grad and torch.is_grad_enabled():
                         anchor = args_anchor((args, kwargs), slot)
                         with torch._C.DisableTorchFunctionSubclass():
-                            t = _RecomputedUse.apply(anchor, t)
+                            t = _RecomputedUse.apply(anchor, t, slot)
                 elif torch.is_grad_enabled():
                     # A use autograd may come back to: what the op saves of
                     # it is packed into a handle (_pack).
-                    slot.forward_uses += 1
                     self._live[slot.held.address] = slot  # the storage of t starts there
                     if slot.requires_grad:
                         anchor = args_anchor((args, kwargs), slot)
@@ -320,14 +623,35 @@ class ParameterModel:
             with torch._C.DisableTorchFunctionSubclass():
                 out = func(*_replace(args, subst), **_replace(kwargs, subst))
             out = self._detach_aliases(out, slots)
+        except BaseException as e:
+            failure = e
+            raise
         finally:
             # No tensor of chunk memory may outlive the release.
             subst.clear()
             t = None
             for slot in slots:
                 self._live = {k: v for k, v in self._live.items() if v is not slot}
-                self._release(slot)
+                if slot.held is not None:
+                    self._release_after(slot, failure)
         return out
+
+    def _release_after(self, slot, failure):
+        try:
+            self._release(slot)
+        except BusyError:
+            if failure is None:
+                raise
+            # The failed call's frames (kept by the exception's traceback)
+            # still hold the stand-in: clear their locals and try again.
+            # Still exported: the view stays held, released by step() or
+            # the abort once the exception is gone.
+            traceback.clear_frames(failure.__traceback__)
+            gc.collect()
+            try:
+                self._release(slot)
+            except BusyError:
+                pass
 
     def _detach_aliases(self, out, slots):
         # A result sharing chunk memory would outlive the release: copy it.
@@ -362,30 +686,36 @@ class ParameterModel:
         if not isinstance(packed, _Packed):
             return packed
         slot = packed.slot
+        if not slot.requires_grad:
+            # No gradient comes for it, so no BACKWARD use (the engine must
+            # not count one: it would update the parameter): a copy, read
+            # under a RECOMPUTE acquire released at once.
+            base = self._acquire(slot, "recompute")
+            try:
+                return base.as_strided(packed.size, packed.stride, packed.offset).clone()
+            finally:
+                base = None
+                self._release(slot)
         base = self._acquire(slot, "backward")
-        if slot.requires_grad:
-            # Released by this use's _Use.backward, after the gradient.
-            slot.unpacked = getattr(slot, "unpacked", 0) + 1
-        else:
-            # Frozen: no gradient comes; held until step() releases it.
-            slot.backward_uses += 1
+        # Released by this use's _Use.backward, after the gradient.
+        slot.unpacked += 1
         return base.as_strided(packed.size, packed.stride, packed.offset)
 
-    def _backward_use(self, slot, grad):
+    def _backward_use(self, slot, grad, reuse_unpacked):
         # This use's gradient; the acquire from unpack (if any) is reused.
-        reuse = getattr(slot, "unpacked", 0) > 0
-        if reuse:
+        if reuse_unpacked and slot.unpacked > 0:
             slot.unpacked -= 1
         else:
             self._acquire(slot, "backward")
-        g = grad.detach().to(torch.float32).contiguous()
-        if g.device.type == "cpu":
-            self.engine.grad_write(slot.param, g.numpy().reshape(-1))
-        else:
-            check(_c.pstar_grad_write(self.engine._handle(), slot.param.id, g.data_ptr(), slot.param.numel,
-                                      _c.PSTAR_DTYPE_F32, _c.PSTAR_MEM_DEVICE, None), "pstar_grad_write")
-        slot.backward_uses += 1
-        self._release(slot)
+        try:
+            g = grad.detach().to(torch.float32).contiguous()
+            if g.device.type == "cpu":
+                self.engine.grad_write(slot.param, g.numpy().reshape(-1))
+            else:
+                check(_c.pstar_grad_write(self.engine._handle(), slot.param.id, g.data_ptr(), slot.param.numel,
+                                          _c.PSTAR_DTYPE_F32, _c.PSTAR_MEM_DEVICE, None), "pstar_grad_write")
+        finally:
+            self._release(slot)
 
     # -- values ------------------------------------------------------------------
     def read(self, name_or_param) -> torch.Tensor:
@@ -394,6 +724,8 @@ class ParameterModel:
         return torch.from_numpy(self.engine.read(slot.param)).reshape(slot.shape)
 
     def write(self, name_or_param, values: torch.Tensor):
+        """Writes a parameter's values (any dtype and device; converted to
+        fp32) between iterations: master and compute copy."""
         slot = name_or_param._pstar if isinstance(name_or_param, PstarParameter) else self._slot(name_or_param)
         self.engine.write(slot.param, values.detach().to("cpu", torch.float32).contiguous().numpy().reshape(-1))
 
@@ -429,8 +761,9 @@ def _flatten(obj):
 def attach(module: torch.nn.Module, options: Options = None, **fields) -> ParameterModel:
     """Moves the module's parameters into a new engine (registered in the
     module's parameter order; the compute dtype is the engine's) and returns
-    the ParameterModel that runs its iterations."""
+    the ParameterModel that runs its iterations.  The engine lives as long
+    as the model's parameters or the ParameterModel."""
     engine = Engine(options, **fields) if options is not None else Engine(**fields)
     pm = ParameterModel(module, engine)
-    pm._adopt()
+    pm._adopt(module)
     return pm

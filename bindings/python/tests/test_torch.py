@@ -113,11 +113,17 @@ def test_eval_iteration_and_misuse():
     model = TinyLM()
     pm = ptorch.attach(model, device="emulated", compute_dtype="f32", chunk_elems=128)
     x, _ = batch(0)
-    with pytest.raises(pstar.InvalidStateError, match="outside a pstar.torch iteration"):
-        model(x)
+    model(x)                                  # with autograd: begins a TRAIN iteration
+    with pytest.raises(pstar.InvalidStateError, match="begun implicitly"):
+        with pm.eval_iteration():
+            pass
+    pm.abandon_iteration()
+    with torch.no_grad():                     # outside an iteration: the current weights, copied
+        plain = model(x)
     with pm.eval_iteration():
         logits = model(x)
     assert logits.shape == (4, 5, 11)
+    assert torch.equal(logits, plain)
     assert model.emb.weight.shape == (11, 8)            # metadata without an acquire
     assert model.emb.weight.dtype == torch.float32
     assert isinstance(model.emb.weight, ptorch.PstarParameter)
