@@ -260,7 +260,7 @@ class _Packed:
         self.offset = t.storage_offset()
 
 
-def _guarded_apply(module_ref, original):
+def _guarded_apply(module_ref):
     """Module._apply of an attached module (model.to, .cuda(), .float(),
     .half()...): buffers are converted as usual; parameters only when the
     conversion changes nothing (model.to(model.device) stays a no-op),
@@ -344,7 +344,7 @@ class ParameterModel:
             self.engine.write(slot.param, slot.initial.numpy().reshape(-1))
             del slot.initial
         for mod in module.modules():
-            mod._apply = _guarded_apply(weakref.ref(mod), mod._apply)
+            mod._apply = _guarded_apply(weakref.ref(mod))
 
     # -- iterations ---------------------------------------------------------
     def _begin_implicit(self):
