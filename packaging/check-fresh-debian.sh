@@ -30,6 +30,13 @@ cp /etc/resolv.conf "$root/etc/resolv.conf"
 if [ ! -s "$root/etc/hosts" ]; then
   printf '127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n' > "$root/etc/hosts"
 fi
+# Nor the line for the machine's own name that Debian's installer writes
+# (127.0.1.1): torchrun --standalone rendezvouses at the host name, and
+# without it the agent waits until its timeout.
+host=$(hostname)
+if ! grep -qw -- "$host" "$root/etc/hosts"; then
+  printf '127.0.1.1\t%s\n' "$host" >> "$root/etc/hosts"
+fi
 # A network that inspects TLS needs its CA: give the root the host's trust
 # store and pip's settings (nothing else of the host's).
 if [ -f /etc/ssl/certs/ca-certificates.crt ]; then
