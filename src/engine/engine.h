@@ -285,6 +285,10 @@ class Engine {
   void nvme_begin_rewrite();
   void nvme_end_rewrite();
   [[noreturn]] void nvme_fail(const Error& e, const char* what);
+  // Refuses (PSTAR_ERR_IO) while the stored state is not trusted: after an
+  // NVMe I/O error, or after a checkpoint load that failed once it had
+  // begun writing (load_incomplete_; engine_checkpoint.cpp).  Both end with
+  // a load that completes.
   void require_nvme_ok(const char* what) const;
   uint64_t nvme_slot_bytes(uint32_t k) const;
   void stage_pointers(ChunkState& c, float* base, uint64_t fp32_elems);
@@ -320,6 +324,7 @@ class Engine {
   const Param& param_checked(uint32_t id) const;
   void require_built(const char* what) const;
   void require_file_call(const char* what, const char* path, bool one_process) const;
+  void require_load_complete(const char* what) const;
   // Sharded checkpoints (engine_checkpoint.cpp): the collective they use,
   // and the shard-aware state writes of a load.
   void checkpoint_all_gather(const void* mine, void* all, size_t bytes);
@@ -576,6 +581,11 @@ class Engine {
   uint64_t nvme_step_read_ = 0;     // bytes the steps moved (padded)
   uint64_t nvme_step_written_ = 0;
   uint32_t nvme_dry_slots_ = 0;     // a dry run's slot numbers (no file)
+
+  // A checkpoint load that failed after its first write into the engine
+  // (an I/O error once every check had passed): why, empty otherwise.
+  // Iterations, steps, saves and exports are refused until a load completes.
+  std::string load_incomplete_;
 
   // False in a dry run: buffers are address space only; nothing is read,
   // written or computed.

@@ -18,10 +18,13 @@
 // another chunk size.  Crash safety: each save writes a new subdirectory,
 // fsyncs every file and the subdirectory, then replaces LATEST atomically
 // (write LATEST.tmp, fsync, rename, fsync DIR).  A crash or a full disk at
-// any point leaves the previous LATEST and its subdirectory intact.  Loading
-// verifies the format version, the parameter set and every file's size and
-// XXH3-64 checksum before it changes anything, so a bad checkpoint leaves
-// the engine as it was.
+// any point leaves the previous LATEST and its subdirectory intact.  The
+// manifest ends with its own XXH3-64 (format version 2).  Loading checks
+// everything before it changes anything: the manifest's checksum and every
+// line of it, the parameter set, the values' ranges, that the pieces tile
+// each parameter and each file exactly, every file's size and XXH3-64 (and
+// in a group, every rank agrees first); so a bad checkpoint leaves the
+// engine as it was (see "Load" below for the one case that cannot).
 //
 // Test hook: PSTAR_TEST_CHECKPOINT_CRASH_AT=n makes a save stop with
 // PSTAR_ERR_IO at its n-th durability point (1: after masters.f32 ... 8:
@@ -31,13 +34,18 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
+#include <cctype>
 #include <cerrno>
 #include <cinttypes>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <memory>
+#include <new>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -60,7 +68,9 @@ namespace pstar::engine {
 
 namespace {
 
-constexpr int kFormatVersion = 1;
+// Version 2: the manifest ends with its own checksum.  Version 1 (without
+// it) is refused: nothing could tell a changed manifest from a good one.
+constexpr int kFormatVersion = 2;
 constexpr const char* kFormatName = "pstar-checkpoint";
 const char* const kListFiles[4] = {"masters.f32", "exp_avg.f32", "exp_avg_sq.f32", "frozen.f32"};
 
@@ -78,19 +88,6 @@ std::string escape(const std::string& s) {
       out += buf;
     } else {
       out += static_cast<char>(ch);
-    }
-  }
-  return out;
-}
-
-std::string unescape(const std::string& s) {
-  std::string out;
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '%' && i + 2 < s.size()) {
-      out += static_cast<char>(std::strtol(s.substr(i + 1, 2).c_str(), nullptr, 16));
-      i += 2;
-    } else {
-      out += s[i];
     }
   }
   return out;
@@ -198,6 +195,11 @@ std::string hex64(uint64_t v) {
   return buf;
 }
 
+// ---------------------------------------------------------------------------
+// The manifest, read strictly.  Its last line is "checksum <XXH3-64 of every
+// byte before that line>", checked before any other line is believed; then
+// every line must be one this library writes, each value in its range.
+
 struct ManifestParam {
   std::string name;
   std::vector<int64_t> shape;
@@ -222,8 +224,6 @@ struct ManifestPiece {
 };
 
 struct Manifest {
-  int version = 0;
-  std::string library;
   std::map<std::string, std::string> values;  // scalar entries
   std::vector<ManifestParam> params;
   std::map<std::string, ManifestFile> files;
@@ -236,75 +236,235 @@ std::string shard_file(int list, int rank) {
   return f.substr(0, f.size() - 4) + ".r" + std::to_string(rank) + ".f32";
 }
 
-// key value... ; "param" and "file" lines carry key=value pairs.
+#if defined(PSTAR_HAVE_XXHASH)
+// Strict numbers: decimal digits only (no sign, no blanks), no overflow.
+bool parse_u64(const std::string& s, uint64_t* out) {
+  if (s.empty() || s.size() > 20) return false;
+  uint64_t v = 0;
+  for (char ch : s) {
+    if (ch < '0' || ch > '9') return false;
+    const auto d = static_cast<uint64_t>(ch - '0');
+    if (v > (UINT64_MAX - d) / 10) return false;
+    v = v * 10 + d;
+  }
+  *out = v;
+  return true;
+}
+
+bool parse_u32(const std::string& s, uint32_t* out) {
+  uint64_t v = 0;
+  if (!parse_u64(s, &v) || v > UINT32_MAX) return false;
+  *out = static_cast<uint32_t>(v);
+  return true;
+}
+
+// A finite float as the save writes it (C99 hex, "%a"), the whole token.
+bool parse_f32(const std::string& s, float* out) {
+  if (s.empty() || std::isspace(static_cast<unsigned char>(s[0]))) return false;
+  char* end = nullptr;
+  const float v = std::strtof(s.c_str(), &end);
+  if (end != s.c_str() + s.size() || !std::isfinite(v)) return false;
+  *out = v;
+  return true;
+}
+
+bool parse_flag(const std::string& s, bool* out) {
+  if (s != "0" && s != "1") return false;
+  *out = s == "1";
+  return true;
+}
+
+bool is_hex16(const std::string& s) {
+  if (s.size() != 16) return false;
+  for (char ch : s) {
+    if (!((ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'f'))) return false;
+  }
+  return true;
+}
+
+int hex_digit(char ch) {
+  if (ch >= '0' && ch <= '9') return ch - '0';
+  if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
+  if (ch >= 'A' && ch <= 'F') return ch - 'A' + 10;
+  return -1;
+}
+
+// escape()'s inverse; false for a malformed escape or a NUL.
+bool unescape(const std::string& s, std::string* out) {
+  out->clear();
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] != '%') {
+      *out += s[i];
+      continue;
+    }
+    if (i + 2 >= s.size()) return false;
+    const int hi = hex_digit(s[i + 1]), lo = hex_digit(s[i + 2]);
+    if (hi < 0 || lo < 0 || (hi == 0 && lo == 0)) return false;
+    *out += static_cast<char>(hi * 16 + lo);
+    i += 2;
+  }
+  return true;
+}
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  size_t at = 0;
+  for (;;) {
+    const size_t next = s.find(sep, at);
+    out.push_back(s.substr(at, next == std::string::npos ? std::string::npos : next - at));
+    if (next == std::string::npos) return out;
+    at = next + 1;
+  }
+}
+
+// The whole of a small file (the manifest).
+std::string read_small_file(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) io_error("checkpoint_load: missing file '" + path + "' (" + errno_text() + ")");
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > (int64_t{1} << 30)) {
+    ::close(fd);
+    io_error("checkpoint_load: '" + path + "' is not a manifest (not a regular file, or over 1 GiB)");
+  }
+  std::string text(static_cast<size_t>(st.st_size), '\0');
+  size_t got = 0;
+  while (got < text.size()) {
+    const ssize_t n = ::pread(fd, &text[got], text.size() - got, static_cast<off_t>(got));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const std::string e = n == 0 ? std::string("unexpected end") : errno_text();
+      ::close(fd);
+      io_error("checkpoint_load: reading '" + path + "': " + e);
+    }
+    got += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  return text;
+}
+
+// "key value" scalar lines, and "param", "file" and "piece" lines with a
+// name (or index) and key=value fields.
 Manifest parse_manifest(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) io_error("checkpoint_load: missing file '" + path + "'");
-  Manifest m;
-  std::string line;
-  int lineno = 0;
+  const std::string text = read_small_file(path);
+  if (text.empty()) io_error("checkpoint_load: '" + path + "' is empty");
+  size_t lineno = 1;
   auto bad = [&](const std::string& why) {
     io_error("checkpoint_load: '" + path + "' line " + std::to_string(lineno) + ": " + why);
   };
-  while (std::getline(in, line)) {
+  // The format and its version first, so that another version is named as
+  // such and not as a checksum mismatch.
+  const size_t eol1 = text.find('\n');
+  const std::vector<std::string> head = split(text.substr(0, eol1), ' ');
+  if (head[0] != kFormatName) bad("not a libpstar checkpoint manifest");
+  uint64_t version = 0;
+  if (head.size() != 2 || !parse_u64(head[1], &version)) bad("no format version");
+  if (version != static_cast<uint64_t>(kFormatVersion)) {
+    io_error("checkpoint_load: '" + path + "': format version " + head[1] + ", this library reads version " +
+             std::to_string(kFormatVersion) +
+             (version < static_cast<uint64_t>(kFormatVersion)
+                  ? " only: version 1 manifests (libpstar before the manifest checksum) carry no checksum, so "
+                    "nothing could tell a changed one from a good one; save the training state again with this "
+                    "library"
+                  : " (the checkpoint was written by a newer libpstar)"));
+  }
+  // The checksum line, last: over every byte before it.
+  if (eol1 == std::string::npos || text.back() != '\n') {
+    io_error("checkpoint_load: '" + path + "' does not end with its checksum line (truncated, or not a whole manifest)");
+  }
+  const size_t before = text.rfind('\n', text.size() - 2);
+  const size_t start = before + 1;  // the checksum line's first byte (before >= eol1)
+  const std::string last = text.substr(start, text.size() - 1 - start);
+  if (last.size() != 9 + 16 || last.compare(0, 9, "checksum ") != 0 || !is_hex16(last.substr(9))) {
+    io_error("checkpoint_load: '" + path + "' does not end with its checksum line (truncated, or not a whole manifest)");
+  }
+  const std::string got = hex64(XXH3_64bits(text.data(), start));
+  if (got != last.substr(9)) {
+    io_error("checkpoint_load: '" + path + "' is corrupted: its XXH3 is " + got + ", its checksum line says " +
+             last.substr(9));
+  }
+  // Then every line between, strictly.
+  static const char* const kScalars[] = {"library",    "compute_dtype", "chunk_elems", "world_size",
+                                         "sharded",    "step",          "loss_scale",  "loss_scale_clean_steps",
+                                         "loss_scale_hysteresis_left", "lr", "beta1", "beta2", "eps",
+                                         "weight_decay", "adamw", "clip_norm"};
+  Manifest m;
+  std::map<std::string, bool> param_names;
+  size_t at = eol1 + 1;
+  while (at < start) {
     ++lineno;
-    if (line.empty()) continue;
-    std::istringstream ls(line);
-    std::string key;
-    ls >> key;
-    if (lineno == 1) {
-      if (key != kFormatName) bad("not a libpstar checkpoint manifest");
-      if (!(ls >> m.version)) bad("no format version");
-      if (m.version != kFormatVersion) {
-        io_error("checkpoint_load: '" + path + "': format version " + std::to_string(m.version) +
-                 ", this library reads version " + std::to_string(kFormatVersion));
-      }
-      continue;
+    const size_t eol = text.find('\n', at);  // < start: the checksum line follows
+    const std::string line = text.substr(at, eol - at);
+    at = eol + 1;
+    const std::vector<std::string> tok = split(line, ' ');
+    const std::string& key = tok[0];
+    for (const std::string& t : tok) {
+      if (t.empty()) bad("an empty field (two blanks, or a blank at an end)");
     }
     if (key == "param" || key == "file" || key == "piece") {
-      // "<key> <name or index> k=v k=v ..."
-      std::string name, kv;
-      ls >> name;
+      if (tok.size() < 2) bad("malformed " + key + " entry");
       std::map<std::string, std::string> f;
-      while (ls >> kv) {
-        const auto eq = kv.find('=');
-        if (eq == std::string::npos) bad("'" + kv + "' is not key=value");
-        f[kv.substr(0, eq)] = kv.substr(eq + 1);
+      for (size_t i = 2; i < tok.size(); ++i) {
+        const size_t eq = tok[i].find('=');
+        if (eq == std::string::npos) bad("'" + tok[i] + "' is not key=value");
+        if (!f.emplace(tok[i].substr(0, eq), tok[i].substr(eq + 1)).second) bad("'" + tok[i] + "': a key given twice");
       }
-      try {
-        if (key == "piece") {
-          ManifestPiece pc;
-          pc.param = static_cast<uint32_t>(std::stoul(name));
-          pc.rank = static_cast<uint32_t>(std::stoul(f.at("rank")));
-          pc.start = std::stoull(f.at("start"));
-          pc.count = std::stoull(f.at("count"));
-          pc.offset = std::stoull(f.at("offset"));
-          m.pieces.push_back(pc);
-        } else if (key == "param") {
-          ManifestParam p;
-          p.name = unescape(name);
-          p.numel = std::stoull(f.at("numel"));
-          p.frozen = f.at("frozen") == "1";
-          p.offset = std::stoull(f.at("offset"));
-          p.lr_scale = std::stof(f.at("lr_scale"));
-          p.weight_decay = f.at("weight_decay") == "1";
-          std::istringstream ss(f.at("shape"));
-          std::string d;
-          while (std::getline(ss, d, ',')) p.shape.push_back(std::stoll(d));
-          m.params.push_back(std::move(p));
-        } else {
-          m.files[name] = ManifestFile{std::stoull(f.at("bytes")), f.at("xxh3")};
+      auto field = [&](const char* k) -> const std::string& {
+        auto it = f.find(k);
+        if (it == f.end()) bad(key + " entry without " + k + "=");
+        return it->second;
+      };
+      auto fields_are = [&](size_t n) {
+        if (f.size() != n) bad(key + " entry with a field this library does not write");
+      };
+      if (key == "piece") {
+        ManifestPiece pc;
+        fields_are(4);
+        if (!parse_u32(tok[1], &pc.param) || !parse_u32(field("rank"), &pc.rank) ||
+            !parse_u64(field("start"), &pc.start) || !parse_u64(field("count"), &pc.count) ||
+            !parse_u64(field("offset"), &pc.offset)) {
+          bad("malformed piece entry");
         }
-      } catch (const std::exception&) {
-        bad("malformed " + key + " entry");
+        m.pieces.push_back(pc);
+      } else if (key == "param") {
+        ManifestParam p;
+        fields_are(6);
+        if (!unescape(tok[1], &p.name) || p.name.empty()) bad("malformed parameter name '" + tok[1] + "'");
+        if (!parse_u64(field("numel"), &p.numel) || !parse_flag(field("frozen"), &p.frozen) ||
+            !parse_u64(field("offset"), &p.offset) || !parse_f32(field("lr_scale"), &p.lr_scale) ||
+            !parse_flag(field("weight_decay"), &p.weight_decay)) {
+          bad("malformed param entry");
+        }
+        if (p.lr_scale < 0.0f) bad("a negative lr_scale");
+        const std::string& shape = field("shape");
+        uint64_t product = 1;
+        if (!shape.empty()) {
+          for (const std::string& d : split(shape, ',')) {
+            uint64_t v = 0;
+            if (!parse_u64(d, &v) || v > static_cast<uint64_t>(INT64_MAX)) bad("malformed shape '" + shape + "'");
+            product = v == 0 || product <= UINT64_MAX / v ? product * v : UINT64_MAX;
+            p.shape.push_back(static_cast<int64_t>(v));
+          }
+        }
+        if (product != p.numel) bad("numel " + std::to_string(p.numel) + " is not the product of shape " + shape);
+        if (!param_names.emplace(p.name, true).second) bad("parameter '" + p.name + "' appears twice");
+        m.params.push_back(std::move(p));
+      } else {
+        ManifestFile mf;
+        fields_are(2);
+        if (!parse_u64(field("bytes"), &mf.bytes) || !is_hex16(field("xxh3"))) bad("malformed file entry");
+        mf.xxh3 = field("xxh3");
+        if (!m.files.emplace(tok[1], mf).second) bad("file '" + tok[1] + "' appears twice");
       }
       continue;
     }
-    std::string value;
-    std::getline(ls >> std::ws, value);
-    m.values[key] = value;
+    bool known = false;
+    for (const char* k : kScalars) known = known || key == k;
+    if (!known) bad("'" + key + "' is not an entry of a version " + std::to_string(kFormatVersion) + " manifest");
+    // The library's version may hold blanks; every other value is one token.
+    if (key != "library" && tok.size() != 2) bad("'" + key + "' takes one value");
+    if (tok.size() < 2) bad("'" + key + "' has no value");
+    if (!m.values.emplace(key, line.substr(key.size() + 1)).second) bad("'" + key + "' appears twice");
   }
-  if (m.version == 0) io_error("checkpoint_load: '" + path + "' is empty");
   return m;
 }
 
@@ -314,70 +474,135 @@ std::string read_latest(const std::string& dir) {
   if (!in) io_error("checkpoint_load: no checkpoint in '" + dir + "' (missing file '" + path + "')");
   std::string name;
   std::getline(in, name);
-  if (name.empty() || name.find('/') != std::string::npos) {
+  if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..") {
     io_error("checkpoint_load: '" + path + "' does not name a checkpoint");
   }
   return name;
 }
 
-// Size and XXH3-64 of a file, against the manifest.
-void verify_file(const std::string& path, const ManifestFile& expect) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) io_error("checkpoint_load: missing file '" + path + "' (" + errno_text() + ")");
-  struct stat st;
-  if (::fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) != expect.bytes) {
-    const uint64_t size = static_cast<uint64_t>(st.st_size);
-    ::close(fd);
-    io_error("checkpoint_load: '" + path + "' is truncated or extended: " + std::to_string(size) +
-             " bytes, the manifest says " + std::to_string(expect.bytes));
-  }
-#if defined(PSTAR_HAVE_XXHASH)
-  XXH3_state_t* state = XXH3_createState();
-  XXH3_64bits_reset(state);
-  std::vector<char> buf(1 << 20);
-  for (;;) {
-    const ssize_t n = ::read(fd, buf.data(), buf.size());
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      const std::string e = errno_text();
-      XXH3_freeState(state);
-      ::close(fd);
-      io_error("checkpoint_load: reading '" + path + "': " + e);
+// A data file of the checkpoint being loaded, open from its verification
+// (size and XXH3-64 against the manifest) until the load has read it again:
+// a file replaced meanwhile is never the one read.
+class DataFile {
+ public:
+  DataFile(std::string path, const ManifestFile& expect) : path_(std::move(path)) {
+    fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd_ < 0) io_error("checkpoint_load: missing file '" + path_ + "' (" + errno_text() + ")");
+    try {
+      verify(expect);
+    } catch (...) {
+      ::close(fd_);  // the destructor of a half-made object does not run
+      fd_ = -1;
+      throw;
     }
-    if (n == 0) break;
-    XXH3_64bits_update(state, buf.data(), static_cast<size_t>(n));
   }
-  const std::string got = hex64(XXH3_64bits_digest(state));
-  XXH3_freeState(state);
-  ::close(fd);
-  if (got != expect.xxh3) {
-    io_error("checkpoint_load: '" + path + "' is corrupted: its XXH3 is " + got + ", the manifest says " +
-             expect.xxh3);
+  DataFile(const DataFile&) = delete;
+  DataFile& operator=(const DataFile&) = delete;
+  ~DataFile() {
+    if (fd_ >= 0) ::close(fd_);
   }
-#else
-  ::close(fd);
-#endif
-}
 
-void read_at(const std::string& path, uint64_t offset_elems, float* out, uint64_t count) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) io_error("checkpoint_load: missing file '" + path + "'");
-  char* p = reinterpret_cast<char*>(out);
-  size_t left = count * sizeof(float);
-  off_t pos = static_cast<off_t>(offset_elems * sizeof(float));
-  while (left > 0) {
-    const ssize_t n = ::pread(fd, p, left, pos);
-    if (n <= 0) {
+  // `count` floats from element `offset_elems` (checked against the size
+  // before the load began writing; an error here is a read error or a file
+  // changed in place since).
+  void read(uint64_t offset_elems, float* out, uint64_t count) const {
+    char* p = reinterpret_cast<char*>(out);
+    size_t left = count * sizeof(float);
+    off_t pos = static_cast<off_t>(offset_elems * sizeof(float));
+    while (left > 0) {
+      const ssize_t n = ::pread(fd_, p, left, pos);
       if (n < 0 && errno == EINTR) continue;
-      ::close(fd);
-      io_error("checkpoint_load: reading '" + path + "': " + (n == 0 ? std::string("unexpected end") : errno_text()));
+      if (n <= 0) {
+        io_error("checkpoint_load: reading '" + path_ + "': " + (n == 0 ? std::string("unexpected end") : errno_text()));
+      }
+      p += n;
+      pos += n;
+      left -= static_cast<size_t>(n);
     }
-    p += n;
-    pos += n;
-    left -= static_cast<size_t>(n);
   }
-  ::close(fd);
+  const std::string& path() const { return path_; }
+
+ private:
+  // Size and XXH3-64 of the whole file against the manifest's.
+  void verify(const ManifestFile& expect) {
+    struct stat st;
+    if (::fstat(fd_, &st) != 0) io_error("checkpoint_load: '" + path_ + "': " + errno_text());
+    bytes_ = static_cast<uint64_t>(st.st_size);
+    if (!S_ISREG(st.st_mode) || bytes_ != expect.bytes) {
+      io_error("checkpoint_load: '" + path_ + "' is truncated or extended: " + std::to_string(bytes_) +
+               " bytes, the manifest says " + std::to_string(expect.bytes));
+    }
+    std::vector<char> buf(1 << 20);
+    XXH3_state_t* state = XXH3_createState();
+    if (state == nullptr) throw std::bad_alloc();
+    XXH3_64bits_reset(state);
+    uint64_t pos = 0;
+    std::string failure;
+    for (;;) {
+      const ssize_t n = ::pread(fd_, buf.data(), buf.size(), static_cast<off_t>(pos));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) failure = errno_text();
+      if (n <= 0) break;
+      XXH3_64bits_update(state, buf.data(), static_cast<size_t>(n));
+      pos += static_cast<uint64_t>(n);
+    }
+    const std::string got = hex64(XXH3_64bits_digest(state));
+    XXH3_freeState(state);
+    if (!failure.empty()) io_error("checkpoint_load: reading '" + path_ + "': " + failure);
+    if (pos != bytes_) io_error("checkpoint_load: '" + path_ + "' changed size while it was read");
+    if (got != expect.xxh3) {
+      io_error("checkpoint_load: '" + path_ + "' is corrupted: its XXH3 is " + got + ", the manifest says " +
+               expect.xxh3);
+    }
+  }
+
+  std::string path_;
+  int fd_ = -1;
+  uint64_t bytes_ = 0;
+};
+
+// Test hook PSTAR_TEST_CHECKPOINT_LOAD_FAULT (tests/capi/test_checkpoint.c,
+// tests/dist_engine): "check" refuses the load once every check has passed,
+// before anything is written; "read:N" fails the N-th read of data once the
+// load has begun writing (as an I/O error there would).  Inert unless set.
+class LoadFaults {
+ public:
+  LoadFaults() {
+    const char* v = std::getenv("PSTAR_TEST_CHECKPOINT_LOAD_FAULT");
+    if (v == nullptr) return;
+    const std::string s(v);
+    if (s == "check") check_ = true;
+    if (s.rfind("read:", 0) == 0) read_at_ = std::strtoull(s.c_str() + 5, nullptr, 10);
+  }
+  void after_checks() const {
+    if (check_) io_error("checkpoint_load: simulated refusal after every check (PSTAR_TEST_CHECKPOINT_LOAD_FAULT)");
+  }
+  void before_read(const DataFile& f) {
+    if (read_at_ != 0 && ++reads_ == read_at_) {
+      io_error("checkpoint_load: reading '" + f.path() + "': simulated I/O error at read " + std::to_string(reads_) +
+               " (PSTAR_TEST_CHECKPOINT_LOAD_FAULT)");
+    }
+  }
+
+ private:
+  bool check_ = false;
+  uint64_t read_at_ = 0;
+  uint64_t reads_ = 0;
+};
+
+// Ranges [start, start + count) cover [0, total) exactly once (empty ranges
+// aside: they read nothing).
+bool tile(std::vector<std::pair<uint64_t, uint64_t>> ranges, uint64_t total) {
+  std::sort(ranges.begin(), ranges.end());
+  uint64_t at = 0;
+  for (const auto& [s, c] : ranges) {
+    if (c == 0) continue;
+    if (s != at || c > UINT64_MAX - s) return false;
+    at = s + c;
+  }
+  return at == total;
 }
+#endif  // PSTAR_HAVE_XXHASH
 
 std::string json_string(const std::string& s) {
   std::string out = "\"";
@@ -492,7 +717,13 @@ std::string Engine::checkpoint_manifest_text(const std::map<std::string, std::pa
   }
   m << pieces;
   for (const auto& [fname, f] : files) m << "file " << fname << " bytes=" << f.first << " xxh3=" << hex64(f.second) << '\n';
-  return m.str();
+  std::string text = m.str();
+#if defined(PSTAR_HAVE_XXHASH)
+  // Last: the checksum of every byte before it (checked before a load
+  // believes any other line).
+  text += "checksum " + hex64(XXH3_64bits(text.data(), text.size())) + "\n";
+#endif
+  return text;
 }
 
 // Saving.  One process: the four list files, parameter by parameter, then
@@ -508,6 +739,7 @@ std::string Engine::checkpoint_manifest_text(const std::map<std::string, std::pa
 // fails the save on all, with the previous checkpoint intact.
 std::string Engine::checkpoint_save(const char* dir_c) {
   require_file_call("checkpoint_save", dir_c, false);
+  require_load_complete("checkpoint_save");
 #if !defined(PSTAR_HAVE_XXHASH)
   throw Error(PSTAR_ERR_UNSUPPORTED,
               "checkpoint_save: this libpstar was built without xxhash (libxxhash-dev): no checksums, no checkpoints");
@@ -705,151 +937,300 @@ void Engine::write_state_sharded(uint32_t id, int list, const float* in) {
 
 // ---------------------------------------------------------------------------
 // Load
+//
+// All or nothing.  First every check, with nothing in the engine changed:
+// LATEST, the manifest's checksum and every line of it, the parameter set,
+// each value's range, every piece's place (they must tile each parameter and
+// each file exactly, so no read can fall outside a file), every data file's
+// size and XXH3-64.  A sharded engine's ranks then agree (an all-gather):
+// if any rank refused, every rank returns an error with nothing changed.
+// Only then the values are read again, through the descriptors the checks
+// opened, and written.  A failure past that point (a read error on a file
+// that verified a moment before, a file changed in place meanwhile, an
+// NVMe write error) cannot be undone without a second copy of the state,
+// so it is recorded (load_incomplete_) and iterations, steps, saves and
+// exports are refused until a load completes; in a group every rank
+// records it (a second all-gather).
+
+void Engine::require_load_complete(const char* what) const {
+  require(load_incomplete_.empty(), PSTAR_ERR_IO, [&] {
+    return std::string(what) + ": refused after a checkpoint load that failed part way (" + load_incomplete_ +
+           "); load a checkpoint (pstar_checkpoint_load) to go on";
+  });
+}
 
 void Engine::checkpoint_load(const char* dir_c) {
   require_file_call("checkpoint_load", dir_c, false);
-  for (const Param& p : params_) {
-    require(p.pins == 0, PSTAR_ERR_BUSY, [&] { return "checkpoint_load: '" + p.name + "' is pinned; unpin it first"; });
-  }
 #if !defined(PSTAR_HAVE_XXHASH)
   throw Error(PSTAR_ERR_UNSUPPORTED,
               "checkpoint_load: this libpstar was built without xxhash (libxxhash-dev): no checksums, no checkpoints");
 #else
   const std::string dir = dir_c;
-  const std::string sub = join_path(dir, read_latest(dir));
-  const std::string manifest_path = join_path(sub, "manifest");
-  const Manifest m = parse_manifest(manifest_path);
+  LoadFaults faults;
 
-  // The parameter set: every engine parameter in the checkpoint with the
-  // same shape and kind, and nothing else.
-  std::map<std::string, const ManifestParam*> by_name;
-  for (const ManifestParam& mp : m.params) by_name[mp.name] = &mp;
+  // 1. Checks.  What the load will write, and from where.
+  std::string sub, manifest_path;
+  Manifest m;
   std::vector<const ManifestParam*> match(params_.size());
-  for (uint32_t id = 0; id < params_.size(); ++id) {
-    const Param& p = params_[id];
-    auto it = by_name.find(p.name);
-    if (it == by_name.end()) {
-      throw Error(PSTAR_ERR_INVALID_ARGUMENT, "checkpoint_load: '" + manifest_path + "' has no parameter '" + p.name +
-                                                  "' (the checkpoint is of another parameter set)");
-    }
-    const ManifestParam& mp = *it->second;
-    if (mp.shape != p.shape || mp.numel != p.numel || mp.frozen != p.frozen()) {
-      throw Error(PSTAR_ERR_INVALID_ARGUMENT, "checkpoint_load: parameter '" + p.name + "' in '" + manifest_path +
-                                                  "' has another shape or is " +
-                                                  (mp.frozen ? "frozen" : "trainable") + " there");
-    }
-    match[id] = &mp;
-  }
-  if (m.params.size() != params_.size()) {
-    for (const ManifestParam& mp : m.params) {
-      bool found = false;
-      for (const Param& p : params_) found = found || p.name == mp.name;
-      if (!found) {
-        throw Error(PSTAR_ERR_INVALID_ARGUMENT, "checkpoint_load: '" + manifest_path + "' has parameter '" + mp.name +
-                                                    "', which this engine does not register");
-      }
-    }
-  }
-  // Where each parameter's values lie: one piece per parameter in the list
-  // files of a one-process save; a piece per (parameter, rank) in the rank
-  // files of a sharded one (any world size and chunk size loads either).
-  const auto value_of = [&](const char* key) {
-    auto it = m.values.find(key);
-    return it == m.values.end() ? std::string() : it->second;
-  };
-  const bool from_shards = value_of("sharded") == "1";
-  const int saved_world = from_shards ? std::atoi(value_of("world_size").c_str()) : 1;
-  if (from_shards && saved_world < 1) io_error("checkpoint_load: '" + manifest_path + "': bad world_size");
-  std::vector<std::vector<ManifestPiece>> pieces(m.params.size());
-  if (from_shards) {
-    for (const ManifestPiece& pc : m.pieces) {
-      if (pc.param >= m.params.size() || pc.rank >= static_cast<uint32_t>(saved_world) ||
-          pc.start + pc.count > m.params[pc.param].numel) {
-        io_error("checkpoint_load: '" + manifest_path + "': a piece of parameter " + std::to_string(pc.param) +
-                 " lies outside it");
-      }
-      pieces[pc.param].push_back(pc);
-    }
-    for (size_t j = 0; j < m.params.size(); ++j) {
-      uint64_t covered = 0;
-      for (const ManifestPiece& pc : pieces[j]) covered += pc.count;
-      if (covered != m.params[j].numel) {
-        io_error("checkpoint_load: '" + manifest_path + "': the pieces of '" + m.params[j].name + "' cover " +
-                 std::to_string(covered) + " of its " + std::to_string(m.params[j].numel) + " elements");
-      }
-    }
-  } else {
-    for (size_t j = 0; j < m.params.size(); ++j) {
-      pieces[j].push_back(ManifestPiece{static_cast<uint32_t>(j), 0, 0, m.params[j].numel, m.params[j].offset});
-    }
-  }
-  auto list_file = [&](int list, uint32_t rank) { return from_shards ? shard_file(list, static_cast<int>(rank)) : std::string(kListFiles[list]); };
-  // Every file whole and unchanged before anything is applied.
-  for (int r = 0; r < saved_world; ++r) {
-    for (int list = 0; list < 4; ++list) {
-      const std::string fname = list_file(list, static_cast<uint32_t>(r));
-      auto it = m.files.find(fname);
-      if (it == m.files.end()) io_error("checkpoint_load: '" + manifest_path + "' lists no file '" + fname + "'");
-      verify_file(join_path(sub, fname), it->second);
-    }
-  }
-  auto scalar = [&](const char* key) -> std::string {
-    auto it = m.values.find(key);
-    if (it == m.values.end()) io_error("checkpoint_load: '" + manifest_path + "' has no '" + key + "'");
-    return it->second;
-  };
-  const float scale = std::strtof(scalar("loss_scale").c_str(), nullptr);
-  const uint64_t step = std::stoull(scalar("step"));
-  const uint32_t clean = static_cast<uint32_t>(std::stoul(scalar("loss_scale_clean_steps")));
-  const uint32_t hyst = static_cast<uint32_t>(std::stoul(scalar("loss_scale_hysteresis_left")));
-  optim::AdamHyper h = hyper_;
-  h.lr = std::strtof(scalar("lr").c_str(), nullptr);
-  h.beta1 = std::strtof(scalar("beta1").c_str(), nullptr);
-  h.beta2 = std::strtof(scalar("beta2").c_str(), nullptr);
-  h.eps = std::strtof(scalar("eps").c_str(), nullptr);
-  h.weight_decay = std::strtof(scalar("weight_decay").c_str(), nullptr);
-  h.adamw = scalar("adamw") == "1";
-  const double clip = std::strtod(scalar("clip_norm").c_str(), nullptr);
-
-  // Apply: values (masters and compute copies), then m and v.  Every state
-  // is rewritten, so slots on the NVMe drive start from zeros (and are
-  // trusted again after an I/O error).
-  nvme_begin_rewrite();
-  // A sharded engine keeps what lies in its own shards: no collective.
+  std::vector<std::vector<ManifestPiece>> pieces;
+  bool from_shards = false;
+  std::map<std::string, std::unique_ptr<DataFile>> data;
   std::vector<float> staging;
-  for (uint32_t id = 0; id < params_.size(); ++id) {
-    const Param& p = params_[id];
-    const ManifestParam& mp = *match[id];
-    const size_t j = static_cast<size_t>(&mp - m.params.data());
-    staging.resize(p.numel);
-    auto read_list = [&](int list) {
-      for (const ManifestPiece& pc : pieces[j]) {
-        read_at(join_path(sub, list_file(list, pc.rank)), pc.offset, staging.data() + pc.start, pc.count);
+  float scale = 1.0f, clip = 0.0f;
+  uint64_t step = 0;
+  uint32_t clean = 0, hyst = 0;
+  optim::AdamHyper h = hyper_;
+  pstar_status refused = PSTAR_OK;
+  std::string why;
+  try {
+    for (const Param& p : params_) {
+      require(p.pins == 0, PSTAR_ERR_BUSY, [&] { return "checkpoint_load: '" + p.name + "' is pinned; unpin it first"; });
+    }
+    sub = join_path(dir, read_latest(dir));
+    manifest_path = join_path(sub, "manifest");
+    m = parse_manifest(manifest_path);
+    auto bad = [&](const std::string& what) { io_error("checkpoint_load: '" + manifest_path + "': " + what); };
+
+    // The parameter set: every engine parameter in the checkpoint with the
+    // same shape and kind, and nothing else.
+    std::map<std::string, const ManifestParam*> by_name;
+    for (const ManifestParam& mp : m.params) by_name[mp.name] = &mp;
+    for (uint32_t id = 0; id < params_.size(); ++id) {
+      const Param& p = params_[id];
+      auto it = by_name.find(p.name);
+      if (it == by_name.end()) {
+        throw Error(PSTAR_ERR_INVALID_ARGUMENT, "checkpoint_load: '" + manifest_path + "' has no parameter '" + p.name +
+                                                    "' (the checkpoint is of another parameter set)");
       }
+      const ManifestParam& mp = *it->second;
+      if (mp.shape != p.shape || mp.numel != p.numel || mp.frozen != p.frozen()) {
+        throw Error(PSTAR_ERR_INVALID_ARGUMENT, "checkpoint_load: parameter '" + p.name + "' in '" + manifest_path +
+                                                    "' has another shape or is " +
+                                                    (mp.frozen ? "frozen" : "trainable") + " there");
+      }
+      match[id] = &mp;
+    }
+    if (m.params.size() != params_.size()) {
+      std::map<std::string, bool> mine;
+      for (const Param& p : params_) mine[p.name] = true;
+      for (const ManifestParam& mp : m.params) {
+        if (mine.count(mp.name) == 0) {
+          throw Error(PSTAR_ERR_INVALID_ARGUMENT, "checkpoint_load: '" + manifest_path + "' has parameter '" + mp.name +
+                                                      "', which this engine does not register");
+        }
+      }
+    }
+
+    // The scalars, each in the range its setter accepts.
+    auto scalar = [&](const char* key) -> const std::string& {
+      auto it = m.values.find(key);
+      if (it == m.values.end()) bad(std::string("has no '") + key + "'");
+      return it->second;
     };
-    read_list(p.frozen() ? 3 : 0);
-    if (sharded()) {
-      write_sharded(id, staging.data(), PSTAR_DTYPE_F32);
-    } else {
-      write(id, staging.data(), p.numel, PSTAR_DTYPE_F32);
+    auto f32_in = [&](const char* key, double lo, double hi, bool open_lo, bool open_hi) {
+      float v = 0.0f;
+      if (!parse_f32(scalar(key), &v) || v < lo || v > hi || (open_lo && v == lo) || (open_hi && v == hi)) {
+        bad(std::string(key) + " " + scalar(key) + " is malformed or out of range");
+      }
+      return v;
+    };
+    auto u64_of = [&](const char* key) {
+      uint64_t v = 0;
+      if (!parse_u64(scalar(key), &v)) bad(std::string(key) + " " + scalar(key) + " is malformed");
+      return v;
+    };
+    auto u32_of = [&](const char* key) {
+      uint32_t v = 0;
+      if (!parse_u32(scalar(key), &v)) bad(std::string(key) + " " + scalar(key) + " is malformed");
+      return v;
+    };
+    auto flag_of = [&](const char* key) {
+      bool v = false;
+      if (!parse_flag(scalar(key), &v)) bad(std::string(key) + " " + scalar(key) + " is malformed");
+      return v;
+    };
+    (void)scalar("library");
+    const std::string& dt = scalar("compute_dtype");
+    if (dt != "f32" && dt != "f16" && dt != "bf16") bad("compute_dtype " + dt + " is not f32, f16 or bf16");
+    if (u64_of("chunk_elems") == 0) bad("chunk_elems 0");
+    from_shards = m.values.count("sharded") != 0;
+    if (from_shards && !flag_of("sharded")) bad("sharded " + scalar("sharded") + " (only 'sharded 1' is written)");
+    const uint64_t world64 = u64_of("world_size");
+    if (world64 < 1 || world64 > (uint64_t{1} << 20) || (!from_shards && world64 != 1)) {
+      bad("world_size " + scalar("world_size") + (from_shards ? " is out of range" : " without 'sharded 1'"));
     }
-    if (p.frozen()) continue;
-    for (int list = 1; list <= 2; ++list) {
-      read_list(list);
-      if (sharded()) {
-        write_state_sharded(id, list, staging.data());
-      } else {
-        write_state(id, list, staging.data());
+    const auto saved_world = static_cast<uint32_t>(world64);
+    step = u64_of("step");
+    scale = f32_in("loss_scale", 0.0, 3e38, true, false);
+    clean = u32_of("loss_scale_clean_steps");
+    hyst = u32_of("loss_scale_hysteresis_left");
+    h.lr = f32_in("lr", 0.0, 1e30, false, false);
+    h.beta1 = f32_in("beta1", 0.0, 1.0, false, true);
+    h.beta2 = f32_in("beta2", 0.0, 1.0, false, true);
+    h.eps = f32_in("eps", 0.0, 1e30, true, false);
+    h.weight_decay = f32_in("weight_decay", 0.0, 1e30, false, false);
+    h.adamw = flag_of("adamw");
+    clip = f32_in("clip_norm", 0.0, 1e30, false, false);
+
+    // Where each parameter's values lie: one piece per parameter in the list
+    // files of a one-process save; a piece per (parameter, rank) in the rank
+    // files of a sharded one (any world size and chunk size loads either).
+    // The pieces must tile each parameter, and each rank's files, exactly.
+    pieces.resize(m.params.size());
+    if (from_shards) {
+      for (const ManifestParam& mp : m.params) {
+        if (mp.offset != 0) bad("parameter '" + mp.name + "' has an offset in a sharded checkpoint");
+      }
+      for (const ManifestPiece& pc : m.pieces) {
+        if (pc.param >= m.params.size() || pc.rank >= saved_world || pc.count == 0 ||
+            pc.start > m.params[pc.param].numel || pc.count > m.params[pc.param].numel - pc.start) {
+          bad("a piece of parameter " + std::to_string(pc.param) + " lies outside it, or outside the world");
+        }
+        pieces[pc.param].push_back(pc);
+      }
+      for (size_t j = 0; j < m.params.size(); ++j) {
+        std::vector<std::pair<uint64_t, uint64_t>> r;
+        for (const ManifestPiece& pc : pieces[j]) r.emplace_back(pc.start, pc.count);
+        if (!tile(r, m.params[j].numel)) bad("the pieces of '" + m.params[j].name + "' do not cover it exactly once");
+      }
+    } else {
+      if (!m.pieces.empty()) bad("piece entries without 'sharded 1'");
+      for (size_t j = 0; j < m.params.size(); ++j) {
+        pieces[j].push_back(ManifestPiece{static_cast<uint32_t>(j), 0, 0, m.params[j].numel, m.params[j].offset});
       }
     }
-    params_[id].lr_scale = mp.lr_scale;
-    params_[id].weight_decay = mp.weight_decay;
+    // Each rank's two layouts (the three trainable lists share one, frozen
+    // values have theirs): the pieces in them tile the file exactly.
+    auto fname_of = [&](int list, uint32_t rank) {
+      return from_shards ? shard_file(list, static_cast<int>(rank)) : std::string(kListFiles[list]);
+    };
+    if (m.files.size() != 4 * static_cast<size_t>(saved_world)) {
+      bad("lists " + std::to_string(m.files.size()) + " files; a checkpoint of " + std::to_string(saved_world) +
+          " rank(s) has " + std::to_string(4 * static_cast<uint64_t>(saved_world)));
+    }
+    std::vector<std::array<std::vector<std::pair<uint64_t, uint64_t>>, 2>> layout(saved_world);
+    for (size_t j = 0; j < m.params.size(); ++j) {
+      for (const ManifestPiece& pc : pieces[j]) layout[pc.rank][m.params[j].frozen ? 1 : 0].emplace_back(pc.offset, pc.count);
+    }
+    for (uint32_t r = 0; r < saved_world; ++r) {
+      for (int kind = 0; kind < 2; ++kind) {
+        uint64_t elems = 0;
+        for (const auto& pr : layout[r][kind]) elems += pr.second;  // <= the parameters' numel: no overflow
+        for (int list = kind == 0 ? 0 : 3; list < (kind == 0 ? 3 : 4); ++list) {
+          const std::string fname = fname_of(list, r);
+          auto it = m.files.find(fname);
+          if (it == m.files.end()) bad("lists no file '" + fname + "'");
+          if (it->second.bytes % sizeof(float) != 0 || it->second.bytes / sizeof(float) != elems) {
+            bad("file '" + fname + "' is said to hold " + std::to_string(it->second.bytes) + " bytes, its pieces " +
+                std::to_string(elems) + " floats");
+          }
+        }
+        if (!tile(layout[r][kind], elems)) {
+          bad("the offsets in '" + fname_of(kind == 0 ? 0 : 3, r) + "' overlap, leave a gap or run past its end");
+        }
+      }
+    }
+    // Every data file whole and unchanged; kept open for the reads below.
+    for (uint32_t r = 0; r < saved_world; ++r) {
+      for (int list = 0; list < 4; ++list) {
+        const std::string fname = fname_of(list, r);
+        data[fname] = std::make_unique<DataFile>(join_path(sub, fname), m.files.at(fname));
+      }
+    }
+    uint64_t largest = 0;
+    for (const Param& p : params_) largest = std::max(largest, p.numel);
+    staging.resize(largest);
+    faults.after_checks();
+  } catch (const Error& e) {
+    if (!sharded()) throw;
+    refused = e.status();
+    why = e.what();
+  } catch (const std::bad_alloc&) {
+    if (!sharded()) throw;
+    refused = PSTAR_ERR_OUT_OF_MEMORY;
+    why = "checkpoint_load: out of host memory while checking the checkpoint";
   }
-  nvme_end_rewrite();
-  adam_step_ = step;
-  scaler_.restore(scale, clean, hyst);
-  hyper_ = h;
-  clip_norm_ = static_cast<float>(clip);
+  // Every rank's verdict (a rank that found the problem keeps its own
+  // status and message; the others answer with the lowest such rank's).
+  auto agree = [&](pstar_status mine, const std::string& own, const std::string& what, const std::string& tail) {
+    const int32_t vote = mine;
+    std::vector<int32_t> all(static_cast<size_t>(world_));
+    checkpoint_all_gather(&vote, all.data(), sizeof vote);
+    for (int r = 0; r < world_; ++r) {
+      const auto st = static_cast<pstar_status>(all[static_cast<size_t>(r)]);
+      if (st == PSTAR_OK) continue;
+      if (mine != PSTAR_OK) throw Error(mine, own + tail);
+      throw Error(st, "checkpoint_load: rank " + std::to_string(r) + " " + what + " (its own error says why)" + tail);
+    }
+  };
+  if (sharded()) agree(refused, why, "refused the checkpoint in '" + dir + "'", "; no rank loaded anything");
+
+  // 2. Apply: values (masters and compute copies), then m and v, then the
+  // scalars.  Every state is rewritten, so slots on the NVMe drive start
+  // from zeros (and are trusted again after an I/O error).  A sharded
+  // engine keeps what lies in its own shards.
+  load_incomplete_ = "loading '" + sub + "' stopped part way";
+  pstar_status failed = PSTAR_OK;
+  std::string failure;
+  try {
+    nvme_begin_rewrite();
+    for (uint32_t id = 0; id < params_.size(); ++id) {
+      const Param& p = params_[id];
+      const ManifestParam& mp = *match[id];
+      const size_t j = static_cast<size_t>(&mp - m.params.data());
+      auto read_list = [&](int list) {
+        for (const ManifestPiece& pc : pieces[j]) {
+          const DataFile& f = *data.at(from_shards ? shard_file(list, static_cast<int>(pc.rank)) : kListFiles[list]);
+          faults.before_read(f);
+          f.read(pc.offset, staging.data() + pc.start, pc.count);
+        }
+      };
+      read_list(p.frozen() ? 3 : 0);
+      if (sharded()) {
+        write_sharded(id, staging.data(), PSTAR_DTYPE_F32);
+      } else {
+        write(id, staging.data(), p.numel, PSTAR_DTYPE_F32);
+      }
+      if (p.frozen()) continue;
+      for (int list = 1; list <= 2; ++list) {
+        read_list(list);
+        if (sharded()) {
+          write_state_sharded(id, list, staging.data());
+        } else {
+          write_state(id, list, staging.data());
+        }
+      }
+      params_[id].lr_scale = mp.lr_scale;
+      params_[id].weight_decay = mp.weight_decay;
+    }
+    nvme_end_rewrite();
+    adam_step_ = step;
+    scaler_.restore(scale, clean, hyst);
+    hyper_ = h;
+    clip_norm_ = clip;
+  } catch (const Error& e) {
+    failed = e.status();
+    failure = e.what();
+  } catch (const std::exception& e) {
+    failed = dynamic_cast<const std::bad_alloc*>(&e) != nullptr ? PSTAR_ERR_OUT_OF_MEMORY : PSTAR_ERR_INTERNAL;
+    failure = std::string("checkpoint_load: ") + e.what();
+  }
+  const std::string consequence =
+      std::string(sharded() ? "; the group's engines hold part of the checkpoint" : "; the engine holds part of the checkpoint") +
+      ": iterations, steps, saves and exports are refused until a load completes";
+  if (failed != PSTAR_OK) {
+    load_incomplete_ = failure;
+    if (!sharded()) throw Error(failed, failure + consequence);
+  }
+  if (sharded()) {
+    try {
+      agree(failed, failure, "could not finish loading the checkpoint in '" + dir + "'", consequence);
+    } catch (const Error& e) {
+      if (load_incomplete_.empty() || failed == PSTAR_OK) load_incomplete_ = e.what();
+      throw;
+    }
+  }
+  load_incomplete_.clear();
   log::info("checkpoint loaded: " + sub);
 #endif
 }
@@ -863,6 +1244,7 @@ void Engine::checkpoint_load(const char* dir_c) {
 // spaces to 8 bytes), then the data.
 void Engine::export_safetensors(const char* path_c) {
   require_file_call("export_safetensors", path_c, false);
+  require_load_complete("export_safetensors");
   std::string header = "{\"__metadata__\":{\"producer\":\"libpstar " PSTAR_VERSION_STRING "\"}";
   uint64_t offset = 0;
   for (const Param& p : params_) {

@@ -226,6 +226,7 @@ void Engine::require_nvme_ok(const char* what) const {
     return std::string(what) + ": refused after an NVMe I/O error (" + nvme_failure_ +
            "); load a checkpoint (pstar_checkpoint_load) to go on";
   });
+  require_load_complete(what);  // the other way the state can be half-written
 }
 
 void Engine::nvme_access(uint32_t k, bool write) {

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "capi_test_util.h"
+#include "ckpt_test_util.h"
 
 /* Six trainable parameters of about one 1024-element chunk each, and a
  * frozen one. */
@@ -297,6 +298,115 @@ static void remove_file(const char *dir) {
 
 Test(nvme, a_byte_flipped_in_the_file_is_detected) { check_fault(NULL, flip_a_byte, "corrupted"); }
 Test(nvme, a_removed_file_is_detected) { check_fault(NULL, remove_file, "removed"); }
+
+/* Checkpoint loads with optimizer state on the drive (docs/checkpoints.md,
+ * "What a failed load leaves").  A refused load (every byte of the manifest
+ * edited, a truncated data file, an offset past the end of a file with the
+ * manifest's checksum recomputed) writes nothing to the drive: training on
+ * equals an engine that never tried.  A load that fails after the checks
+ * (the test hook's read error) stops training until a load completes, then
+ * matches.  After an NVMe I/O error in a step, a refused load leaves
+ * training refused; a good one repairs it. */
+static void expect_refused_unchanged(model *m, const char *ckpt, const char *what) {
+  static float before[TOTAL], after[TOTAL];
+  snapshot(m, before);
+  const double step_before = t_hparam(m->e, PSTAR_HPARAM_STEP);
+  const pstar_status st = pstar_checkpoint_load(m->e, ckpt);
+  char msg[T_MSG_CAP];
+  t_copy_last_error(msg, sizeof msg);
+  cr_assert(st == PSTAR_ERR_IO || st == PSTAR_ERR_INVALID_ARGUMENT, "%s: %s (%s)", what, pstar_status_name(st), msg);
+  snapshot(m, after);
+  assert_same(before, after, what);
+  cr_assert_eq(t_hparam(m->e, PSTAR_HPARAM_STEP), step_before, "%s", what);
+}
+
+Test(nvme, refused_checkpoint_loads_leave_the_drive_as_it_was) {
+  static float expect[TOTAL], got[TOTAL];
+  char ckpt[600], manifest[700], masters[700], what[96];
+  const config on_drive = {fresh_dir("refused"), kTightHost, 0, 0};
+  snprintf(ckpt, sizeof ckpt, "%s/ckpt", on_drive.nvme_dir);
+  const config in_memory = {NULL, 0, 0, 0};
+  model ref;
+  make(&ref, &in_memory);
+  for (int s = 0; s < 6; ++s) T_OK(train_step(&ref, s));
+  snapshot(&ref, expect);
+  T_OK(pstar_engine_destroy(ref.e));
+
+  model m;
+  make(&m, &on_drive);
+  cr_assert_gt(nvme_stats(&m).chunks_on_nvme, 0);
+  T_OK(train_step(&m, 0));
+  T_OK(pstar_checkpoint_save(m.e, ckpt));
+  T_OK(train_step(&m, 1));
+  T_OK(train_step(&m, 2));
+  ck_latest_path(ckpt, "manifest", manifest, sizeof manifest);
+  ck_latest_path(ckpt, "masters.f32", masters, sizeof masters);
+  size_t len = 0, mlen = 0;
+  unsigned char *pristine = ck_slurp(manifest, &len);
+  unsigned char *copy = (unsigned char *)malloc(len + 16);
+  cr_assert_not_null(copy);
+  for (size_t i = 0; i < len; ++i) {
+    memcpy(copy, pristine, len);
+    copy[i] = (unsigned char)(copy[i] + 1);
+    ck_spit(manifest, copy, len);
+    snprintf(what, sizeof what, "manifest byte %zu + 1", i);
+    expect_refused_unchanged(&m, ckpt, what);
+  }
+  ck_spit(manifest, pristine, len);
+  unsigned char *data = ck_slurp(masters, &mlen);
+  ck_spit(masters, data, mlen / 2);
+  expect_refused_unchanged(&m, ckpt, "masters.f32 truncated");
+  ck_spit(masters, data, mlen);
+#if CK_HAVE_XXHASH
+  {
+    /* p1's offset (after p0's 900 elements) past the end of the files. */
+    const char *hit = strstr((const char *)pristine, "offset=900 ");
+    cr_assert_not_null(hit);
+    const size_t at = (size_t)(hit - (const char *)pristine);
+    memcpy(copy, pristine, at);
+    memcpy(copy + at, "offset=90000 ", 13);
+    memcpy(copy + at + 13, pristine + at + 11, len - at - 11);
+    ck_reseal(copy, len + 2);
+    ck_spit(manifest, copy, len + 2);
+    expect_refused_unchanged(&m, ckpt, "an offset past the end, resealed");
+    ck_spit(manifest, pristine, len);
+  }
+#endif
+  for (int s = 3; s < 6; ++s) T_OK(train_step(&m, s));
+  snapshot(&m, got);
+  assert_same(expect, got, "training on after refused loads");
+
+  /* A failure after the checks: training stops until a load completes. */
+  setenv("PSTAR_TEST_CHECKPOINT_LOAD_FAULT", "read:5", 1);
+  const pstar_status st = pstar_checkpoint_load(m.e, ckpt);
+  unsetenv("PSTAR_TEST_CHECKPOINT_LOAD_FAULT");
+  T_STATUS(st, PSTAR_ERR_IO);
+  T_FAIL(pstar_iteration_begin(m.e, PSTAR_ITERATION_TRAIN), PSTAR_ERR_IO, "failed part way");
+  T_OK(pstar_checkpoint_load(m.e, ckpt));
+  for (int s = 1; s < 6; ++s) T_OK(train_step(&m, s));
+  snapshot(&m, got);
+  assert_same(expect, got, "resumed after a load that failed part way");
+
+  /* An NVMe read error in a step, then a refused load: still refused. */
+  T_OK(pstar_checkpoint_load(m.e, ckpt));
+  setenv("PSTAR_TEST_NVME_FAULT", "read_eio:1", 1);
+  T_STATUS(train_step(&m, 1), PSTAR_ERR_IO);
+  unsetenv("PSTAR_TEST_NVME_FAULT");
+  memcpy(copy, pristine, len);
+  copy[len / 2] ^= 0x01;
+  ck_spit(manifest, copy, len);
+  T_FAIL(pstar_checkpoint_load(m.e, ckpt), PSTAR_ERR_IO, "corrupted");
+  T_FAIL(pstar_iteration_begin(m.e, PSTAR_ITERATION_TRAIN), PSTAR_ERR_IO, "NVMe I/O error");
+  ck_spit(manifest, pristine, len);
+  T_OK(pstar_checkpoint_load(m.e, ckpt));
+  for (int s = 1; s < 6; ++s) T_OK(train_step(&m, s));
+  snapshot(&m, got);
+  assert_same(expect, got, "resumed after an NVMe error and a refused load");
+  T_OK(pstar_engine_destroy(m.e));
+  free(data);
+  free(copy);
+  free(pristine);
+}
 
 Test(nvme, misuse_is_refused) {
   pstar_x_nvme_options n;

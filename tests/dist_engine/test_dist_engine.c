@@ -62,6 +62,9 @@ typedef struct scenario {
   uint64_t slot_short_capacity; /* with gather_ahead: rank 1's device capacity; 0 unlimited */
   uint64_t nvme_host_capacity;  /* ranks (not the reference) get an NVMe tier in a directory of their
                                  * own and this host capacity; 0 none */
+  int load_fault_rank;          /* with resume_step: every rank first tries a load that fails on this rank
+                                 * (PSTAR_TEST_CHECKPOINT_LOAD_FAULT=load_fault there); -1 none */
+  char load_fault[16];
 } scenario;
 
 typedef struct step_out {
@@ -79,6 +82,11 @@ typedef struct rank_out {
   int32_t later_status; /* (failure test) an acquire after that */
   int32_t save_status;  /* the checkpoint save's status */
   char save_msg[1024];
+  int32_t load_status;  /* (load_fault_rank) the failing load's status */
+  char load_msg[1024];
+  int32_t load_unchanged;    /* ... every value, hyperparameter and the step as before it */
+  int32_t load_after_status; /* ... then pstar_iteration_begin (read faults only) */
+  char load_after_msg[1024];
   double fail_seconds;  /* (failure test) from the end of forward to the failure */
   int32_t reported;     /* (failure test) this survivor has recorded its failure */
   pstar_stats stats;
@@ -337,6 +345,35 @@ static int run_one(const scenario *sc, int ref, int rank, rank_out *out) {
     initial_values(p, vals, (size_t)k_numel[p]);
     CK(pstar_param_write(c->e, c->ids[p], vals, (uint64_t)k_numel[p], PSTAR_DTYPE_F32));
   }
+  if (sc->resume_step > 0 && sc->load_fault_rank >= 0 && !ref) {
+    /* A load that fails on one rank: every rank fails; after a refusal
+     * (before anything is written) every rank's state is as it was; after a
+     * failure part way every rank refuses to train until a load completes. */
+    float *before = (float *)calloc(2 * TOTAL_ELEMS, sizeof(float));
+    double hp[2][8];
+    if (before == NULL) goto fail;
+    for (int k = 0; k < 2; ++k) {
+      if (k == 1) {
+        if (rank == sc->load_fault_rank) setenv("PSTAR_TEST_CHECKPOINT_LOAD_FAULT", sc->load_fault, 1);
+        out->load_status = pstar_checkpoint_load(c->e, sc->ckpt_dir);
+        snprintf(out->load_msg, sizeof out->load_msg, "%s", pstar_last_error_message());
+        unsetenv("PSTAR_TEST_CHECKPOINT_LOAD_FAULT");
+      }
+      size_t off = 0;
+      for (int p = 0; p < N_PARAMS; ++p) { /* collective */
+        CK(pstar_param_read(c->e, c->ids[p], before + k * TOTAL_ELEMS + off, (uint64_t)k_numel[p], PSTAR_DTYPE_F32));
+        off += (size_t)k_numel[p];
+      }
+      for (int h = 0; h < 8; ++h) CK(pstar_hparam_get(c->e, (pstar_hparam)h, &hp[k][h]));
+    }
+    out->load_unchanged = memcmp(before, before + TOTAL_ELEMS, TOTAL_ELEMS * sizeof(float)) == 0 &&
+                          memcmp(hp[0], hp[1], sizeof hp[0]) == 0;
+    free(before);
+    if (strncmp(sc->load_fault, "read:", 5) == 0) {
+      out->load_after_status = pstar_iteration_begin(c->e, PSTAR_ITERATION_TRAIN);
+      snprintf(out->load_after_msg, sizeof out->load_after_msg, "%s", pstar_last_error_message());
+    }
+  }
   if (sc->resume_step > 0) CK(pstar_checkpoint_load(c->e, sc->ckpt_dir));
   for (int s = sc->resume_step + 1; s <= sc->steps; ++s) {
     pstar_step_result r;
@@ -538,6 +575,7 @@ static scenario base(int world, pstar_dtype dtype) {
   sc.mismatch_rank = -1;
   sc.crash_rank = -1;
   sc.gather_mismatch_rank = -1;
+  sc.load_fault_rank = -1;
   sc.comm_timeout_ms = 20000;
   return sc;
 }
@@ -1024,6 +1062,64 @@ Test(dist_engine, sharded_checkpoints_resume_exactly_at_other_world_sizes) {
     b.resume_step = 3;
     run_resuming(&b, world == 2 ? uninterrupted : NULL);
   }
+  remove_checkpoints(&a);
+}
+
+/* A load that fails on one rank of a group fails on every rank: refused
+ * after every check on that rank (nothing written anywhere: every rank's
+ * values, hyperparameters and step as before), or failing part way there
+ * (every rank then refuses to train until a load completes).  The load that
+ * follows resumes bit for bit: a 2-rank checkpoint at 2 ranks (against the
+ * uninterrupted run) and at 3 (against one process); with shards on the
+ * NVMe drive at 2. */
+static void expect_failed_load(scenario b, int rank, const char *fault, const float *uninterrupted) {
+  b.load_fault_rank = rank;
+  snprintf(b.load_fault, sizeof b.load_fault, "%s", fault);
+  rank_out *ob = run_resuming(&b, uninterrupted);
+  const int part_way = strncmp(fault, "read:", 5) == 0;
+  for (int r = 0; r < b.world; ++r) {
+    const char *m = ob[r].load_msg;
+    cr_log_info("%d ranks, %s on rank %d: rank %d: %s", b.world, fault, rank, r, m);
+    cr_assert_eq(ob[r].load_status, PSTAR_ERR_IO, "%s on rank %d: rank %d: %s", fault, rank, r, m);
+    if (r == rank) {
+      cr_assert_not_null(strstr(m, part_way ? "simulated I/O error" : "simulated refusal"), "rank %d: %s", r, m);
+    } else {
+      char who[64];
+      snprintf(who, sizeof who, "rank %d %s", rank, part_way ? "could not finish loading" : "refused the checkpoint");
+      cr_assert_not_null(strstr(m, who), "rank %d: \"%s\" lacks \"%s\"", r, m, who);
+    }
+    if (part_way) {
+      cr_assert_eq(ob[r].load_after_status, PSTAR_ERR_IO, "rank %d: %s", r, ob[r].load_after_msg);
+      cr_assert_not_null(strstr(ob[r].load_after_msg, "failed part way"), "rank %d: %s", r, ob[r].load_after_msg);
+    } else {
+      cr_assert(ob[r].load_unchanged, "rank %d: a refused load changed its state", r);
+    }
+  }
+}
+
+Test(dist_engine, a_load_that_fails_on_one_rank_fails_on_every_rank) {
+  static float uninterrupted[TOTAL_ELEMS];
+  scenario a = base(2, PSTAR_DTYPE_BF16);
+  a.steps = 5;
+  a.save_step = 2;
+  run_saving(&a, "dist-ckpt-fault", uninterrupted);
+  scenario b = a;
+  b.save_step = 0;
+  b.resume_step = 2;
+  expect_failed_load(b, 1, "check", uninterrupted);
+  expect_failed_load(b, 0, "read:4", uninterrupted);
+  b.world = 3;
+  expect_failed_load(b, 2, "check", NULL);
+  expect_failed_load(b, 1, "read:9", NULL);
+  remove_checkpoints(&a);
+  /* With each rank's shards partly on its NVMe drive. */
+  a.nvme_host_capacity = 136 * 1024;
+  run_saving(&a, "dist-nvme-ckpt-fault", uninterrupted);
+  b = a;
+  b.save_step = 0;
+  b.resume_step = 2;
+  expect_failed_load(b, 0, "check", uninterrupted);
+  expect_failed_load(b, 1, "read:6", uninterrupted);
   remove_checkpoints(&a);
 }
 

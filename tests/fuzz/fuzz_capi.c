@@ -68,9 +68,14 @@ static void remove_scratch(void) {
   rmdir(g_scratch);
 }
 
+/* PSTAR_FUZZ_TRACE set: every call's status on stderr (for writing corpus
+ * entries by hand). */
+static int g_trace;
+
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
   (void)argc;
   (void)argv;
+  g_trace = getenv("PSTAR_FUZZ_TRACE") != NULL;
   pstar_log_set_callback(quiet, NULL, PSTAR_LOG_ERROR);
   const char *tmp = getenv("TMPDIR");
   snprintf(g_scratch, sizeof g_scratch, "%s/pstar-fuzz-XXXXXX", tmp != NULL && tmp[0] ? tmp : "/tmp");
@@ -87,6 +92,66 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
 static const char *pick_path(input *in) {
   const int k = u8(in) % 6;
   return k == 5 ? NULL : g_paths[k];
+}
+
+/* Manifest damage for the checkpoint loads (op 23): kind d (1..42) at a
+ * place from d and `where`: d % 3 == 0 flips bit d / 3 % 8 of a byte, 1
+ * truncates the manifest there, 2 adds 1 to the byte. */
+static void damage_manifest(unsigned d, unsigned where) {
+  if (d == 0) return;
+  char latest[160], name[96] = {0}, path[300];
+  snprintf(latest, sizeof latest, "%s/LATEST", g_paths[0]);
+  FILE *f = fopen(latest, "r");
+  if (f == NULL) return;
+  const int got = fgets(name, sizeof name, f) != NULL;
+  fclose(f);
+  if (!got) return;
+  name[strcspn(name, "\n")] = 0;
+  snprintf(path, sizeof path, "%s/%s/manifest", g_paths[0], name);
+  static unsigned char text[1 << 16];
+  f = fopen(path, "rb");
+  if (f == NULL) return;
+  size_t len = fread(text, 1, sizeof text, f);
+  fclose(f);
+  if (len == 0) return;
+  const size_t at = ((size_t)where * 977u + (size_t)d * 131u) % len;
+  if (d % 3 == 0) text[at] ^= (unsigned char)(1u << (d / 3 % 8));
+  if (d % 3 == 1) len = at;
+  if (d % 3 == 2) text[at] = (unsigned char)(text[at] + 1);
+  f = fopen(path, "wb");
+  if (f == NULL) return;
+  if (len > 0) fwrite(text, 1, len, f);
+  fclose(f);
+}
+
+/* What a refused load must leave: the values of parameters 0..5 that can be
+ * read, every hyperparameter and the step. */
+static float g_snap[6][kBufElems], g_now[kBufElems];
+static int g_snapped[6];
+static double g_hsnap[8];
+static int g_hsnapped[8];
+
+static void snap_values(pstar_engine *e) {
+  for (uint32_t id = 0; id < 6; ++id) {
+    uint64_t numel = 0;
+    g_snapped[id] = pstar_param_numel(e, id, &numel) == PSTAR_OK && numel <= kBufElems &&
+                    pstar_param_read(e, id, g_snap[id], numel, PSTAR_DTYPE_F32) == PSTAR_OK;
+  }
+  for (int h = 0; h < 8; ++h) g_hsnapped[h] = pstar_hparam_get(e, (pstar_hparam)h, &g_hsnap[h]) == PSTAR_OK;
+}
+
+static void expect_values_unchanged(pstar_engine *e) {
+  for (uint32_t id = 0; id < 6; ++id) {
+    uint64_t numel = 0;
+    if (!g_snapped[id] || pstar_param_numel(e, id, &numel) != PSTAR_OK) continue;
+    if (pstar_param_read(e, id, g_now, numel, PSTAR_DTYPE_F32) != PSTAR_OK) continue;
+    if (memcmp(g_now, g_snap[id], numel * sizeof(float)) != 0) abort(); /* a refused load changed a value */
+  }
+  for (int h = 0; h < 8; ++h) {
+    double v = 0;
+    if (!g_hsnapped[h] || pstar_hparam_get(e, (pstar_hparam)h, &v) != PSTAR_OK) continue;
+    if (memcmp(&v, &g_hsnap[h], sizeof v) != 0) abort(); /* ... or a hyperparameter, the step */
+  }
 }
 
 static const uint64_t kCapacities[] = {0, 1, 64, 4096, 1u << 14, 1u << 16, 1u << 20};
@@ -115,7 +180,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const uint8_t op = u8(&in) % 27;
     const int w = u8(&in) % kEngines;
     pstar_engine *e = engines[w];
-    const uint32_t id = u8(&in) % 7; /* ids 0..5 may exist; 6 never does */
+    const uint8_t id_byte = u8(&in);
+    const uint32_t id = id_byte % 7; /* ids 0..5 may exist; 6 never does */
     pstar_status st = PSTAR_OK;
     switch (op) {
       case 0: { /* create (destroying the slot's engine first) */
@@ -261,9 +327,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       case 22:
         st = pstar_checkpoint_save(e, pick_path(&in));
         break;
-      case 23:
+      case 23: {
+        /* The path byte's quotient by 6 (pick_path keeps the remainder)
+         * damages the manifest of the checkpoint under g_paths[0] first (0:
+         * not at all), at a place the id byte's quotient by 7 also moves;
+         * inputs written before this read the same. */
+        const uint8_t path_byte = in.n > 0 ? in.p[0] : 0;
+        damage_manifest(path_byte / 6, id_byte / 7);
+        snap_values(e);
         st = pstar_checkpoint_load(e, pick_path(&in));
+        if (st != PSTAR_OK && strstr(pstar_last_error_message(), "holds part of the checkpoint") == NULL) {
+          expect_values_unchanged(e); /* a refused load changes nothing */
+        }
         break;
+      }
       case 24:
         st = pstar_export_safetensors(e, pick_path(&in));
         break;
@@ -285,6 +362,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         break;
     }
     expect_known(st);
+    if (g_trace) fprintf(stderr, "op %2d engine %d id %u: %s\n", op, w, id, pstar_status_name(st));
   }
   for (int i = 0; i < kEngines; ++i) {
     if (live[i]) expect_known(pstar_engine_destroy(engines[i]));

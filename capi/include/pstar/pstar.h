@@ -488,14 +488,22 @@ PSTAR_API pstar_status pstar_checkpoint_save(pstar_engine *engine, const char *d
 
 /** Loads the checkpoint `dir/LATEST` names into this engine, which must
  *  register the same parameters (names, shapes, frozen or not; order and
- *  chunk size may differ).  Everything is verified (format version,
- *  parameter set, every file's size and checksum) before anything changes:
- *  on an error (PSTAR_ERR_IO naming the file and the problem,
- *  PSTAR_ERR_INVALID_ARGUMENT for another parameter set) the engine is as it
- *  was.  Training resumed from a checkpoint saved after step k reaches the
- *  same parameters, bit for bit, as training that never stopped.  A
- *  checkpoint of any world size loads into an engine of any world size
- *  (every rank of a sharded engine loads, without collectives). */
+ *  chunk size may differ).  Everything is verified before anything changes
+ *  (format version, the manifest's own checksum and every line of it, the
+ *  parameter set, every offset and length against its file, every file's
+ *  size and checksum): on an error (PSTAR_ERR_IO naming the file and the
+ *  problem, PSTAR_ERR_INVALID_ARGUMENT for another parameter set,
+ *  PSTAR_ERR_BUSY while a parameter is pinned) every value, the step, the
+ *  hyperparameters and the loss scaler are as they were.  Only an I/O error
+ *  after those checks (reading a verified file again, writing the NVMe
+ *  tier) can stop a load part way: PSTAR_ERR_IO, and iterations, steps,
+ *  saves and exports are refused until a load completes.  Training resumed
+ *  from a checkpoint saved after step k reaches the same parameters, bit
+ *  for bit, as training that never stopped.  A checkpoint of any world size
+ *  loads into an engine of any world size; with world_size > 1 the load is
+ *  a collective (every rank loads) and the ranks agree before anything
+ *  changes, so a checkpoint refused on one rank fails on every rank with
+ *  nothing loaded.  Format and guarantees: docs/checkpoints.md. */
 PSTAR_API pstar_status pstar_checkpoint_load(pstar_engine *engine, const char *dir);
 
 /** Writes every parameter's fp32 values (masters; frozen parameters' values)
