@@ -59,7 +59,8 @@ const char* pstar_status_string(pstar_status status) {
     case PSTAR_ERR_INVALID_STATE: return "call not legal in the current state";
     case PSTAR_ERR_NOT_FOUND: return "no such parameter or key";
     case PSTAR_ERR_OUT_OF_MEMORY: return "what must be resident does not fit in a tier's capacity";
-    case PSTAR_ERR_BUSY: return "a chunk is pinned by an outstanding export";
+    case PSTAR_ERR_BUSY:
+      return "busy: a chunk is pinned by an outstanding export, or another call on the engine is in progress";
     case PSTAR_ERR_UNSUPPORTED: return "not supported by this build or machine";
     case PSTAR_ERR_DEVICE: return "accelerator runtime error";
     case PSTAR_ERR_IO: return "file or disk error";

@@ -8,7 +8,9 @@
 #                          engine's mover (device worker), optimizer (thread
 #                          pool), NVMe I/O and collective-queue threads: the C
 #                          example in strict and normal mode, the access, nvme
-#                          and gather benchmarks.  Criterion's test
+#                          and gather benchmarks; and two caller threads on one
+#                          engine (pstar_threads_stress: the check that refuses
+#                          overlapping calls).  Criterion's test
 #                          runner cannot start under TSan (its process arena is
 #                          mapped at an address TSan reserves), so the
 #                          Criterion suites run under ASan only.
@@ -37,12 +39,16 @@ case "${1:-}" in
     ;;
   tsan)
     cmake --preset tsan > /dev/null
-    cmake --build --preset tsan -j "$jobs" --target pstar-example-mlp pstar-bench > build/tsan-build.log 2>&1 ||
+    cmake --build --preset tsan -j "$jobs" --target pstar-example-mlp pstar-bench pstar_threads_stress \
+      > build/tsan-build.log 2>&1 ||
       { tail -50 build/tsan-build.log; exit 1; }
     export TSAN_OPTIONS=halt_on_error=1:exitcode=66
     build/tsan/bin/pstar-example-mlp --steps 20 --strict
     build/tsan/bin/pstar-example-mlp --steps 20
     build/tsan/bin/pstar-bench access --iters 50 --reps 1
+    # Two threads on one engine: a trainer and a reader, two trainers, a
+    # hand-off (tests/capi/threads_stress.c).
+    build/tsan/bin/pstar_threads_stress 20
     # The NVMe tier: the store's I/O thread and libuv's pool against the step.
     rm -rf build/tsan-nvme && mkdir -p build/tsan-nvme
     build/tsan/bin/pstar-bench nvme --dir build/tsan-nvme --elements 1048576 --chunk-elems 262144 --reps 2 \

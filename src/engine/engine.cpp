@@ -1,9 +1,11 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <cfloat>
 #include <chrono>
 #include <cmath>
 #include <cstddef>
+#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <limits>
@@ -14,6 +16,7 @@
 #include "util/dtype.h"
 #include "util/error.h"
 #include "util/log.h"
+#include "util/struct_check.h"
 
 namespace pstar::engine {
 
@@ -22,7 +25,55 @@ using chunk::TensorState;
 
 namespace {
 
-bool finite_in(double v, double lo, double hi) { return std::isfinite(v) && v >= lo && v <= hi; }
+// Floating-point settings are checked as stored: as floats (pstar.h,
+// pstar_hparam_set).  Bounds are floats too, so that a bound itself is
+// accepted wherever it comes from.
+constexpr float kMaxSetting = 1e30f;           // lr, weight_decay, clip_norm, lr_scale, eps
+constexpr float kBelowOne = 1.0f - 0x1p-24f;   // the largest float below 1 (betas)
+bool float_in(float v, float lo, float hi) { return v >= lo && v <= hi; }  // NaN: false
+
+// A double rounded to float as a C cast does (to nearest), but defined for
+// every double: beyond the range that rounds to FLT_MAX, an infinity.
+float to_float(double v) {
+  constexpr double kRoundsToInf = static_cast<double>(FLT_MAX) + 0x1p103;  // FLT_MAX + half its ulp
+  if (v >= kRoundsToInf) return std::numeric_limits<float>::infinity();
+  if (v <= -kRoundsToInf) return -std::numeric_limits<float>::infinity();
+  return static_cast<float>(v);  // NaN stays NaN
+}
+
+// Shortest-enough decimal forms: 9 digits tell floats apart, 17 doubles.
+std::string num_str(double v, int digits = 9) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*g", digits, v);
+  return buf;
+}
+
+// Checks one floating-point setting; `range` says it for the message.
+void require_setting(float v, float lo, float hi, const char* what, const char* range) {
+  require(float_in(v, lo, hi), PSTAR_ERR_INVALID_ARGUMENT,
+          [&] { return std::string(what) + " must be " + range + " (got " + num_str(v) + ")"; });
+}
+
+// The same for a double that the library stores as a float: the float is
+// checked, and the message says what the value rounded to.
+float require_setting_double(double v, float lo, float hi, const char* what, const char* range) {
+  const float f = to_float(v);
+  require(float_in(f, lo, hi), PSTAR_ERR_INVALID_ARGUMENT, [&] {
+    std::string m = std::string(what) + " must be " + range + " as a float (got " + num_str(v, 17);
+    if (!(static_cast<double>(f) == v) && !std::isnan(v)) m += ", which rounds to " + num_str(f);
+    return m + ")";
+  });
+  return f;
+}
+
+constexpr const char* kRangeLr = "finite and in [0, 1e30]";
+constexpr const char* kRangeBeta = "in [0, 1)";
+constexpr const char* kRangeEps = "in [FLT_MIN, 1e30] (a normal float > 0)";
+constexpr const char* kRangeScale = "in [FLT_MIN, FLT_MAX] (a normal float > 0)";
+
+// Modelled bandwidths divide byte counts: 0 (the default) or at least one
+// byte per second.
+bool bandwidth_ok(double v) { return v == 0.0 || (v >= 1.0 && v <= 1e18); }
 
 std::string bytes_str(uint64_t b) { return std::to_string(b) + " bytes"; }
 
@@ -31,8 +82,6 @@ std::string bytes_str(uint64_t b) { return std::to_string(b) + " bytes"; }
 pstar_engine_options validate_options(const pstar_engine_options& in) {
   pstar_engine_options o;
   pstar_engine_options_init(&o);
-  require(in.version >= 1 && in.version <= PSTAR_ENGINE_OPTIONS_VERSION, PSTAR_ERR_VERSION, [&] { return "options: version " + std::to_string(in.version) + " is not supported by this library (knows 1.." +
-              std::to_string(PSTAR_ENGINE_OPTIONS_VERSION) + "); initialise with pstar_engine_options_init()"; });
   // Bytes that each version of the struct covers: fields are only appended.
   const size_t covered_by_version[PSTAR_ENGINE_OPTIONS_VERSION] = {
       offsetof(pstar_engine_options, loss_scale_min) + sizeof(float),
@@ -40,9 +89,9 @@ pstar_engine_options validate_options(const pstar_engine_options& in) {
       offsetof(pstar_engine_options, prefetch) + sizeof(int32_t),
       offsetof(pstar_engine_options, comm_timeout_ms) + sizeof(uint32_t),
   };
+  require_versioned_struct(&in, in.size, in.version, PSTAR_ENGINE_OPTIONS_VERSION, covered_by_version,
+                           sizeof(pstar_engine_options), "options");
   const size_t covered = covered_by_version[in.version - 1];
-  require(in.size >= covered, PSTAR_ERR_VERSION, [&] { return "options: size " + std::to_string(in.size) + " is smaller than a version-" + std::to_string(in.version) +
-              " struct (" + std::to_string(covered) + " bytes)"; });
   // Fields of later versions than the caller's keep their defaults.
   std::memcpy(&o, &in, covered);
   o.size = sizeof o;
@@ -56,8 +105,8 @@ pstar_engine_options validate_options(const pstar_engine_options& in) {
           "options: the virtual clock and dry runs exist on the emulated device only");
   require(!(o.virtual_clock && o.strict), PSTAR_ERR_INVALID_ARGUMENT,
           "options: strict mode needs the wall clock (its delays are real time); unset virtual_clock or strict");
-  require(finite_in(o.h2d_bytes_per_s, 0.0, 1e18) && finite_in(o.d2h_bytes_per_s, 0.0, 1e18),
-          PSTAR_ERR_INVALID_ARGUMENT, "options: h2d_bytes_per_s and d2h_bytes_per_s must be finite and >= 0");
+  require(bandwidth_ok(o.h2d_bytes_per_s) && bandwidth_ok(o.d2h_bytes_per_s), PSTAR_ERR_INVALID_ARGUMENT,
+          "options: h2d_bytes_per_s and d2h_bytes_per_s must be 0 (the default) or in [1, 1e18]");
   if (o.h2d_bytes_per_s == 0.0) o.h2d_bytes_per_s = PSTAR_DEFAULT_LINK_BYTES_PER_S;
   if (o.d2h_bytes_per_s == 0.0) o.d2h_bytes_per_s = PSTAR_DEFAULT_LINK_BYTES_PER_S;
   require(o.device_margin_bytes == 0 || o.device_margin_bytes < o.device_capacity_bytes, PSTAR_ERR_INVALID_ARGUMENT,
@@ -91,23 +140,21 @@ pstar_engine_options validate_options(const pstar_engine_options& in) {
           });
   if (o.warmup_iterations == 0) o.warmup_iterations = 1;
   require(dtype_valid(o.compute_dtype), PSTAR_ERR_INVALID_ARGUMENT, [&] { return "options: unknown compute dtype " + std::to_string(static_cast<int>(o.compute_dtype)); });
-  require(finite_in(o.lr, 0.0, 1e30), PSTAR_ERR_INVALID_ARGUMENT, "options: lr must be finite and >= 0");
-  require(finite_in(o.beta1, 0.0, 1.0) && o.beta1 < 1.0f, PSTAR_ERR_INVALID_ARGUMENT, "options: beta1 must be in [0, 1)");
-  require(finite_in(o.beta2, 0.0, 1.0) && o.beta2 < 1.0f, PSTAR_ERR_INVALID_ARGUMENT, "options: beta2 must be in [0, 1)");
-  require(finite_in(o.eps, 0.0, 1e30) && o.eps > 0.0f, PSTAR_ERR_INVALID_ARGUMENT, "options: eps must be > 0");
-  require(finite_in(o.weight_decay, 0.0, 1e30), PSTAR_ERR_INVALID_ARGUMENT, "options: weight_decay must be >= 0");
-  require(finite_in(o.clip_norm, 0.0, 1e30), PSTAR_ERR_INVALID_ARGUMENT, "options: clip_norm must be >= 0 (0 = off)");
-  require(finite_in(o.loss_scale_initial, 0.0, 1e38) && o.loss_scale_initial > 0.0f, PSTAR_ERR_INVALID_ARGUMENT,
-          "options: loss_scale_initial must be > 0");
-  require(finite_in(o.loss_scale_growth_factor, 1.0, 1e30), PSTAR_ERR_INVALID_ARGUMENT,
-          "options: loss_scale_growth_factor must be >= 1");
-  require(finite_in(o.loss_scale_backoff_factor, 0.0, 1.0) && o.loss_scale_backoff_factor > 0.0f,
-          PSTAR_ERR_INVALID_ARGUMENT, "options: loss_scale_backoff_factor must be in (0, 1]");
+  require_setting(o.lr, 0.0f, kMaxSetting, "options: lr", kRangeLr);
+  require_setting(o.beta1, 0.0f, kBelowOne, "options: beta1", kRangeBeta);
+  require_setting(o.beta2, 0.0f, kBelowOne, "options: beta2", kRangeBeta);
+  require_setting(o.eps, FLT_MIN, kMaxSetting, "options: eps", kRangeEps);
+  require_setting(o.weight_decay, 0.0f, kMaxSetting, "options: weight_decay", "finite and in [0, 1e30]");
+  require_setting(o.clip_norm, 0.0f, kMaxSetting, "options: clip_norm", "in [0, 1e30] (0 = off)");
+  require_setting(o.loss_scale_initial, FLT_MIN, FLT_MAX, "options: loss_scale_initial", kRangeScale);
+  require_setting(o.loss_scale_growth_factor, 1.0f, kMaxSetting, "options: loss_scale_growth_factor",
+                  "in [1, 1e30]");
+  require_setting(o.loss_scale_backoff_factor, std::numeric_limits<float>::denorm_min(), 1.0f,
+                  "options: loss_scale_backoff_factor", "in (0, 1]");
   require(o.loss_scale_growth_interval >= 1, PSTAR_ERR_INVALID_ARGUMENT,
           "options: loss_scale_growth_interval must be >= 1");
   require(o.loss_scale_hysteresis >= 1, PSTAR_ERR_INVALID_ARGUMENT, "options: loss_scale_hysteresis must be >= 1");
-  require(finite_in(o.loss_scale_min, 0.0, 1e38) && o.loss_scale_min > 0.0f, PSTAR_ERR_INVALID_ARGUMENT,
-          "options: loss_scale_min must be > 0");
+  require_setting(o.loss_scale_min, FLT_MIN, FLT_MAX, "options: loss_scale_min", kRangeScale);
   return o;
 }
 
@@ -416,7 +463,7 @@ void Engine::set_lr_scale(uint32_t id, float lr_scale) {
   Param& p = param_checked(id);
   require(!(iteration_active_ && iteration_kind_ == PSTAR_ITERATION_TRAIN), PSTAR_ERR_INVALID_STATE,
           "param_set_lr_scale: not legal inside a TRAIN iteration");
-  require(finite_in(lr_scale, 0.0, 1e30), PSTAR_ERR_INVALID_ARGUMENT, "param_set_lr_scale: must be finite and >= 0");
+  require_setting(lr_scale, 0.0f, kMaxSetting, "param_set_lr_scale: lr_scale", "finite and in [0, 1e30]");
   p.lr_scale = lr_scale;
 }
 
@@ -833,6 +880,7 @@ void Engine::grad_write(uint32_t id, const void* grad, uint64_t count, pstar_dty
   require(count == p.numel, PSTAR_ERR_INVALID_ARGUMENT, [&] { return "grad_write: count " + std::to_string(count) + " differs from the element count " +
               std::to_string(p.numel) + " of '" + p.name + "'"; });
   require(grad != nullptr || count == 0 || !payloads_, PSTAR_ERR_INVALID_ARGUMENT, "grad_write: grad is NULL");
+  if (payloads_) device_->check_caller_buffer(grad, count * dtype_size(dtype), space, "grad_write");
   memory::Stream* s = device_->caller_stream(stream);
   device_->grad_accumulate(s, p.grad_acc, grad, dtype, space, count);
   // A host source may be reused as soon as this returns; on the emulated
@@ -1749,36 +1797,33 @@ void Engine::hparam_set(pstar_hparam which, double v) {
   require(!(iteration_active_ && iteration_kind_ == PSTAR_ITERATION_TRAIN), PSTAR_ERR_INVALID_STATE,
           "hparam_set: not legal inside a TRAIN iteration (set it between steps)");
   switch (which) {
+    // Each value is checked as the float it is stored as (pstar.h).
     case PSTAR_HPARAM_LR:
-      require(finite_in(v, 0.0, 1e30), PSTAR_ERR_INVALID_ARGUMENT, "hparam_set: lr must be finite and >= 0");
-      hyper_.lr = static_cast<float>(v);
+      hyper_.lr = require_setting_double(v, 0.0f, kMaxSetting, "hparam_set: lr", kRangeLr);
       return;
     case PSTAR_HPARAM_BETA1:
-      require(finite_in(v, 0.0, 1.0) && v < 1.0, PSTAR_ERR_INVALID_ARGUMENT, "hparam_set: beta1 must be in [0, 1)");
-      hyper_.beta1 = static_cast<float>(v);
+      hyper_.beta1 = require_setting_double(v, 0.0f, kBelowOne, "hparam_set: beta1", kRangeBeta);
       return;
     case PSTAR_HPARAM_BETA2:
-      require(finite_in(v, 0.0, 1.0) && v < 1.0, PSTAR_ERR_INVALID_ARGUMENT, "hparam_set: beta2 must be in [0, 1)");
-      hyper_.beta2 = static_cast<float>(v);
+      hyper_.beta2 = require_setting_double(v, 0.0f, kBelowOne, "hparam_set: beta2", kRangeBeta);
       return;
     case PSTAR_HPARAM_EPS:
-      require(finite_in(v, 0.0, 1e30) && v > 0.0, PSTAR_ERR_INVALID_ARGUMENT, "hparam_set: eps must be > 0");
-      hyper_.eps = static_cast<float>(v);
+      hyper_.eps = require_setting_double(v, FLT_MIN, kMaxSetting, "hparam_set: eps", kRangeEps);
       return;
     case PSTAR_HPARAM_WEIGHT_DECAY:
-      require(finite_in(v, 0.0, 1e30), PSTAR_ERR_INVALID_ARGUMENT, "hparam_set: weight_decay must be >= 0");
-      hyper_.weight_decay = static_cast<float>(v);
+      hyper_.weight_decay =
+          require_setting_double(v, 0.0f, kMaxSetting, "hparam_set: weight_decay", "finite and in [0, 1e30]");
       return;
     case PSTAR_HPARAM_CLIP_NORM:
-      require(finite_in(v, 0.0, 1e30), PSTAR_ERR_INVALID_ARGUMENT, "hparam_set: clip_norm must be >= 0");
-      clip_norm_ = static_cast<float>(v);
+      clip_norm_ = require_setting_double(v, 0.0f, kMaxSetting, "hparam_set: clip_norm", "in [0, 1e30] (0 = off)");
       return;
-    case PSTAR_HPARAM_LOSS_SCALE:
-      require(finite_in(v, 0.0, 3e38) && v > 0.0, PSTAR_ERR_INVALID_ARGUMENT, "hparam_set: loss scale must be > 0");
+    case PSTAR_HPARAM_LOSS_SCALE: {
+      const float f = require_setting_double(v, FLT_MIN, FLT_MAX, "hparam_set: loss scale", kRangeScale);
       require(scaler_.enabled(), PSTAR_ERR_INVALID_STATE,
               "hparam_set: loss scaling is used with the F16 compute dtype only");
-      scaler_.set_scale(static_cast<float>(v));
+      scaler_.set_scale(f);
       return;
+    }
     case PSTAR_HPARAM_STEP:
       throw Error(PSTAR_ERR_INVALID_ARGUMENT, "hparam_set: the step count is read-only");
     case PSTAR_HPARAM_FORCE_32BIT_:

@@ -16,4 +16,6 @@ void Device::advance_clock(double) {
 
 double Device::completion_time(const EventPtr&) const { return std::numeric_limits<double>::quiet_NaN(); }
 
+void Device::check_caller_buffer(const void*, size_t, pstar_mem_space, const char*) const {}
+
 }  // namespace pstar::memory

@@ -104,6 +104,13 @@ class Device {
   // pointer this device or its host allocator returns.
   virtual bool has_payloads() const { return true; }
 
+  // What a device knows of a caller's buffer said to be in `space` (`bytes`
+  // at `ptr`): throws Error(PSTAR_ERR_INVALID_ARGUMENT), the message
+  // beginning with `what`, when it knows the buffer is elsewhere.  The
+  // default knows nothing (the emulated device outside strict mode, the
+  // modelled device, CUDA).
+  virtual void check_caller_buffer(const void* ptr, size_t bytes, pstar_mem_space space, const char* what) const;
+
   // ---- device-side gradient operations, queued on `stream` ---------------
 
   // acc[i] += src[i] (converted from src_dtype), src in `space`.

@@ -2,8 +2,12 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
+#include <string>
 
 #include "memory/host_kernels.h"
 #include "util/error.h"
@@ -126,13 +130,60 @@ EmulatedDevice::~EmulatedDevice() {
 
 void* EmulatedDevice::allocate(size_t bytes) {
   void* p = aligned_allocate(bytes);
-  if (strict_) std::memset(p, kPoisonByte, bytes);
+  if (strict_) {
+    std::memset(p, kPoisonByte, bytes);
+    try {
+      std::lock_guard<std::mutex> lock(allocations_mu_);
+      allocations_[reinterpret_cast<uintptr_t>(p)] = bytes;
+    } catch (...) {
+      std::free(p);
+      throw;
+    }
+  }
   return p;
 }
 
 void EmulatedDevice::deallocate(void* ptr, size_t bytes) {
-  if (ptr != nullptr && strict_) std::memset(ptr, kPoisonByte, bytes);
+  if (ptr != nullptr && strict_) {
+    std::memset(ptr, kPoisonByte, bytes);
+    std::lock_guard<std::mutex> lock(allocations_mu_);
+    allocations_.erase(reinterpret_cast<uintptr_t>(ptr));
+  }
   std::free(ptr);
+}
+
+void EmulatedDevice::check_caller_buffer(const void* ptr, size_t bytes, pstar_mem_space space,
+                                         const char* what) const {
+  if (!strict_ || bytes == 0) return;
+  const uintptr_t lo = reinterpret_cast<uintptr_t>(ptr);
+  const uintptr_t hi = bytes > UINTPTR_MAX - lo ? UINTPTR_MAX : lo + bytes;
+  bool inside = false, overlaps = false;
+  {
+    std::lock_guard<std::mutex> lock(allocations_mu_);
+    auto next = allocations_.upper_bound(lo);  // the first allocation beginning after lo
+    if (next != allocations_.begin()) {
+      const auto& [base, size] = *std::prev(next);
+      inside = hi <= base + size;
+      overlaps = lo < base + size;
+    }
+    if (next != allocations_.end() && next->first < hi) overlaps = true, inside = false;
+  }
+  char where[64];
+  std::snprintf(where, sizeof where, "%zu bytes at %p", bytes, ptr);
+  if (space == PSTAR_MEM_DEVICE) {
+    require(inside, PSTAR_ERR_INVALID_ARGUMENT, [&] {
+      return std::string(what) + ": the buffer is said to be device memory (PSTAR_MEM_DEVICE), but its " + where +
+             (overlaps ? " run past the end of" : " are not inside") +
+             " a buffer of this emulated device (strict mode checks it: device memory is what the device handed "
+             "out, through pstar_param_acquire or pstar_grad_slot_acquire; pass host memory as PSTAR_MEM_HOST)";
+    });
+  } else {
+    require(!overlaps, PSTAR_ERR_INVALID_ARGUMENT, [&] {
+      return std::string(what) + ": the buffer is said to be host memory (PSTAR_MEM_HOST), but its " + where +
+             " overlap a buffer of this emulated device (strict mode checks it; on CUDA that would be device "
+             "memory: pass it as PSTAR_MEM_DEVICE)";
+    });
+  }
 }
 
 void* EmulatedDevice::allocate_host(size_t bytes) { return aligned_allocate(bytes); }

@@ -11,13 +11,17 @@
 // every float format) when it starts on its stream, a gradient finalize when
 // it is queued; every queue item is preceded by a seeded random delay; and the
 // engine checks with query() that the event guarding data has completed
-// before it touches the data.
+// before it touches the data.  It also keeps a map of its allocations, so
+// that a caller's buffer said to be device memory must lie inside one of
+// them and one said to be host memory must not overlap one
+// (check_caller_buffer).
 #pragma once
 
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -41,6 +45,7 @@ class EmulatedDevice final : public Device {
   std::string name() const override { return strict_ ? "emulated device (strict)" : "emulated device"; }
   bool host_accessible() const override { return true; }
   bool strict() const { return strict_; }
+  void check_caller_buffer(const void* ptr, size_t bytes, pstar_mem_space space, const char* what) const override;
 
   void* allocate(size_t bytes) override;
   void deallocate(void* ptr, size_t bytes) override;
@@ -76,6 +81,9 @@ class EmulatedDevice final : public Device {
   void enqueue(Stream* stream, std::function<void()> work);
 
   bool strict_;
+  // Strict mode: live allocations, address -> bytes.
+  mutable std::mutex allocations_mu_;
+  std::map<uintptr_t, size_t> allocations_;
   optim::AdamIsa adam_isa_;
   std::unique_ptr<Queue> compute_;
   std::unique_ptr<Queue> h2d_;

@@ -141,6 +141,8 @@ bool ModelledDevice::query(const EventPtr& event) { return event_time(event) <= 
 void ModelledDevice::advance_clock(double seconds) {
   require(std::isfinite(seconds) && seconds >= 0.0, PSTAR_ERR_INVALID_ARGUMENT,
           "clock_advance: seconds must be finite and >= 0");
+  require(std::isfinite(now_ + seconds), PSTAR_ERR_INVALID_ARGUMENT,
+          "clock_advance: seconds would take the clock past the largest double");
   now_ += seconds;
 }
 

@@ -4,9 +4,12 @@
 // consecutive clean steps.  On an overflow the step is skipped; the scale
 // backs off by backoff_factor once `hysteresis` overflows have been seen
 // since the last growth or backoff (so a single spike does not halve it),
-// never below min_scale.  BF16 and F32 use a fixed scale of 1 (disabled).
+// never below min_scale, and never grows past the largest float (a scale of
+// infinity would stay infinite through every backoff).  BF16 and F32 use a
+// fixed scale of 1 (disabled).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 namespace pstar::optim {
@@ -53,7 +56,8 @@ class LossScaler {
       return;
     }
     if (++clean_steps_ >= cfg_.growth_interval) {
-      scale_ = scale_ * cfg_.growth_factor;
+      const float grown = scale_ * cfg_.growth_factor;
+      if (std::isfinite(grown)) scale_ = grown;
       clean_steps_ = 0;
       hysteresis_left_ = cfg_.hysteresis;
     }

@@ -56,7 +56,13 @@ bool enabled(pstar_log_level level) {
   return level != PSTAR_LOG_OFF && static_cast<int>(level) >= sink().min_level.load();
 }
 
+// Set while this thread runs the callback: a record emitted meanwhile (a
+// library call the callback makes fails and logs it) is dropped, so that a
+// callback that calls the library cannot recurse (pstar.h, pstar_log_fn).
+thread_local bool t_in_callback = false;
+
 void write(pstar_log_level level, const std::string& message) {
+  if (t_in_callback) return;
   Sink& s = sink();
   pstar_log_fn fn;
   void* user;
@@ -66,6 +72,10 @@ void write(pstar_log_level level, const std::string& message) {
     user = s.user;
   }
   if (fn != nullptr) {
+    struct InCallback {
+      InCallback() { t_in_callback = true; }
+      ~InCallback() { t_in_callback = false; }
+    } in_callback;
     fn(level, message.c_str(), user);
   } else {
     std::fprintf(stderr, "libpstar %s: %s\n", level_name(level), message.c_str());

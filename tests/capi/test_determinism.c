@@ -132,11 +132,13 @@ static void run_model(pstar_dtype dt, uint64_t capacity, int strict, uint64_t se
         if (how == 0) {
           T_OK(pstar_grad_write(e, ids[k], g, (uint64_t)n, PSTAR_DTYPE_F32, PSTAR_MEM_HOST, stream));
         } else if (how == 1) {
-          /* In the compute dtype, from "device" memory. */
+          /* In the compute dtype, from "device" memory: a host buffer,
+           * which only the non-strict emulated device takes as device
+           * memory (strict mode refuses it: test_memspace.c). */
           uint16_t *h = (uint16_t *)calloc((size_t)n, sizeof(uint16_t));
           cr_assert_not_null(h);
           for (int64_t j = 0; j < n; ++j) t_store(h, dt, (size_t)j, g[j]);
-          T_OK(pstar_grad_write(e, ids[k], h, (uint64_t)n, dt, PSTAR_MEM_DEVICE, stream));
+          T_OK(pstar_grad_write(e, ids[k], h, (uint64_t)n, dt, strict ? PSTAR_MEM_HOST : PSTAR_MEM_DEVICE, stream));
           free(h);
         } else {
           float *slot = NULL;

@@ -78,3 +78,21 @@ Test(loss_scaler, growth_backoff_hysteresis_and_minimum) {
   d.update(true);
   cr_assert_eq(d.scale(), 1.0f);
 }
+
+Test(loss_scaler, growth_stops_at_the_largest_float) {
+  // A scale of infinity would stay infinite through every backoff.
+  LossScalerConfig cfg;
+  cfg.enabled = true;
+  cfg.initial = 1e38f;
+  cfg.growth_factor = 1e30f;
+  cfg.growth_interval = 1;
+  LossScaler s(cfg);
+  s.update(false);
+  cr_assert_eq(s.scale(), 1e38f, "grew to %g", static_cast<double>(s.scale()));
+  cfg.initial = 1e8f;
+  LossScaler t(cfg);
+  t.update(false);
+  cr_assert_eq(t.scale(), 1e8f * 1e30f);
+  t.update(false);  // would overflow: kept
+  cr_assert_eq(t.scale(), 1e8f * 1e30f);
+}

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "memory/emulated_device.h"
+#include "util/error.h"
 
 using namespace pstar::memory;
 
@@ -78,6 +79,36 @@ Test(emulated_device, caller_stream_accepts_null_and_its_own_handle_only) {
     threw = true;
   }
   cr_assert(threw);
+}
+
+Test(emulated_device, strict_mode_knows_its_allocations) {
+  auto refused = [](const EmulatedDevice& dev, const void* p, size_t bytes, pstar_mem_space space) {
+    try {
+      dev.check_caller_buffer(p, bytes, space, "test");
+    } catch (const pstar::Error& e) {
+      cr_assert_eq(e.status(), PSTAR_ERR_INVALID_ARGUMENT);
+      return true;
+    }
+    return false;
+  };
+  EmulatedDevice strict(true, 1);
+  char* a = static_cast<char*>(strict.allocate(1000));
+  std::vector<char> host(64);
+  cr_assert(!refused(strict, a, 1000, PSTAR_MEM_DEVICE));
+  cr_assert(!refused(strict, a + 10, 990, PSTAR_MEM_DEVICE));
+  cr_assert(refused(strict, a + 10, 991, PSTAR_MEM_DEVICE), "runs past the end");
+  cr_assert(refused(strict, a - 1, 2, PSTAR_MEM_DEVICE), "begins before it");
+  cr_assert(refused(strict, host.data(), 64, PSTAR_MEM_DEVICE));
+  cr_assert(!refused(strict, host.data(), 64, PSTAR_MEM_HOST));
+  cr_assert(refused(strict, a + 999, 1, PSTAR_MEM_HOST));
+  cr_assert(refused(strict, a - 1, 2, PSTAR_MEM_HOST), "overlaps its start");
+  cr_assert(!refused(strict, a, 0, PSTAR_MEM_DEVICE), "nothing to check in zero bytes");
+  strict.deallocate(a, 1000);
+  // Freed: no longer device memory.  (The address is not dereferenced.)
+  cr_assert(refused(strict, a, 1000, PSTAR_MEM_DEVICE));
+  // Outside strict mode nothing is known.
+  EmulatedDevice plain(false, 0);
+  cr_assert(!refused(plain, host.data(), 64, PSTAR_MEM_DEVICE));
 }
 
 Test(emulated_device, gradient_operations) {

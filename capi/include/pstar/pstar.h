@@ -10,11 +10,37 @@
  *  - A failing call changes nothing, except where its documentation says.
  *  - Options and result structs begin with `size` and `version`; they grow
  *    by appending fields only.  Initialise them with the *_INIT macro or the
- *    *_init() function, then change the fields you need.
- *  - An engine is driven by one thread at a time.  Its internal copy and
- *    optimizer threads never call back into the caller except through the
- *    log callback.  Functions marked "any thread" may be called from any
- *    thread at any time.
+ *    *_init() function, then change the fields you need.  `size` is the
+ *    caller's promise that `size` bytes are allocated there.  A struct is
+ *    accepted when `version` is one the library knows (1 to its *_VERSION),
+ *    `size` covers the fields of that version, `size` is at most
+ *    PSTAR_STRUCT_SIZE_MAX, and every byte past the library's own struct
+ *    (from its sizeof up to `size`) is zero: those bytes are read, never
+ *    written.  Anything else is refused with PSTAR_ERR_VERSION before
+ *    anything else happens.  Fields of later versions than the caller's
+ *    keep their defaults; a result struct gets no more than `size` bytes.
+ *  - Floating-point arguments and fields are checked as the library stores
+ *    them: a double is rounded to float first (as pstar_hparam_set() does),
+ *    and a value that rounding takes out of its range (a beta that rounds
+ *    to 1, an epsilon that rounds to 0) is refused.  An accepted value reads
+ *    back exactly as stored (pstar_hparam_get()).
+ *  - An engine is driven by one thread at a time: a call on an engine while
+ *    another call on the same engine is in progress (on another thread, or
+ *    made from the log callback during it) returns PSTAR_ERR_BUSY, does
+ *    nothing, and its message names both calls.  Handing an engine to
+ *    another thread between calls is fine.  Its internal copy and optimizer
+ *    threads never call back into the caller except through the log
+ *    callback.  Functions marked "any thread" may be called from any thread
+ *    at any time.
+ *  - fork(): an engine belongs to the process that created it (its threads
+ *    exist only there).  In a forked child every call on an engine of the
+ *    parent returns PSTAR_ERR_INVALID_STATE at once, except
+ *    pstar_engine_destroy(), which only forgets the handle (PSTAR_OK; no
+ *    thread is joined and nothing is freed: the child's copy of the memory
+ *    goes with the child).  The child may create engines of its own.  The
+ *    parent's engines are unaffected.  A fork is seen through
+ *    pthread_atfork(), so a child made without fork handlers (a raw clone(2),
+ *    _Fork()) is not detected, except by pstar_engine_destroy().
  *
  * This header is C99; it compiles cleanly with
  * -std=c99 -Wall -Wextra -Wstrict-prototypes -pedantic -Werror.
@@ -51,6 +77,10 @@ extern "C" {
 #define PSTAR_VERSION_HEX \
   PSTAR_VERSION_PACK(PSTAR_VERSION_MAJOR, PSTAR_VERSION_MINOR, PSTAR_VERSION_PATCH)
 
+/** Largest `size` the library accepts in a versioned struct (options and
+ *  result structs; see the conventions at the top of this header). */
+#define PSTAR_STRUCT_SIZE_MAX 4096
+
 /** Runtime twin of PSTAR_VERSION_HEX: the version of the loaded library.
  *  Any thread. */
 PSTAR_API uint32_t pstar_version(void);
@@ -80,7 +110,9 @@ typedef enum pstar_status {
    *  message names the tier, the request and the free bytes.  The engine
    *  remains usable. */
   PSTAR_ERR_OUT_OF_MEMORY = -5,
-  /** A chunk is pinned by an outstanding export; retry after releasing it. */
+  /** A chunk is pinned by an outstanding export; retry after releasing it.
+   *  Also: another call on the same engine is in progress (an engine is
+   *  driven by one thread at a time); nothing was done. */
   PSTAR_ERR_BUSY = -6,
   /** The feature is not available in this build or on this machine. */
   PSTAR_ERR_UNSUPPORTED = -7,
@@ -159,7 +191,10 @@ typedef enum pstar_iteration_kind {
 /** Where a buffer handed to the library lives. */
 typedef enum pstar_mem_space {
   PSTAR_MEM_HOST = 0,
-  /** Accelerator memory (on the emulated device: memory it returned). */
+  /** Accelerator memory (on the emulated device: memory it returned, i.e.
+   *  inside a buffer from pstar_param_acquire() or
+   *  pstar_grad_slot_acquire()).  The emulated device in strict mode
+   *  checks both spaces (see pstar_grad_write()). */
   PSTAR_MEM_DEVICE = 1,
   PSTAR_MEM_FORCE_32BIT_ = -0x7fffffff - 1
 } pstar_mem_space;
@@ -208,7 +243,12 @@ typedef enum pstar_log_level {
 
 /** Receives one log record.  May be called from the library's internal
  *  threads, concurrently: bindings must take their interpreter lock or attach
- *  the thread.  `message` is valid only during the call. */
+ *  the thread.  `message` is valid only during the call.  It may be called
+ *  during a call on an engine: a call on that engine from the callback is
+ *  refused with PSTAR_ERR_BUSY (functions marked "any thread" and calls on
+ *  other engines are fine).  Records the library would emit on the same
+ *  thread while the callback runs (e.g. the failure of a call it makes)
+ *  are dropped, so a callback that calls the library cannot recurse. */
 typedef void (*pstar_log_fn)(pstar_log_level level, const char *message, void *user);
 
 /** Sets the process-wide log callback (NULL restores the default: stderr) and
@@ -263,24 +303,29 @@ typedef struct pstar_engine_options {
   /** Dtype of the parameters handed to the caller: F16, BF16 or F32. */
   pstar_dtype compute_dtype;
 
-  /* Optimizer */
-  float lr;           /**< Adam's learning rate (default 1e-3). */
+  /* Optimizer (ranges: see pstar_hparam_set(); NaN and infinities are
+   * refused everywhere) */
+  float lr;           /**< Adam's learning rate, in [0, 1e30] (default 1e-3). */
   float beta1;        /**< Adam's first-moment decay, in [0, 1) (default 0.9). */
   float beta2;        /**< Adam's second-moment decay, in [0, 1) (default 0.999). */
-  float eps;          /**< Adam's epsilon, > 0 (default 1e-8). */
-  float weight_decay; /**< Weight decay (default 0.01; see adamw). */
+  float eps;          /**< Adam's epsilon, in [FLT_MIN, 1e30] (default 1e-8). */
+  float weight_decay; /**< Weight decay, in [0, 1e30] (default 0.01; see adamw). */
   /** Nonzero: decoupled weight decay (AdamW); zero: L2 added to the gradient. */
   int32_t adamw;
-  /** Global gradient-norm clipping threshold; 0 disables clipping. */
+  /** Global gradient-norm clipping threshold, in [0, 1e30]; 0 disables
+   *  clipping. */
   float clip_norm;
 
   /* Dynamic loss scaling (F16 only; BF16 and F32 use a fixed scale of 1) */
-  float loss_scale_initial;            /**< Scale of the first iteration (default 65536). */
+  /** Scale of the first iteration, in [FLT_MIN, FLT_MAX] (default 65536). */
+  float loss_scale_initial;
   float loss_scale_growth_factor;      /**< Multiplies the scale after growth_interval clean steps (> 1). */
   float loss_scale_backoff_factor;     /**< Multiplies the scale after an overflow (in (0, 1)). */
   uint32_t loss_scale_growth_interval; /**< Clean steps before the scale grows (default 2000). */
   uint32_t loss_scale_hysteresis;      /**< Overflows tolerated before backing off (default 2). */
-  float loss_scale_min;                /**< Floor of the scale (default 1). */
+  /** Floor of the scale, in [FLT_MIN, FLT_MAX] (default 1).  The scale never
+   *  grows past FLT_MAX. */
+  float loss_scale_min;
 
   /* Version 2 */
   /** Nonzero: keep a separate fp32 gradient list (18 bytes per trainable
@@ -318,7 +363,7 @@ typedef struct pstar_engine_options {
    *  pstar_grad_slot_acquire() return PSTAR_ERR_UNSUPPORTED. */
   int32_t dry_run;
   /** Modelled host-to-accelerator bandwidth of the virtual clock, bytes
-   *  per second; 0 = PSTAR_DEFAULT_LINK_BYTES_PER_S. */
+   *  per second, in [1, 1e18]; 0 = PSTAR_DEFAULT_LINK_BYTES_PER_S. */
   double h2d_bytes_per_s;
   /** Modelled accelerator-to-host bandwidth, as h2d_bytes_per_s. */
   double d2h_bytes_per_s;
@@ -397,7 +442,12 @@ typedef struct pstar_engine pstar_engine;
 PSTAR_API pstar_status pstar_engine_create(const pstar_engine_options *options,
                                            pstar_engine **out_engine);
 
-/** Destroys an engine and frees its memory.  NULL is a no-op (PSTAR_OK). */
+/** Destroys an engine and frees its memory.  NULL is a no-op (PSTAR_OK).
+ *  PSTAR_ERR_BUSY (nothing done) while another call on the engine is in
+ *  progress; a call that races with the end of a destroy may see freed
+ *  memory, as with any handle used after its destroy.  In a forked child,
+ *  for an engine of the parent: forgets the handle only (see the
+ *  conventions at the top). */
 PSTAR_API pstar_status pstar_engine_destroy(pstar_engine *engine);
 
 /** Registers a parameter, in the order the model first uses it.  `shape` has
@@ -422,7 +472,7 @@ PSTAR_API pstar_status pstar_param_numel(pstar_engine *engine, uint32_t id,
                                          uint64_t *out_numel);
 
 /** Parameter groups: multiplies the learning rate for parameter `id` by
- *  `lr_scale` (finite, >= 0; 1 by default; 0 keeps it fixed unless weight
+ *  `lr_scale` (in [0, 1e30]; 1 by default; 0 keeps it fixed unless weight
  *  decay applies).  Takes effect at the next step.  Legal after registration,
  *  outside TRAIN iterations. */
 PSTAR_API pstar_status pstar_param_set_lr_scale(pstar_engine *engine, uint32_t id, float lr_scale);
@@ -583,7 +633,15 @@ PSTAR_API pstar_status pstar_param_release(pstar_engine *engine, uint32_t id, vo
  *  `space` to parameter `id`'s fp32 gradient accumulator.  Legal while `id`
  *  is acquired in the BACKWARD stage of a TRAIN iteration; not for frozen
  *  parameters.  Values are as the caller computed them, i.e. multiplied by
- *  the current loss scale when one is in use. */
+ *  the current loss scale when one is in use.
+ *
+ *  Where `grad` lives is the caller's word, checked where it can be: the
+ *  emulated device in strict mode tracks its own allocations and refuses
+ *  (PSTAR_ERR_INVALID_ARGUMENT, nothing accumulated) a PSTAR_MEM_DEVICE
+ *  gradient whose `count` elements do not lie inside one of them, and a
+ *  PSTAR_MEM_HOST gradient that overlaps one.  Outside strict mode the
+ *  emulated device accepts either space for any host-readable memory, and
+ *  CUDA does not check (a wrong space fails in the copy or the kernel). */
 PSTAR_API pstar_status pstar_grad_write(pstar_engine *engine, uint32_t id, const void *grad,
                                         uint64_t count, pstar_dtype dtype,
                                         pstar_mem_space space, void *stream);
@@ -597,7 +655,8 @@ PSTAR_API pstar_status pstar_grad_slot_acquire(pstar_engine *engine, uint32_t id
 
 /** Virtual clock only: advances the modelled clock by `seconds` of the
  *  caller's compute (queued copies progress meanwhile).  PSTAR_ERR_UNSUPPORTED
- *  on a wall clock. */
+ *  on a wall clock; PSTAR_ERR_INVALID_ARGUMENT for a negative, NaN or
+ *  infinite `seconds` or one that would make the clock infinite. */
 PSTAR_API pstar_status pstar_clock_advance(pstar_engine *engine, double seconds);
 
 /** Seconds on the engine's clock since it was created: modelled seconds with
@@ -678,7 +737,20 @@ typedef enum pstar_hparam {
 
 /** Sets a hyperparameter for the next step.  Legal outside TRAIN iterations
  *  (between pstar_step() and the next pstar_iteration_begin()) and in EVAL
- *  iterations. */
+ *  iterations.  `value` is rounded to float (round to nearest; beyond
+ *  FLT_MAX: infinity), the library's storage, and the float is checked:
+ *  LR, WEIGHT_DECAY and CLIP_NORM in [0, 1e30] (the float nearest 1e30);
+ *  BETA1 and BETA2 in [0, 1), so 0.99999999999, which rounds to 1, is
+ *  refused and the largest accepted value is 1 - 2^-24; EPS in
+ *  [FLT_MIN, 1e30] (a normal float: a value that rounds to 0 or to a
+ *  subnormal is refused); LOSS_SCALE in [FLT_MIN, FLT_MAX] (so that its
+ *  inverse is finite).  Negative zero counts as zero where 0 is allowed and
+ *  is stored as given.  A refused value changes nothing
+ *  (PSTAR_ERR_INVALID_ARGUMENT, the message gives the value and the float
+ *  it rounds to); an accepted one reads back as that float.  The ranges of
+ *  the options are the same.  What the ranges do not cover: products of
+ *  extreme values (lr times a parameter's lr_scale, lr times weight_decay)
+ *  may still overflow in a step. */
 PSTAR_API pstar_status pstar_hparam_set(pstar_engine *engine, pstar_hparam which, double value);
 
 /** Reads a hyperparameter. */

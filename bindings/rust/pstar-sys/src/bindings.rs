@@ -4,6 +4,7 @@ pub const PSTAR_VERSION_MAJOR: u32 = 0;
 pub const PSTAR_VERSION_MINOR: u32 = 1;
 pub const PSTAR_VERSION_PATCH: u32 = 0;
 pub const PSTAR_VERSION_STRING: &[u8; 6usize] = b"0.1.0\0";
+pub const PSTAR_STRUCT_SIZE_MAX: u32 = 4096;
 pub const PSTAR_ENGINE_OPTIONS_VERSION: u32 = 4;
 pub const PSTAR_DEFAULT_LINK_BYTES_PER_S: f64 = 12000000000.0;
 pub const PSTAR_DEFAULT_CHUNK_ELEMS: u32 = 4194304;
@@ -38,6 +39,8 @@ pub const pstar_status_PSTAR_ERR_NOT_FOUND: pstar_status = -4;
 #[doc = "  remains usable."]
 pub const pstar_status_PSTAR_ERR_OUT_OF_MEMORY: pstar_status = -5;
 #[doc = " A chunk is pinned by an outstanding export; retry after releasing it."]
+#[doc = "  Also: another call on the same engine is in progress (an engine is"]
+#[doc = "  driven by one thread at a time); nothing was done."]
 pub const pstar_status_PSTAR_ERR_BUSY: pstar_status = -6;
 #[doc = " The feature is not available in this build or on this machine."]
 pub const pstar_status_PSTAR_ERR_UNSUPPORTED: pstar_status = -7;
@@ -105,9 +108,15 @@ pub const pstar_iteration_kind_PSTAR_ITERATION_FORCE_32BIT_: pstar_iteration_kin
 #[doc = " Kind of iteration."]
 pub type pstar_iteration_kind = ::std::os::raw::c_int;
 pub const pstar_mem_space_PSTAR_MEM_HOST: pstar_mem_space = 0;
-#[doc = " Accelerator memory (on the emulated device: memory it returned)."]
+#[doc = " Accelerator memory (on the emulated device: memory it returned, i.e."]
+#[doc = "  inside a buffer from pstar_param_acquire() or"]
+#[doc = "  pstar_grad_slot_acquire()).  The emulated device in strict mode"]
+#[doc = "  checks both spaces (see pstar_grad_write())."]
 pub const pstar_mem_space_PSTAR_MEM_DEVICE: pstar_mem_space = 1;
-#[doc = " Accelerator memory (on the emulated device: memory it returned)."]
+#[doc = " Accelerator memory (on the emulated device: memory it returned, i.e."]
+#[doc = "  inside a buffer from pstar_param_acquire() or"]
+#[doc = "  pstar_grad_slot_acquire()).  The emulated device in strict mode"]
+#[doc = "  checks both spaces (see pstar_grad_write())."]
 pub const pstar_mem_space_PSTAR_MEM_FORCE_32BIT_: pstar_mem_space = -2147483648;
 #[doc = " Where a buffer handed to the library lives."]
 pub type pstar_mem_space = ::std::os::raw::c_int;
@@ -152,7 +161,12 @@ pub const pstar_log_level_PSTAR_LOG_FORCE_32BIT_: pstar_log_level = -2147483648;
 pub type pstar_log_level = ::std::os::raw::c_int;
 #[doc = " Receives one log record.  May be called from the library's internal"]
 #[doc = "  threads, concurrently: bindings must take their interpreter lock or attach"]
-#[doc = "  the thread.  `message` is valid only during the call."]
+#[doc = "  the thread.  `message` is valid only during the call.  It may be called"]
+#[doc = "  during a call on an engine: a call on that engine from the callback is"]
+#[doc = "  refused with PSTAR_ERR_BUSY (functions marked \"any thread\" and calls on"]
+#[doc = "  other engines are fine).  Records the library would emit on the same"]
+#[doc = "  thread while the callback runs (e.g. the failure of a call it makes)"]
+#[doc = "  are dropped, so a callback that calls the library cannot recurse."]
 pub type pstar_log_fn = ::std::option::Option<
     unsafe extern "C" fn(
         level: pstar_log_level,
@@ -207,21 +221,22 @@ pub struct pstar_engine_options {
     pub strict_seed: u64,
     #[doc = " Dtype of the parameters handed to the caller: F16, BF16 or F32."]
     pub compute_dtype: pstar_dtype,
-    #[doc = "< Adam's learning rate (default 1e-3)."]
+    #[doc = "< Adam's learning rate, in [0, 1e30] (default 1e-3)."]
     pub lr: f32,
     #[doc = "< Adam's first-moment decay, in [0, 1) (default 0.9)."]
     pub beta1: f32,
     #[doc = "< Adam's second-moment decay, in [0, 1) (default 0.999)."]
     pub beta2: f32,
-    #[doc = "< Adam's epsilon, > 0 (default 1e-8)."]
+    #[doc = "< Adam's epsilon, in [FLT_MIN, 1e30] (default 1e-8)."]
     pub eps: f32,
-    #[doc = "< Weight decay (default 0.01; see adamw)."]
+    #[doc = "< Weight decay, in [0, 1e30] (default 0.01; see adamw)."]
     pub weight_decay: f32,
     #[doc = " Nonzero: decoupled weight decay (AdamW); zero: L2 added to the gradient."]
     pub adamw: i32,
-    #[doc = " Global gradient-norm clipping threshold; 0 disables clipping."]
+    #[doc = " Global gradient-norm clipping threshold, in [0, 1e30]; 0 disables"]
+    #[doc = "  clipping."]
     pub clip_norm: f32,
-    #[doc = "< Scale of the first iteration (default 65536)."]
+    #[doc = " Scale of the first iteration, in [FLT_MIN, FLT_MAX] (default 65536)."]
     pub loss_scale_initial: f32,
     #[doc = "< Multiplies the scale after growth_interval clean steps (> 1)."]
     pub loss_scale_growth_factor: f32,
@@ -231,7 +246,8 @@ pub struct pstar_engine_options {
     pub loss_scale_growth_interval: u32,
     #[doc = "< Overflows tolerated before backing off (default 2)."]
     pub loss_scale_hysteresis: u32,
-    #[doc = "< Floor of the scale (default 1)."]
+    #[doc = " Floor of the scale, in [FLT_MIN, FLT_MAX] (default 1).  The scale never"]
+    #[doc = "  grows past FLT_MAX."]
     pub loss_scale_min: f32,
     #[doc = " Nonzero: keep a separate fp32 gradient list (18 bytes per trainable"]
     #[doc = "  parameter instead of 14), so gradients accumulate over micro-batches:"]
@@ -264,7 +280,7 @@ pub struct pstar_engine_options {
     #[doc = "  pstar_grad_slot_acquire() return PSTAR_ERR_UNSUPPORTED."]
     pub dry_run: i32,
     #[doc = " Modelled host-to-accelerator bandwidth of the virtual clock, bytes"]
-    #[doc = "  per second; 0 = PSTAR_DEFAULT_LINK_BYTES_PER_S."]
+    #[doc = "  per second, in [1, 1e18]; 0 = PSTAR_DEFAULT_LINK_BYTES_PER_S."]
     pub h2d_bytes_per_s: f64,
     #[doc = " Modelled accelerator-to-host bandwidth, as h2d_bytes_per_s."]
     pub d2h_bytes_per_s: f64,
@@ -988,6 +1004,11 @@ extern "C" {
 }
 extern "C" {
     #[doc = " Destroys an engine and frees its memory.  NULL is a no-op (PSTAR_OK)."]
+    #[doc = "  PSTAR_ERR_BUSY (nothing done) while another call on the engine is in"]
+    #[doc = "  progress; a call that races with the end of a destroy may see freed"]
+    #[doc = "  memory, as with any handle used after its destroy.  In a forked child,"]
+    #[doc = "  for an engine of the parent: forgets the handle only (see the"]
+    #[doc = "  conventions at the top)."]
     pub fn pstar_engine_destroy(engine: *mut pstar_engine) -> pstar_status;
 }
 extern "C" {
@@ -1029,7 +1050,7 @@ extern "C" {
 }
 extern "C" {
     #[doc = " Parameter groups: multiplies the learning rate for parameter `id` by"]
-    #[doc = "  `lr_scale` (finite, >= 0; 1 by default; 0 keeps it fixed unless weight"]
+    #[doc = "  `lr_scale` (in [0, 1e30]; 1 by default; 0 keeps it fixed unless weight"]
     #[doc = "  decay applies).  Takes effect at the next step.  Legal after registration,"]
     #[doc = "  outside TRAIN iterations."]
     pub fn pstar_param_set_lr_scale(
@@ -1245,6 +1266,14 @@ extern "C" {
     #[doc = "  is acquired in the BACKWARD stage of a TRAIN iteration; not for frozen"]
     #[doc = "  parameters.  Values are as the caller computed them, i.e. multiplied by"]
     #[doc = "  the current loss scale when one is in use."]
+    #[doc = ""]
+    #[doc = "  Where `grad` lives is the caller's word, checked where it can be: the"]
+    #[doc = "  emulated device in strict mode tracks its own allocations and refuses"]
+    #[doc = "  (PSTAR_ERR_INVALID_ARGUMENT, nothing accumulated) a PSTAR_MEM_DEVICE"]
+    #[doc = "  gradient whose `count` elements do not lie inside one of them, and a"]
+    #[doc = "  PSTAR_MEM_HOST gradient that overlaps one.  Outside strict mode the"]
+    #[doc = "  emulated device accepts either space for any host-readable memory, and"]
+    #[doc = "  CUDA does not check (a wrong space fails in the copy or the kernel)."]
     pub fn pstar_grad_write(
         engine: *mut pstar_engine,
         id: u32,
@@ -1270,7 +1299,8 @@ extern "C" {
 extern "C" {
     #[doc = " Virtual clock only: advances the modelled clock by `seconds` of the"]
     #[doc = "  caller's compute (queued copies progress meanwhile).  PSTAR_ERR_UNSUPPORTED"]
-    #[doc = "  on a wall clock."]
+    #[doc = "  on a wall clock; PSTAR_ERR_INVALID_ARGUMENT for a negative, NaN or"]
+    #[doc = "  infinite `seconds` or one that would make the clock infinite."]
     pub fn pstar_clock_advance(engine: *mut pstar_engine, seconds: f64) -> pstar_status;
 }
 extern "C" {
@@ -1519,7 +1549,20 @@ pub type pstar_hparam = ::std::os::raw::c_int;
 extern "C" {
     #[doc = " Sets a hyperparameter for the next step.  Legal outside TRAIN iterations"]
     #[doc = "  (between pstar_step() and the next pstar_iteration_begin()) and in EVAL"]
-    #[doc = "  iterations."]
+    #[doc = "  iterations.  `value` is rounded to float (round to nearest; beyond"]
+    #[doc = "  FLT_MAX: infinity), the library's storage, and the float is checked:"]
+    #[doc = "  LR, WEIGHT_DECAY and CLIP_NORM in [0, 1e30] (the float nearest 1e30);"]
+    #[doc = "  BETA1 and BETA2 in [0, 1), so 0.99999999999, which rounds to 1, is"]
+    #[doc = "  refused and the largest accepted value is 1 - 2^-24; EPS in"]
+    #[doc = "  [FLT_MIN, 1e30] (a normal float: a value that rounds to 0 or to a"]
+    #[doc = "  subnormal is refused); LOSS_SCALE in [FLT_MIN, FLT_MAX] (so that its"]
+    #[doc = "  inverse is finite).  Negative zero counts as zero where 0 is allowed and"]
+    #[doc = "  is stored as given.  A refused value changes nothing"]
+    #[doc = "  (PSTAR_ERR_INVALID_ARGUMENT, the message gives the value and the float"]
+    #[doc = "  it rounds to); an accepted one reads back as that float.  The ranges of"]
+    #[doc = "  the options are the same.  What the ranges do not cover: products of"]
+    #[doc = "  extreme values (lr times a parameter's lr_scale, lr times weight_decay)"]
+    #[doc = "  may still overflow in a step."]
     pub fn pstar_hparam_set(
         engine: *mut pstar_engine,
         which: pstar_hparam,
