@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # CI-only sanitizer runs (never the README's test command).
 #   ci-sanitizers.sh asan  clang's AddressSanitizer + UndefinedBehaviorSanitizer
-#                          (with LeakSanitizer): the unit, capi and dist tests,
+#                          (with LeakSanitizer): the unit, capi, dist and misuse tests,
 #                          then the libFuzzer harness over the C API for 60 s
 #                          (tests/fuzz/README.md)
 #   ci-sanitizers.sh tsan  clang's ThreadSanitizer: the programs that drive the
@@ -25,7 +25,7 @@ case "${1:-}" in
     cmake --build --preset asan -j "$jobs" > build/asan-build.log 2>&1 || { tail -50 build/asan-build.log; exit 1; }
     ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1 \
     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-      ctest --preset asan -L 'unit|capi|dist|fuzz' -j "$jobs"
+      ctest --preset asan -L 'unit|capi|dist|fuzz|misuse' -j "$jobs"
     # The C API under libFuzzer for 60 s from a copy of the committed corpus.
     rm -rf build/fuzz-corpus && mkdir -p build/fuzz-corpus && cp tests/fuzz/corpus/* build/fuzz-corpus/
     if ! ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \

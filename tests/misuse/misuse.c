@@ -296,7 +296,7 @@ OPTION_CASE(weight_decay_nan, o->weight_decay = NAN)
 OPTION_CASE(clip_norm_negative, o->clip_norm = -1.0f)
 OPTION_CASE(loss_scale_zero, o->loss_scale_initial = 0.0f)
 OPTION_CASE(growth_factor_below_one, o->loss_scale_growth_factor = 0.5f)
-OPTION_CASE(backoff_factor_one, o->loss_scale_backoff_factor = 1.0f)
+OPTION_CASE(backoff_factor_above_one, o->loss_scale_backoff_factor = 1.5f)
 OPTION_CASE(device_kind_unknown, o->device = (pstar_device_kind)7)
 OPTION_CASE(compute_dtype_unknown, o->compute_dtype = (pstar_dtype)99)
 OPTION_CASE(policy_unknown, o->placement_policy = (pstar_policy)42)
@@ -1018,7 +1018,7 @@ static const misuse_case k_cases[] = {
     C(options, eps_zero, 10), C(options, eps_negative_zero, 10), C(options, lr_inf, 10),
     C(options, lr_negative, 10), C(options, weight_decay_nan, 10), C(options, clip_norm_negative, 10),
     C(options, loss_scale_zero, 10), C(options, growth_factor_below_one, 10),
-    C(options, backoff_factor_one, 10), C(options, device_kind_unknown, 10), C(options, compute_dtype_unknown, 10),
+    C(options, backoff_factor_above_one, 10), C(options, device_kind_unknown, 10), C(options, compute_dtype_unknown, 10),
     C(options, policy_unknown, 10), C(options, margin_over_capacity, 10), C(options, world_size_negative, 10),
     C(options, rank_out_of_world, 10), C(options, rank_without_world, 10), C(options, size_zero, 10),
     C(options, size_too_small, 10), C(options, version_zero, 10), C(options, version_future, 10),

@@ -319,8 +319,8 @@ typedef struct pstar_engine_options {
   /* Dynamic loss scaling (F16 only; BF16 and F32 use a fixed scale of 1) */
   /** Scale of the first iteration, in [FLT_MIN, FLT_MAX] (default 65536). */
   float loss_scale_initial;
-  float loss_scale_growth_factor;      /**< Multiplies the scale after growth_interval clean steps (> 1). */
-  float loss_scale_backoff_factor;     /**< Multiplies the scale after an overflow (in (0, 1)). */
+  float loss_scale_growth_factor;      /**< Multiplies the scale after growth_interval clean steps (in [1, 1e30]; 1 never grows it). */
+  float loss_scale_backoff_factor;     /**< Multiplies the scale after an overflow (in (0, 1]; 1 never backs off). */
   uint32_t loss_scale_growth_interval; /**< Clean steps before the scale grows (default 2000). */
   uint32_t loss_scale_hysteresis;      /**< Overflows tolerated before backing off (default 2). */
   /** Floor of the scale, in [FLT_MIN, FLT_MAX] (default 1).  The scale never

@@ -238,9 +238,9 @@ pub struct pstar_engine_options {
     pub clip_norm: f32,
     #[doc = " Scale of the first iteration, in [FLT_MIN, FLT_MAX] (default 65536)."]
     pub loss_scale_initial: f32,
-    #[doc = "< Multiplies the scale after growth_interval clean steps (> 1)."]
+    #[doc = "< Multiplies the scale after growth_interval clean steps (in [1, 1e30]; 1 never grows it)."]
     pub loss_scale_growth_factor: f32,
-    #[doc = "< Multiplies the scale after an overflow (in (0, 1))."]
+    #[doc = "< Multiplies the scale after an overflow (in (0, 1]; 1 never backs off)."]
     pub loss_scale_backoff_factor: f32,
     #[doc = "< Clean steps before the scale grows (default 2000)."]
     pub loss_scale_growth_interval: u32,
