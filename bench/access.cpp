@@ -180,12 +180,13 @@ int run_access(const AccessOptions& o) {
     j["library_version"] = pstar_version_string();
     std::cout << j.dump() << std::endl;
   } else {
-    std::printf("pstar-bench access: libpstar %s, emulated device, %u params (%llu elements, chunks of %llu), "
-                "%d TRAIN iterations x %d reps after 1 warm-up\n",
-                pstar_version_string(), P, static_cast<unsigned long long>(total_elems),
-                static_cast<unsigned long long>(kChunkElems), o.iters, o.reps);
-    std::printf("access: acquire(FORWARD)+release of a resident parameter: median %.1f ns (min %.1f) per pair%s\n",
-                med, mn, resident ? "" : "  (WARNING: chunks moved during the timed loops)");
+    std::printf(
+        "pstar-bench access: libpstar %s, emulated device, %u params (%llu elements, chunks of %llu), "
+        "%d TRAIN iterations x %d reps after 1 warm-up\n",
+        pstar_version_string(), P, static_cast<unsigned long long>(total_elems),
+        static_cast<unsigned long long>(kChunkElems), o.iters, o.reps);
+    std::printf("access: acquire(FORWARD)+release of a resident parameter: median %.1f ns (min %.1f) per pair%s\n", med,
+                mn, resident ? "" : "  (WARNING: chunks moved during the timed loops)");
     std::printf("access: trace of %llu moments, %llu fallbacks during the timed iterations\n",
                 static_cast<unsigned long long>(trace_moments), static_cast<unsigned long long>(trace_fallbacks));
   }

@@ -132,7 +132,7 @@ Result measure(const std::string& op, int n, uint64_t full_bytes, int reps) {
         if (op == "reduce_scatter") {
           std::vector<int> recv(static_cast<size_t>(n), static_cast<int>(block));
           rs = std::make_unique<gloo::ReduceScatterHalvingDoubling<float>>(ctx, std::vector<float*>{gdata.data()},
-                                                                          static_cast<int>(block * n), recv);
+                                                                           static_cast<int>(block * n), recv);
         }
         auto run_ours = [&] {
           if (op == "allgather") {

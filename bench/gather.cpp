@@ -123,7 +123,8 @@ void run_rank(const GatherOptions& o, uint32_t depth, int rank, RankResult* out)
   check(pstar_engine_build(e), "pstar_engine_build");
   std::vector<float> values(static_cast<size_t>(n));
   for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i % 97) / 97.0f - 0.5f;
-  for (uint32_t id : ids) check(pstar_param_write(e, id, values.data(), values.size(), PSTAR_DTYPE_F32), "pstar_param_write");
+  for (uint32_t id : ids)
+    check(pstar_param_write(e, id, values.data(), values.size(), PSTAR_DTYPE_F32), "pstar_param_write");
   std::vector<float> grad(static_cast<size_t>(n), 1.0f / 64.0f);
   const auto compute = std::chrono::microseconds(static_cast<int64_t>(o.compute_ms * 1000.0));
   for (int s = 0; s < o.steps; ++s) {
@@ -272,14 +273,15 @@ int run_gather(const GatherOptions& o) {
                           {"wait_s_per_iter", r0.wait_s / following}};
       std::cout << j.dump() << std::endl;
     } else {
-      std::printf("gather: %d ranks, %d layers of %.1f MiB, %.1f ms compute per use; depth %u: iteration %.2f ms "
-                  "(modelled compute %.1f ms), %.3fx depth 0; acquires %.2f ms (%.0f%% of depth 0's hidden), releases "
-                  "%.2f ms; %llu "
-                  "gathers ahead (%llu waited for, %.2f ms per iteration), %llu at the acquire\n",
-                  o.ranks, o.layers, chunk_bytes / 1048576.0, o.compute_ms, depth, iter_s * 1e3, compute_s * 1e3,
-                  baseline / iter_s, acquire_s * 1e3, hidden * 100.0, release_s * 1e3, static_cast<unsigned long long>(r0.gathers_ahead),
-                  static_cast<unsigned long long>(r0.gathers_waited), r0.wait_s / following * 1e3,
-                  static_cast<unsigned long long>(r0.gathers_on_demand));
+      std::printf(
+          "gather: %d ranks, %d layers of %.1f MiB, %.1f ms compute per use; depth %u: iteration %.2f ms "
+          "(modelled compute %.1f ms), %.3fx depth 0; acquires %.2f ms (%.0f%% of depth 0's hidden), releases "
+          "%.2f ms; %llu "
+          "gathers ahead (%llu waited for, %.2f ms per iteration), %llu at the acquire\n",
+          o.ranks, o.layers, chunk_bytes / 1048576.0, o.compute_ms, depth, iter_s * 1e3, compute_s * 1e3,
+          baseline / iter_s, acquire_s * 1e3, hidden * 100.0, release_s * 1e3,
+          static_cast<unsigned long long>(r0.gathers_ahead), static_cast<unsigned long long>(r0.gathers_waited),
+          r0.wait_s / following * 1e3, static_cast<unsigned long long>(r0.gathers_on_demand));
     }
   }
   munmap(shared, bytes);
@@ -296,8 +298,7 @@ CLI::App* add_gather_subcommand(CLI::App& app, std::function<int()>* run) {
   cmd->add_option("--chunk-elems", o->chunk_elems, "elements per chunk (bf16)")->capture_default_str();
   cmd->add_option("--compute-ms", o->compute_ms, "modelled compute per use, milliseconds")->capture_default_str();
   cmd->add_option("--depths", o->depths, "gather-ahead depths, comma-separated, 0 first")->capture_default_str();
-  cmd->add_option("--steps", o->steps, "TRAIN iterations per depth (the first two unmeasured)")
-      ->capture_default_str();
+  cmd->add_option("--steps", o->steps, "TRAIN iterations per depth (the first two unmeasured)")->capture_default_str();
   cmd->add_flag("--json", o->json, "one JSON object per line per depth");
   *run = [o] { return run_gather(*o); };
   return cmd;

@@ -49,7 +49,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 struct NvmeOptions {
-  std::string dir;  // empty: a temporary directory beside the build's bin/
+  std::string dir;             // empty: a temporary directory beside the build's bin/
   double elements = 33554432;  // 8 chunks of the default size
   double chunk_elems = 4194304;
   int reps = 5;
@@ -173,8 +173,8 @@ int run_nvme(const NvmeOptions& o) {
     const uint64_t disk = static_cast<uint64_t>(o.disk_bytes);
     const StepTimes host = time_steps(o, "", params, per_param, [] {});
     std::vector<DiskBandwidth> disks;
-    const StepTimes nvme = time_steps(o, dir, params, per_param,
-                                      [&] { disks.push_back(measure_disk_bandwidth(dir, disk, 4u << 20, 8)); });
+    const StepTimes nvme =
+        time_steps(o, dir, params, per_param, [&] { disks.push_back(measure_disk_bandwidth(dir, disk, 4u << 20, 8)); });
     const double state_bytes = static_cast<double>(nvme.nvme.bytes_on_nvme);
     std::vector<double> reads, writes, bounds, fractions, update_fractions;
     for (size_t i = 0; i < disks.size(); ++i) {
@@ -238,12 +238,14 @@ int run_nvme(const NvmeOptions& o) {
 
 CLI::App* add_nvme_subcommand(CLI::App& app, std::function<int()>* run) {
   auto o = std::make_shared<NvmeOptions>();
-  CLI::App* c = app.add_subcommand("nvme", "Adam step with optimizer state on the drive vs. the disk bound and host memory");
+  CLI::App* c =
+      app.add_subcommand("nvme", "Adam step with optimizer state on the drive vs. the disk bound and host memory");
   c->add_option("--dir", o->dir, "directory on the drive (default: a temporary one on the build's filesystem)");
   c->add_option("--elements", o->elements, "trainable elements (one parameter per chunk)")->capture_default_str();
   c->add_option("--chunk-elems", o->chunk_elems, "elements per chunk")->capture_default_str();
   c->add_option("--reps", o->reps, "timed steps (after one warm-up step; median reported)")->capture_default_str();
-  c->add_option("--disk-bytes", o->disk_bytes, "bytes written and read by each disk measurement")->capture_default_str();
+  c->add_option("--disk-bytes", o->disk_bytes, "bytes written and read by each disk measurement")
+      ->capture_default_str();
   c->add_option("--staging-buffers", o->staging_buffers, "the step's ring of staging buffers (0: default)");
   c->add_option("--max-inflight", o->max_inflight, "requests in flight (0: default)");
   c->add_flag("--json", o->json, "one JSON object");

@@ -254,9 +254,9 @@ int run_placement(const PlacementOptions& o) {
         j["lower_bound_bytes"] = best.bytes_fetched;
         j["lower_bound_exact"] = best.exact;
         j["lower_bound_method"] = best.method;
-        j["ratio_to_lower_bound"] =
-            best.bytes_fetched > 0 ? static_cast<double>(it.bytes_host_to_device) / static_cast<double>(best.bytes_fetched)
-                                   : (it.bytes_host_to_device == 0 ? 1.0 : -1.0);
+        j["ratio_to_lower_bound"] = best.bytes_fetched > 0 ? static_cast<double>(it.bytes_host_to_device) /
+                                                                 static_cast<double>(best.bytes_fetched)
+                                                           : (it.bytes_host_to_device == 0 ? 1.0 : -1.0);
         j["critical_fraction"] = it.bytes_host_to_device > 0 ? static_cast<double>(it.bytes_critical) /
                                                                    static_cast<double>(it.bytes_host_to_device)
                                                              : 0.0;
@@ -316,8 +316,7 @@ CLI::App* add_placement_subcommand(CLI::App& app, std::function<int()>* run) {
   for (const auto& m : model_presets()) names += (names.empty() ? "" : ", ") + m.name;
   CLI::App* sub = app.add_subcommand(
       "placement", "bytes moved per policy on GPT traces (dry run, virtual clock) vs an independent optimum");
-  sub->add_option("--models", o->models, "comma-separated model names, or all (" + names + ")")
-      ->capture_default_str();
+  sub->add_option("--models", o->models, "comma-separated model names, or all (" + names + ")")->capture_default_str();
   sub->add_option("--fractions", o->fractions, "budgets as fractions of the compute-dtype chunk bytes")
       ->capture_default_str();
   sub->add_option("--iterations", o->iterations, "TRAIN iterations replayed (the last is reported)")

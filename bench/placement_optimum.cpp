@@ -233,13 +233,13 @@ void validate_problem(const PlacementProblem& p) {
                                 " moments but budget_at has " + std::to_string(p.budget_at.size()));
   for (size_t t = 0; t < p.chunk_at.size(); ++t)
     if (p.chunk_at[t] >= p.bytes.size())
-      throw std::invalid_argument("placement problem: chunk_at[" + std::to_string(t) + "] = " +
-                                  std::to_string(p.chunk_at[t]) + " is out of range (" +
+      throw std::invalid_argument("placement problem: chunk_at[" + std::to_string(t) +
+                                  "] = " + std::to_string(p.chunk_at[t]) + " is out of range (" +
                                   std::to_string(p.bytes.size()) + " chunks)");
   for (size_t i = 0; i < p.initially_resident.size(); ++i)
     if (p.initially_resident[i] >= p.bytes.size())
-      throw std::invalid_argument("placement problem: initially_resident[" + std::to_string(i) + "] = " +
-                                  std::to_string(p.initially_resident[i]) + " is out of range (" +
+      throw std::invalid_argument("placement problem: initially_resident[" + std::to_string(i) +
+                                  "] = " + std::to_string(p.initially_resident[i]) + " is out of range (" +
                                   std::to_string(p.bytes.size()) + " chunks)");
 }
 
@@ -313,9 +313,8 @@ bool exhaustive_optimum(const PlacementProblem& p, size_t state_limit, uint64_t*
     const uint64_t keep = last[c] == t ? ~cbit : ~uint64_t{0};  // drops c after its last use
     next.clear();
     upcoming[c] = next_at[t];
-    std::sort(order.begin(), order.end(), [&](int a, int b) {
-      return size[a] != size[b] ? size[a] < size[b] : upcoming[a] < upcoming[b];
-    });
+    std::sort(order.begin(), order.end(),
+              [&](int a, int b) { return size[a] != size[b] ? size[a] < size[b] : upcoming[a] < upcoming[b]; });
     for (const auto& [set, cost] : states) {
       if (++work > state_limit) return false;
       const uint64_t paid = cost + ((set & cbit) || t < p.free_moments ? 0 : size[c]);
@@ -330,9 +329,8 @@ bool exhaustive_optimum(const PlacementProblem& p, size_t state_limit, uint64_t*
       for (int i : order)
         if ((set >> i & 1) && i != c) others.push_back(i);
       MaximalSubsets subsets(others, size, &work, state_limit);
-      const bool done = subsets.run(p.budget_at[t] - size[c], [&](uint64_t kept) {
-        next.emplace_back((kept | cbit) & keep, paid);
-      });
+      const bool done =
+          subsets.run(p.budget_at[t] - size[c], [&](uint64_t kept) { next.emplace_back((kept | cbit) & keep, paid); });
       if (!done) return false;
     }
     // One entry per resident set, at its lowest cost.
@@ -344,8 +342,7 @@ bool exhaustive_optimum(const PlacementProblem& p, size_t state_limit, uint64_t*
     // cost' + bytes(S \ S') <= cost, as S' can fetch what it lacks of S and
     // then follow S's schedule (fetching ahead costs nothing extra, see (L)).
     // Each state is checked against the cheapest kDominators states kept.
-    std::stable_sort(states.begin(), states.end(),
-                     [](const auto& a, const auto& b) { return a.second < b.second; });
+    std::stable_sort(states.begin(), states.end(), [](const auto& a, const auto& b) { return a.second < b.second; });
     dominators.clear();
     size_t kept = 0;
     for (const auto& s : states) {

@@ -257,9 +257,8 @@ int run_adam(const AdamOptions& o) {
       });
     };
     auto triad_once = [&] {
-      return timed(pool, n, [&](size_t b, size_t e) {
-        triad(cisa, ta.get() + b, tb.get() + b, tc.get() + b, 0.5f, e - b);
-      });
+      return timed(pool, n,
+                   [&](size_t b, size_t e) { triad(cisa, ta.get() + b, tb.get() + b, tc.get() + b, 0.5f, e - b); });
     };
 
     // Warm-up (page tables, caches, frequency), then interleaved reps.
@@ -321,9 +320,9 @@ int run_adam(const AdamOptions& o) {
       }
       std::cout << j.dump() << std::endl;
     } else {
-      std::printf("%s: %zu elements  step median %.3f ms (min %.3f)  %.3f G elem/s  %.0f B/elem  %.1f GB/s\n", dname,
-                  n, step_s * 1e3, *std::min_element(ta_s.begin(), ta_s.end()) * 1e3, elems_per_s / 1e9,
-                  kAdamBytesPerElem, achieved_gbs);
+      std::printf("%s: %zu elements  step median %.3f ms (min %.3f)  %.3f G elem/s  %.0f B/elem  %.1f GB/s\n", dname, n,
+                  step_s * 1e3, *std::min_element(ta_s.begin(), ta_s.end()) * 1e3, elems_per_s / 1e9, kAdamBytesPerElem,
+                  achieved_gbs);
       std::printf("%s: ceiling (in-place 28 B/elem RMW) median %.3f ms  %.1f GB/s  |  triad %.1f GB/s (24 B/elem)\n",
                   dname, ceil_s * 1e3, ceiling_gbs, triad_gbs);
       std::printf("%s: bound fraction %.3f%s\n", dname, fraction,
@@ -371,8 +370,7 @@ int main(int argc, char** argv) {
 
   AdamOptions ao;
   CLI::App* adam = app.add_subcommand("adam", "fused mixed-precision Adam step vs. the memory ceiling");
-  adam->add_option("--elements,-n", ao.elements, "elements (suffixes k, M, G: 1e3, 1e6, 1e9)")
-      ->capture_default_str();
+  adam->add_option("--elements,-n", ao.elements, "elements (suffixes k, M, G: 1e3, 1e6, 1e9)")->capture_default_str();
   adam->add_option("--threads,-t", ao.threads, "threads (default: hardware concurrency)");
   adam->add_option("--reps,-r", ao.reps, "measured repetitions (median reported)")->capture_default_str();
   adam->add_option("--dtype", ao.dtype, "compute dtype")

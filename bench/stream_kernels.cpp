@@ -26,8 +26,7 @@ namespace {
 // ---- scalar (any CPU) -------------------------------------------------------
 // Both 2-byte formats are handled as the upper half of an fp32 (the bf16
 // conversion): the arithmetic is trivial on purpose, only the traffic counts.
-__attribute__((noinline)) void rmw_scalar(uint16_t* slot, float* p, float* m, float* v, size_t n, float k0,
-                                          float k1) {
+__attribute__((noinline)) void rmw_scalar(uint16_t* slot, float* p, float* m, float* v, size_t n, float k0, float k1) {
   for (size_t i = 0; i < n; ++i) {
     uint32_t bits = static_cast<uint32_t>(slot[i]) << 16;
     float g;
@@ -117,12 +116,10 @@ PSTAR_AVX2 void triad_avx2(float* a, const float* b, const float* c, float s, si
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #define PSTAR_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"), noinline))
-#define PSTAR_AVX512_INLINE \
-  __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"), always_inline)) inline
+#define PSTAR_AVX512_INLINE __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"), always_inline)) inline
 
 template <bool kF16>
-PSTAR_AVX512_INLINE void rmw16_avx512(uint16_t* slot, float* p, float* m, float* v, size_t j, __m512 vk0,
-                                    __m512 vk1) {
+PSTAR_AVX512_INLINE void rmw16_avx512(uint16_t* slot, float* p, float* m, float* v, size_t j, __m512 vk0, __m512 vk1) {
   const __m256i gh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(slot + j));
   __m512 g;
   if constexpr (kF16) {
@@ -177,8 +174,7 @@ PSTAR_AVX512 void triad_avx512(float* a, const float* b, const float* c, float s
 
 bool stream_isa_supported(StreamIsa isa) {
   switch (isa) {
-    case StreamIsa::kScalar:
-      return true;
+    case StreamIsa::kScalar: return true;
 #if PSTAR_BENCH_X86
     case StreamIsa::kAvx2:
       __builtin_cpu_init();
@@ -188,8 +184,7 @@ bool stream_isa_supported(StreamIsa isa) {
       return stream_isa_supported(StreamIsa::kAvx2) && __builtin_cpu_supports("avx512f") &&
              __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
 #else
-    default:
-      return false;
+    default: return false;
 #endif
   }
   return false;
@@ -211,8 +206,8 @@ StreamIsa best_stream_isa() {
   return StreamIsa::kScalar;
 }
 
-void rmw_stream(StreamIsa isa, pstar_dtype dtype, uint16_t* slot, float* master, float* m, float* v, size_t n,
-                float k0, float k1) {
+void rmw_stream(StreamIsa isa, pstar_dtype dtype, uint16_t* slot, float* master, float* m, float* v, size_t n, float k0,
+                float k1) {
   const bool f16 = dtype == PSTAR_DTYPE_F16;
   switch (isa) {
 #if PSTAR_BENCH_X86
@@ -221,21 +216,17 @@ void rmw_stream(StreamIsa isa, pstar_dtype dtype, uint16_t* slot, float* master,
     case StreamIsa::kAvx2:
       return f16 ? rmw_avx2<true>(slot, master, m, v, n, k0, k1) : rmw_avx2<false>(slot, master, m, v, n, k0, k1);
 #endif
-    default:
-      return rmw_scalar(slot, master, m, v, n, k0, k1);
+    default: return rmw_scalar(slot, master, m, v, n, k0, k1);
   }
 }
 
 void triad(StreamIsa isa, float* a, const float* b, const float* c, float s, size_t n) {
   switch (isa) {
 #if PSTAR_BENCH_X86
-    case StreamIsa::kAvx512:
-      return triad_avx512(a, b, c, s, n);
-    case StreamIsa::kAvx2:
-      return triad_avx2(a, b, c, s, n);
+    case StreamIsa::kAvx512: return triad_avx512(a, b, c, s, n);
+    case StreamIsa::kAvx2: return triad_avx2(a, b, c, s, n);
 #endif
-    default:
-      return triad_scalar(a, b, c, s, n);
+    default: return triad_scalar(a, b, c, s, n);
   }
 }
 

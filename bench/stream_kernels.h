@@ -29,8 +29,8 @@ StreamIsa best_stream_isa();
 // slot[i] = (2-byte) master[i].  With k0 = 0 and 0 <= k1 < 1 all values stay
 // bounded and v stays non-negative, so the Adam state it shares with the
 // update stays valid.  `isa` must be supported.
-void rmw_stream(StreamIsa isa, pstar_dtype dtype, uint16_t* slot, float* master, float* m, float* v, size_t n,
-                float k0, float k1);
+void rmw_stream(StreamIsa isa, pstar_dtype dtype, uint16_t* slot, float* master, float* m, float* v, size_t n, float k0,
+                float k1);
 
 // STREAM triad over [0, n): a[i] = b[i] + s * c[i] (24 bytes per element as
 // STREAM counts it; the store into `a` also costs a write-allocate read).

@@ -108,8 +108,7 @@ class EngineCall {
   EngineCall(pstar_engine* handle, const char* call) : e_(live(handle)) {
     if (e_->creator_pid != g_pid.load(std::memory_order_relaxed)) throw_forked(e_, call);
     const char* in_progress = nullptr;
-    if (!e_->in_call.compare_exchange_strong(in_progress, call, std::memory_order_acquire,
-                                             std::memory_order_relaxed)) {
+    if (!e_->in_call.compare_exchange_strong(in_progress, call, std::memory_order_acquire, std::memory_order_relaxed)) {
       throw_busy(call, in_progress);
     }
   }
@@ -268,8 +267,7 @@ pstar_status pstar_param_set_weight_decay(pstar_engine* engine, uint32_t id, int
   return guarded([&] { EngineCall(engine, "pstar_param_set_weight_decay")->set_weight_decay(id, enabled != 0); });
 }
 
-pstar_status pstar_param_write(pstar_engine* engine, uint32_t id, const void* src, uint64_t count,
-                               pstar_dtype dtype) {
+pstar_status pstar_param_write(pstar_engine* engine, uint32_t id, const void* src, uint64_t count, pstar_dtype dtype) {
   return guarded([&] { EngineCall(engine, "pstar_param_write")->write(id, src, count, dtype); });
 }
 
@@ -324,8 +322,7 @@ pstar_status pstar_engine_compute_stream(pstar_engine* engine, void** out_stream
   });
 }
 
-pstar_status pstar_param_acquire(pstar_engine* engine, uint32_t id, pstar_stage stage, void* stream,
-                                 void** out_ptr) {
+pstar_status pstar_param_acquire(pstar_engine* engine, uint32_t id, pstar_stage stage, void* stream, void** out_ptr) {
   return guarded([&] {
     EngineCall e(engine, "pstar_param_acquire");
     require_out(out_ptr, "out_ptr");
@@ -337,8 +334,8 @@ pstar_status pstar_param_release(pstar_engine* engine, uint32_t id, void* stream
   return guarded([&] { EngineCall(engine, "pstar_param_release")->release(id, stream); });
 }
 
-pstar_status pstar_grad_write(pstar_engine* engine, uint32_t id, const void* grad, uint64_t count,
-                              pstar_dtype dtype, pstar_mem_space space, void* stream) {
+pstar_status pstar_grad_write(pstar_engine* engine, uint32_t id, const void* grad, uint64_t count, pstar_dtype dtype,
+                              pstar_mem_space space, void* stream) {
   return guarded([&] { EngineCall(engine, "pstar_grad_write")->grad_write(id, grad, count, dtype, space, stream); });
 }
 
@@ -410,8 +407,9 @@ pstar_status pstar_engine_get_stats(pstar_engine* engine, pstar_stats* stats) {
 pstar_status pstar_x_nvme_options_init(pstar_x_nvme_options* options) {
   return guarded([&] {
     require_out(options, "options");
-    *options = pstar_x_nvme_options{sizeof(pstar_x_nvme_options), PSTAR_X_NVME_OPTIONS_VERSION, nullptr, 0, 0, 0, 0,
-                                    PSTAR_X_DEFAULT_NVME_READ_BYTES_PER_S, PSTAR_X_DEFAULT_NVME_WRITE_BYTES_PER_S};
+    *options = pstar_x_nvme_options{
+        sizeof(pstar_x_nvme_options),          PSTAR_X_NVME_OPTIONS_VERSION,          nullptr, 0, 0, 0, 0,
+        PSTAR_X_DEFAULT_NVME_READ_BYTES_PER_S, PSTAR_X_DEFAULT_NVME_WRITE_BYTES_PER_S};
   });
 }
 

@@ -4,10 +4,10 @@
 
 namespace pstar::chunk {
 
-ChunkLayout::ChunkLayout(const std::vector<uint64_t>& numels, const std::vector<bool>& frozen,
-                         uint64_t chunk_elems)
+ChunkLayout::ChunkLayout(const std::vector<uint64_t>& numels, const std::vector<bool>& frozen, uint64_t chunk_elems)
     : chunk_elems_(chunk_elems), params_(numels.size()) {
-  require(chunk_elems > 0 && chunk_elems % kAlignElems == 0, PSTAR_ERR_INVALID_ARGUMENT, [&] { return "chunk_elems must be a positive multiple of " + std::to_string(kAlignElems); });
+  require(chunk_elems > 0 && chunk_elems % kAlignElems == 0, PSTAR_ERR_INVALID_ARGUMENT,
+          [&] { return "chunk_elems must be a positive multiple of " + std::to_string(kAlignElems); });
   require(numels.size() == frozen.size(), PSTAR_ERR_INTERNAL, "layout: numels and frozen differ in size");
   // The chunk currently being filled, per kind (0 trainable, 1 frozen).
   int64_t open[2] = {-1, -1};

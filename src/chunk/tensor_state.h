@@ -30,7 +30,7 @@ enum class TensorEvent : uint8_t {
   kReleaseBackward = 6,      // end of a backward use, more to come
   kReleaseBackwardLast = 7,  // end of the last backward use
   kReleaseEval = 8,
-  kStep = 9,                 // end of a TRAIN iteration
+  kStep = 9,  // end of a TRAIN iteration
   // First forward use of a new micro-batch, after the parameter's backward
   // in the previous one (gradient accumulation only).
   kAcquireNextMicroBatch = 10,

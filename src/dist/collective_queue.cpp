@@ -6,8 +6,8 @@ namespace pstar::dist {
 
 struct CollectiveQueue::Operation {
   std::function<void()> op;
-  bool finished = false;        // guarded by the queue's mu_
-  std::exception_ptr failure;   // set before finished
+  bool finished = false;       // guarded by the queue's mu_
+  std::exception_ptr failure;  // set before finished
 };
 
 CollectiveQueue::CollectiveQueue() : thread_([this] { run(); }) {}

@@ -59,10 +59,10 @@ class CollectiveQueue {
  private:
   void run();
   std::mutex mu_;
-  std::condition_variable cv_;       // work queued, or stopping
-  std::condition_variable done_cv_;  // an operation finished
-  std::deque<Ticket> queue_;         // guarded by mu_
-  std::exception_ptr broken_;        // the first failure; guarded by mu_
+  std::condition_variable cv_;             // work queued, or stopping
+  std::condition_variable done_cv_;        // an operation finished
+  std::deque<Ticket> queue_;               // guarded by mu_
+  std::exception_ptr broken_;              // the first failure; guarded by mu_
   uint64_t submitted_ = 0, finished_ = 0;  // guarded by mu_
   bool stop_ = false;                      // guarded by mu_
   std::thread thread_;

@@ -125,8 +125,9 @@ std::map<uint16_t, StoreServer*>& servers() {
     ignore.sa_handler = SIG_IGN;
     sigemptyset(&ignore.sa_mask);
     if (::sigaction(SIGPIPE, &ignore, nullptr) == 0) {
-      log::info("data parallelism: SIGPIPE is now ignored (it was at its default, which would kill this rank "
-                "when a peer dies)");
+      log::info(
+          "data parallelism: SIGPIPE is now ignored (it was at its default, which would kill this rank "
+          "when a peer dies)");
     }
   });
 }

@@ -12,13 +12,9 @@
 namespace pstar::dist {
 namespace {
 
-[[noreturn]] void invalid(const std::string& message) {
-  throw Error(PSTAR_ERR_INVALID_ARGUMENT, message);
-}
+[[noreturn]] void invalid(const std::string& message) { throw Error(PSTAR_ERR_INVALID_ARGUMENT, message); }
 
-std::string show(const std::string& name, const std::string& value) {
-  return name + "='" + value + "'";
-}
+std::string show(const std::string& name, const std::string& value) { return name + "='" + value + "'"; }
 
 // A whole decimal integer that fits an int: no sign other than '-', no
 // blanks, nothing after the digits.
@@ -50,21 +46,19 @@ struct Named {
 };
 
 void check_world(const Named& world) {
-  if (world.value < 1)
-    invalid(world.name + "=" + std::to_string(world.value) + " must be at least 1");
+  if (world.value < 1) invalid(world.name + "=" + std::to_string(world.value) + " must be at least 1");
 }
 
 void check_rank(const Named& rank, const Named& world) {
   if (rank.value < 0 || rank.value >= world.value)
-    invalid(rank.name + "=" + std::to_string(rank.value) + " is out of range for " + world.name +
-            "=" + std::to_string(world.value) + " (0 <= " + rank.name + " < " + world.name + ")");
+    invalid(rank.name + "=" + std::to_string(rank.value) + " is out of range for " + world.name + "=" +
+            std::to_string(world.value) + " (0 <= " + rank.name + " < " + world.name + ")");
 }
 
 void check_local(const Named& local_rank, const Named& local_world, const Named& world) {
   if (local_world.value < 1 || local_world.value > world.value)
-    invalid(local_world.name + "=" + std::to_string(local_world.value) + " is out of range for " +
-            world.name + "=" + std::to_string(world.value) + " (1 <= " + local_world.name +
-            " <= " + world.name + ")");
+    invalid(local_world.name + "=" + std::to_string(local_world.value) + " is out of range for " + world.name + "=" +
+            std::to_string(world.value) + " (1 <= " + local_world.name + " <= " + world.name + ")");
   check_rank(local_rank, local_world);
 }
 
@@ -87,17 +81,16 @@ void require_pair(const Var& a, const Var& b, const std::string& what) {
 
 // Reads a launcher's rank/size pair and its optional local pair; nullopt
 // when none of its rank/size variables is set.
-std::optional<Found> read_launcher(const EnvLookup& env, const std::string& source,
-                                   const std::string& rank_name, const std::string& world_name,
-                                   const std::string& local_rank_name,
+std::optional<Found> read_launcher(const EnvLookup& env, const std::string& source, const std::string& rank_name,
+                                   const std::string& world_name, const std::string& local_rank_name,
                                    const std::string& local_world_name, const std::string& hint) {
   const Var rank = lookup(env, rank_name), world = lookup(env, world_name);
   const Var local_rank = lookup(env, local_rank_name), local_world = lookup(env, local_world_name);
   if (!rank.set() && !world.set()) {
     if (local_rank.set() || local_world.set()) {
       const Var& v = local_rank.set() ? local_rank : local_world;
-      invalid(show(v.name, *v.value) + " is set but " + rank_name + " and " + world_name +
-              " are not (" + source + " environment)");
+      invalid(show(v.name, *v.value) + " is set but " + rank_name + " and " + world_name + " are not (" + source +
+              " environment)");
     }
     return std::nullopt;
   }
@@ -150,15 +143,13 @@ Named slurm_tasks_on_this_node(const EnvLookup& env, const Var& local_id) {
     if (s[j] != ',') bad();
     i = j + 1;
   }
-  invalid(show(node.name, *node.value) + " is beyond the " + std::to_string(seen) + " nodes of " +
-          show(list.name, s));
+  invalid(show(node.name, *node.value) + " is beyond the " + std::to_string(seen) + " nodes of " + show(list.name, s));
 }
 
 std::optional<Found> read_slurm(const EnvLookup& env, const std::string& hint) {
   const Var rank = lookup(env, "SLURM_PROCID"), world = lookup(env, "SLURM_NTASKS");
   if (!rank.set()) return std::nullopt;  // SLURM_NTASKS alone: an allocation, not a task
-  if (!world.set())
-    invalid(show(rank.name, *rank.value) + " is set but SLURM_NTASKS is not (Slurm environment)");
+  if (!world.set()) invalid(show(rank.name, *rank.value) + " is set but SLURM_NTASKS is not (Slurm environment)");
   Found f{"slurm", {rank.name, rank.as_int()}, {world.name, world.as_int()}, {}, {}, hint};
   const Var local_rank = lookup(env, "SLURM_LOCALID");
   if (local_rank.set()) {
@@ -189,24 +180,22 @@ LaunchInfo resolve_launch(const LaunchRequest& request, const EnvLookup& env) {
   std::optional<Found> found;
   if (request.rank >= 0 || request.world_size >= 0) {
     if (request.rank < 0)
-      invalid("world_size=" + std::to_string(request.world_size) +
-              " given explicitly without rank");
+      invalid("world_size=" + std::to_string(request.world_size) + " given explicitly without rank");
     if (request.world_size < 0)
       invalid("rank=" + std::to_string(request.rank) + " given explicitly without world_size");
-    found =
-        Found{"explicit",
-              {"rank", request.rank},
-              {"world_size", request.world_size},
-              {},
-              {},
-              "set the master address and port explicitly or export MASTER_ADDR and MASTER_PORT"};
+    found = Found{"explicit",
+                  {"rank", request.rank},
+                  {"world_size", request.world_size},
+                  {},
+                  {},
+                  "set the master address and port explicitly or export MASTER_ADDR and MASTER_PORT"};
   }
   if (!found)
     found = read_launcher(env, "torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
                           "the launcher must export MASTER_ADDR and MASTER_PORT (torchrun does)");
   if (!found)
-    found = read_launcher(env, "openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-                          "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
+    found = read_launcher(env, "openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+                          "OMPI_COMM_WORLD_LOCAL_SIZE",
                           "mpirun sets no rendezvous address: export MASTER_ADDR and MASTER_PORT "
                           "to every rank (mpirun -x MASTER_ADDR -x MASTER_PORT)");
   if (!found)
@@ -226,13 +215,10 @@ LaunchInfo resolve_launch(const LaunchRequest& request, const EnvLookup& env) {
   // 2. Local rank and size: explicit, else the launcher's, else one node.
   if (request.local_rank >= 0 || request.local_world_size >= 0) {
     if (request.local_rank < 0)
-      invalid("local_world_size=" + std::to_string(request.local_world_size) +
-              " given explicitly without local_rank");
+      invalid("local_world_size=" + std::to_string(request.local_world_size) + " given explicitly without local_rank");
     if (request.local_world_size < 0)
-      invalid("local_rank=" + std::to_string(request.local_rank) +
-              " given explicitly without local_world_size");
-    check_local({"local_rank", request.local_rank}, {"local_world_size", request.local_world_size},
-                f.world);
+      invalid("local_rank=" + std::to_string(request.local_rank) + " given explicitly without local_world_size");
+    check_local({"local_rank", request.local_rank}, {"local_world_size", request.local_world_size}, f.world);
     info.local_rank = request.local_rank;
     info.local_world_size = request.local_world_size;
   } else if (f.local_rank) {
@@ -266,8 +252,7 @@ LaunchInfo resolve_launch(const LaunchRequest& request, const EnvLookup& env) {
 
   if (request.master_port >= 0) {
     if (request.master_port < 1 || request.master_port > 65535)
-      invalid("master_port=" + std::to_string(request.master_port) +
-              " given explicitly is out of range 1..65535");
+      invalid("master_port=" + std::to_string(request.master_port) + " given explicitly is out of range 1..65535");
     info.master_port = static_cast<uint16_t>(request.master_port);
   } else if (const Var port = lookup(env, "MASTER_PORT"); port.set()) {
     const int p = port.as_int();
@@ -298,15 +283,12 @@ LaunchInfo resolve_launch(const LaunchRequest& request, const EnvLookup& env) {
   return info;
 }
 
-LaunchInfo resolve_launch(const LaunchRequest& request) {
-  return resolve_launch(request, process_environment());
-}
+LaunchInfo resolve_launch(const LaunchRequest& request) { return resolve_launch(request, process_environment()); }
 
 std::string describe(const LaunchInfo& info) {
-  return "rank " + std::to_string(info.rank) + " of " + std::to_string(info.world_size) +
-         " (local " + std::to_string(info.local_rank) + " of " +
-         std::to_string(info.local_world_size) + ") via " + info.source + ", master " +
-         info.master_addr + ":" + std::to_string(info.master_port) +
+  return "rank " + std::to_string(info.rank) + " of " + std::to_string(info.world_size) + " (local " +
+         std::to_string(info.local_rank) + " of " + std::to_string(info.local_world_size) + ") via " + info.source +
+         ", master " + info.master_addr + ":" + std::to_string(info.master_port) +
          (info.torch_agent_store ? " (torchrun's store)" : "");
 }
 

@@ -90,7 +90,8 @@ std::string Liveness::diagnose() {
         gone += buf;
       } else if (b.seq < mine) {
         char buf[200];
-        std::snprintf(buf, sizeof buf, "%srank %d is alive but has not reached this collective (it entered %llu, this rank %llu)",
+        std::snprintf(buf, sizeof buf,
+                      "%srank %d is alive but has not reached this collective (it entered %llu, this rank %llu)",
                       stuck.empty() ? "" : "; ", r, static_cast<unsigned long long>(b.seq),
                       static_cast<unsigned long long>(mine));
         stuck += buf;

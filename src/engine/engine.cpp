@@ -28,8 +28,8 @@ namespace {
 // Floating-point settings are checked as stored: as floats (pstar.h,
 // pstar_hparam_set).  Bounds are floats too, so that a bound itself is
 // accepted wherever it comes from.
-constexpr float kMaxSetting = 1e30f;           // lr, weight_decay, clip_norm, lr_scale, eps
-constexpr float kBelowOne = 1.0f - 0x1p-24f;   // the largest float below 1 (betas)
+constexpr float kMaxSetting = 1e30f;                                       // lr, weight_decay, clip_norm, lr_scale, eps
+constexpr float kBelowOne = 1.0f - 0x1p-24f;                               // the largest float below 1 (betas)
 bool float_in(float v, float lo, float hi) { return v >= lo && v <= hi; }  // NaN: false
 
 // A double rounded to float as a C cast does (to nearest), but defined for
@@ -97,7 +97,8 @@ pstar_engine_options validate_options(const pstar_engine_options& in) {
   o.size = sizeof o;
   o.version = PSTAR_ENGINE_OPTIONS_VERSION;
 
-  require(o.device == PSTAR_DEVICE_EMULATED || o.device == PSTAR_DEVICE_CUDA, PSTAR_ERR_INVALID_ARGUMENT, [&] { return "options: unknown device kind " + std::to_string(static_cast<int>(o.device)); });
+  require(o.device == PSTAR_DEVICE_EMULATED || o.device == PSTAR_DEVICE_CUDA, PSTAR_ERR_INVALID_ARGUMENT,
+          [&] { return "options: unknown device kind " + std::to_string(static_cast<int>(o.device)); });
   require(!(o.strict && o.device != PSTAR_DEVICE_EMULATED), PSTAR_ERR_INVALID_ARGUMENT,
           "options: strict mode exists on the emulated device only");
   if (o.dry_run) o.virtual_clock = 1;
@@ -122,24 +123,26 @@ pstar_engine_options validate_options(const pstar_engine_options& in) {
     return "options: world_size " + std::to_string(o.world_size) + " is negative (0 = from the environment)";
   });
   require(o.world_size == 0 ? o.rank == 0 : (o.rank >= 0 && o.rank < o.world_size), PSTAR_ERR_INVALID_ARGUMENT, [&] {
-    return o.world_size == 0 ? "options: rank " + std::to_string(o.rank) +
-                                   " given without world_size (set both, or neither to read the environment)"
-                             : "options: rank " + std::to_string(o.rank) + " is not in 0.." +
-                                   std::to_string(o.world_size - 1) + " (world_size " +
-                                   std::to_string(o.world_size) + ")";
+    return o.world_size == 0
+               ? "options: rank " + std::to_string(o.rank) +
+                     " given without world_size (set both, or neither to read the environment)"
+               : "options: rank " + std::to_string(o.rank) + " is not in 0.." + std::to_string(o.world_size - 1) +
+                     " (world_size " + std::to_string(o.world_size) + ")";
   });
   if (o.comm_timeout_ms == 0) o.comm_timeout_ms = 60000;
   if (o.chunk_elems == 0) o.chunk_elems = PSTAR_DEFAULT_CHUNK_ELEMS;
-  require(o.chunk_elems % chunk::kAlignElems == 0, PSTAR_ERR_INVALID_ARGUMENT, [&] { return "options: chunk_elems (" + std::to_string(o.chunk_elems) + ") must be a multiple of " +
-              std::to_string(chunk::kAlignElems); });
+  require(o.chunk_elems % chunk::kAlignElems == 0, PSTAR_ERR_INVALID_ARGUMENT, [&] {
+    return "options: chunk_elems (" + std::to_string(o.chunk_elems) + ") must be a multiple of " +
+           std::to_string(chunk::kAlignElems);
+  });
   require(o.chunk_elems <= kMaxNumel, PSTAR_ERR_INVALID_ARGUMENT, "options: chunk_elems is too large");
   require(o.placement_policy == PSTAR_POLICY_OPT || o.placement_policy == PSTAR_POLICY_LRU ||
               o.placement_policy == PSTAR_POLICY_STATIC,
-          PSTAR_ERR_INVALID_ARGUMENT, [&] {
-            return "options: unknown placement policy " + std::to_string(static_cast<int>(o.placement_policy));
-          });
+          PSTAR_ERR_INVALID_ARGUMENT,
+          [&] { return "options: unknown placement policy " + std::to_string(static_cast<int>(o.placement_policy)); });
   if (o.warmup_iterations == 0) o.warmup_iterations = 1;
-  require(dtype_valid(o.compute_dtype), PSTAR_ERR_INVALID_ARGUMENT, [&] { return "options: unknown compute dtype " + std::to_string(static_cast<int>(o.compute_dtype)); });
+  require(dtype_valid(o.compute_dtype), PSTAR_ERR_INVALID_ARGUMENT,
+          [&] { return "options: unknown compute dtype " + std::to_string(static_cast<int>(o.compute_dtype)); });
   require_setting(o.lr, 0.0f, kMaxSetting, "options: lr", kRangeLr);
   require_setting(o.beta1, 0.0f, kBelowOne, "options: beta1", kRangeBeta);
   require_setting(o.beta2, 0.0f, kBelowOne, "options: beta2", kRangeBeta);
@@ -147,8 +150,7 @@ pstar_engine_options validate_options(const pstar_engine_options& in) {
   require_setting(o.weight_decay, 0.0f, kMaxSetting, "options: weight_decay", "finite and in [0, 1e30]");
   require_setting(o.clip_norm, 0.0f, kMaxSetting, "options: clip_norm", "in [0, 1e30] (0 = off)");
   require_setting(o.loss_scale_initial, FLT_MIN, FLT_MAX, "options: loss_scale_initial", kRangeScale);
-  require_setting(o.loss_scale_growth_factor, 1.0f, kMaxSetting, "options: loss_scale_growth_factor",
-                  "in [1, 1e30]");
+  require_setting(o.loss_scale_growth_factor, 1.0f, kMaxSetting, "options: loss_scale_growth_factor", "in [1, 1e30]");
   require_setting(o.loss_scale_backoff_factor, std::numeric_limits<float>::denorm_min(), 1.0f,
                   "options: loss_scale_backoff_factor", "in (0, 1]");
   require(o.loss_scale_growth_interval >= 1, PSTAR_ERR_INVALID_ARGUMENT,
@@ -269,18 +271,23 @@ uint64_t Engine::fp32_bytes_held(uint32_t k) const {
 uint32_t Engine::register_param(const char* name, uint32_t ndim, const int64_t* shape, uint32_t flags) {
   require(!built(), PSTAR_ERR_INVALID_STATE, "param_register: the engine is built; register before pstar_engine_build");
   require(name != nullptr && name[0] != '\0', PSTAR_ERR_INVALID_ARGUMENT, "param_register: name is NULL or empty");
-  require(ndim <= kMaxNdim, PSTAR_ERR_INVALID_ARGUMENT, [&] { return "param_register: ndim " + std::to_string(ndim) + " exceeds " + std::to_string(kMaxNdim); });
+  require(ndim <= kMaxNdim, PSTAR_ERR_INVALID_ARGUMENT,
+          [&] { return "param_register: ndim " + std::to_string(ndim) + " exceeds " + std::to_string(kMaxNdim); });
   require(ndim == 0 || shape != nullptr, PSTAR_ERR_INVALID_ARGUMENT, "param_register: shape is NULL");
   const uint32_t known = PSTAR_PARAM_FROZEN | PSTAR_PARAM_NO_WEIGHT_DECAY;
-  require((flags & ~known) == 0, PSTAR_ERR_INVALID_ARGUMENT, [&] { return "param_register: unknown flag bits " + std::to_string(flags & ~known); });
-  require(by_name_.find(name) == by_name_.end(), PSTAR_ERR_INVALID_ARGUMENT, [&] { return std::string("param_register: a parameter named '") + name + "' exists"; });
+  require((flags & ~known) == 0, PSTAR_ERR_INVALID_ARGUMENT,
+          [&] { return "param_register: unknown flag bits " + std::to_string(flags & ~known); });
+  require(by_name_.find(name) == by_name_.end(), PSTAR_ERR_INVALID_ARGUMENT,
+          [&] { return std::string("param_register: a parameter named '") + name + "' exists"; });
   require(params_.size() < std::numeric_limits<uint32_t>::max(), PSTAR_ERR_INVALID_ARGUMENT,
           "param_register: too many parameters");
   uint64_t numel = 1;
   for (uint32_t d = 0; d < ndim; ++d) {
-    require(shape[d] >= 0, PSTAR_ERR_INVALID_ARGUMENT, [&] { return "param_register: extent " + std::to_string(d) + " of '" + name + "' is negative"; });
+    require(shape[d] >= 0, PSTAR_ERR_INVALID_ARGUMENT,
+            [&] { return "param_register: extent " + std::to_string(d) + " of '" + name + "' is negative"; });
     const uint64_t e = static_cast<uint64_t>(shape[d]);
-    require(e == 0 || numel <= kMaxNumel / e, PSTAR_ERR_INVALID_ARGUMENT, [&] { return std::string("param_register: '") + name + "' has more than 2^48 elements"; });
+    require(e == 0 || numel <= kMaxNumel / e, PSTAR_ERR_INVALID_ARGUMENT,
+            [&] { return std::string("param_register: '") + name + "' has more than 2^48 elements"; });
     numel *= e;
   }
   Param p;
@@ -377,8 +384,8 @@ void Engine::build() {
   chunks_ = std::move(chunks);
   if (opt_.placement_policy == PSTAR_POLICY_STATIC && device_capacity_ != 0) choose_static_chunks();
   for (auto& p : params_) p.state = TensorState::kHold;  // the build transition
-  log::info("engine built: " + std::to_string(params_.size()) + " parameters in " +
-            std::to_string(chunks_.size()) + " chunks");
+  log::info("engine built: " + std::to_string(params_.size()) + " parameters in " + std::to_string(chunks_.size()) +
+            " chunks");
 }
 
 // The static policy's resident set: the longest prefix of chunks (layout
@@ -400,17 +407,18 @@ void Engine::choose_static_chunks() {
 }
 
 void Engine::require_built(const char* what) const {
-  require(built(), PSTAR_ERR_INVALID_STATE, [&] { return std::string(what) + ": the engine is not built (call pstar_engine_build)"; });
+  require(built(), PSTAR_ERR_INVALID_STATE,
+          [&] { return std::string(what) + ": the engine is not built (call pstar_engine_build)"; });
 }
 
 Engine::Param& Engine::param_checked(uint32_t id) {
-  require(id < params_.size(), PSTAR_ERR_NOT_FOUND, [&] { return "no parameter with id " + std::to_string(id) + " (" + std::to_string(params_.size()) + " registered)"; });
+  require(id < params_.size(), PSTAR_ERR_NOT_FOUND, [&] {
+    return "no parameter with id " + std::to_string(id) + " (" + std::to_string(params_.size()) + " registered)";
+  });
   return params_[id];
 }
 
-const Engine::Param& Engine::param_checked(uint32_t id) const {
-  return const_cast<Engine*>(this)->param_checked(id);
-}
+const Engine::Param& Engine::param_checked(uint32_t id) const { return const_cast<Engine*>(this)->param_checked(id); }
 
 uint32_t Engine::find(const char* name) const {
   require(name != nullptr, PSTAR_ERR_INVALID_ARGUMENT, "param_find: name is NULL");
@@ -424,9 +432,8 @@ uint64_t Engine::numel(uint32_t id) const { return param_checked(id).numel; }
 float* Engine::pin(uint32_t id, bool writable) {
   require_built("param_pin");
   Param& p = param_checked(id);
-  require(!writable || !iteration_active_, PSTAR_ERR_INVALID_STATE, [&] {
-    return "param_pin of '" + p.name + "': a writable pin is legal only outside iterations";
-  });
+  require(!writable || !iteration_active_, PSTAR_ERR_INVALID_STATE,
+          [&] { return "param_pin of '" + p.name + "': a writable pin is legal only outside iterations"; });
   require(!p.frozen(), PSTAR_ERR_UNSUPPORTED, [&] {
     return "param_pin of '" + p.name + "': a frozen parameter has no fp32 master (read it with pstar_param_read)";
   });
@@ -438,7 +445,8 @@ float* Engine::pin(uint32_t id, bool writable) {
     return "param_pin of '" + p.name + "': its optimizer state lives on the accelerator (hybrid placement)";
   });
   require(c.nvme_slot == kNoSlot, PSTAR_ERR_UNSUPPORTED, [&] {
-    return "param_pin of '" + p.name + "': its optimizer state lives on the NVMe drive (a pinned master must stay in memory)";
+    return "param_pin of '" + p.name +
+           "': its optimizer state lives on the NVMe drive (a pinned master must stay in memory)";
   });
   ++p.pins;
   p.pin_writable.push_back(writable);
@@ -478,8 +486,7 @@ TensorState Engine::checked_transition(const Param& p, uint32_t id, TensorEvent 
   TensorState next;
   if (!chunk::transition(p.state, ev, &next)) {
     throw Error(PSTAR_ERR_INVALID_STATE, std::string(chunk::event_name(ev)) + " of parameter " + std::to_string(id) +
-                                             " ('" + p.name + "') is illegal in state " +
-                                             chunk::state_name(p.state));
+                                             " ('" + p.name + "') is illegal in state " + chunk::state_name(p.state));
   }
   return next;
 }
@@ -490,16 +497,19 @@ void Engine::apply(Param& p, uint32_t id, TensorEvent ev) { p.state = checked_tr
 // Values
 
 // Checks shared by param_write and param_read.
-Engine::Param& Engine::value_access(const char* what, uint32_t id, const void* buf, uint64_t count,
-                                    pstar_dtype dtype) {
+Engine::Param& Engine::value_access(const char* what, uint32_t id, const void* buf, uint64_t count, pstar_dtype dtype) {
   require_built(what);
   Param& p = param_checked(id);
   require(payloads_, PSTAR_ERR_UNSUPPORTED, [&] { return std::string(what) + ": a dry run holds no values"; });
-  require(!iteration_active_, PSTAR_ERR_INVALID_STATE, [&] { return std::string(what) + ": not legal inside an iteration"; });
+  require(!iteration_active_, PSTAR_ERR_INVALID_STATE,
+          [&] { return std::string(what) + ": not legal inside an iteration"; });
   require(dtype_valid(dtype), PSTAR_ERR_INVALID_ARGUMENT, [&] { return std::string(what) + ": unknown dtype"; });
-  require(count == p.numel, PSTAR_ERR_INVALID_ARGUMENT, [&] { return std::string(what) + ": count " + std::to_string(count) + " differs from the element count " +
-              std::to_string(p.numel) + " of '" + p.name + "'"; });
-  require(buf != nullptr || count == 0, PSTAR_ERR_INVALID_ARGUMENT, [&] { return std::string(what) + ": buffer is NULL"; });
+  require(count == p.numel, PSTAR_ERR_INVALID_ARGUMENT, [&] {
+    return std::string(what) + ": count " + std::to_string(count) + " differs from the element count " +
+           std::to_string(p.numel) + " of '" + p.name + "'";
+  });
+  require(buf != nullptr || count == 0, PSTAR_ERR_INVALID_ARGUMENT,
+          [&] { return std::string(what) + ": buffer is NULL"; });
   return p;
 }
 
@@ -615,7 +625,9 @@ void Engine::iteration_end() {
   require(iteration_kind_ == PSTAR_ITERATION_EVAL, PSTAR_ERR_INVALID_STATE,
           "iteration_end: a TRAIN iteration ends with pstar_step");
   for (uint32_t id = 0; id < params_.size(); ++id) {
-    require(params_[id].state != TensorState::kCompute, PSTAR_ERR_INVALID_STATE, [&] { return "iteration_end: parameter " + std::to_string(id) + " ('" + params_[id].name + "') is still acquired"; });
+    require(params_[id].state != TensorState::kCompute, PSTAR_ERR_INVALID_STATE, [&] {
+      return "iteration_end: parameter " + std::to_string(id) + " ('" + params_[id].name + "') is still acquired";
+    });
   }
   if (sharded()) drop_all_gathered();
   iteration_active_ = false;
@@ -722,14 +734,18 @@ void* Engine::acquire(uint32_t id, pstar_stage stage, void* stream) {
   } else if (stage == PSTAR_STAGE_FORWARD && opt_.grad_accumulation && p.state == TensorState::kHoldAfterBwd) {
     ev = TensorEvent::kAcquireNextMicroBatch;  // its gradient is folded into the fp32 list
   } else if (stage == PSTAR_STAGE_FORWARD) {
-    require(p.backward_uses == 0, PSTAR_ERR_INVALID_STATE, [&] { return "param_acquire(FORWARD) of '" + p.name + "' after its backward began in this iteration" +
-                (opt_.grad_accumulation ? "" : " (several micro-batches per step need options.grad_accumulation)"); });
+    require(p.backward_uses == 0, PSTAR_ERR_INVALID_STATE, [&] {
+      return "param_acquire(FORWARD) of '" + p.name + "' after its backward began in this iteration" +
+             (opt_.grad_accumulation ? "" : " (several micro-batches per step need options.grad_accumulation)");
+    });
     ev = TensorEvent::kAcquireForward;
   } else if (stage == PSTAR_STAGE_RECOMPUTE) {
     ev = TensorEvent::kAcquireRecompute;
   } else {
-    require(p.backward_uses < p.forward_uses, PSTAR_ERR_INVALID_STATE, [&] { return "param_acquire(BACKWARD) of '" + p.name + "': " + std::to_string(p.backward_uses) +
-                " backward uses already match its " + std::to_string(p.forward_uses) + " forward uses"; });
+    require(p.backward_uses < p.forward_uses, PSTAR_ERR_INVALID_STATE, [&] {
+      return "param_acquire(BACKWARD) of '" + p.name + "': " + std::to_string(p.backward_uses) +
+             " backward uses already match its " + std::to_string(p.forward_uses) + " forward uses";
+    });
     ev = TensorEvent::kAcquireBackward;
   }
   // Checked now, applied once the placement work below has succeeded.
@@ -765,8 +781,8 @@ void* Engine::acquire(uint32_t id, pstar_stage stage, void* stream) {
   if (needs_acc) {
     ++c.compute_refs;  // keep the chunk in place while room is made
     try {
-      p.grad_acc = static_cast<float*>(device_alloc(p.numel * sizeof(float), place.chunk,
-                                                    "gradient buffer of '" + p.name + "'"));
+      p.grad_acc = static_cast<float*>(
+          device_alloc(p.numel * sizeof(float), place.chunk, "gradient buffer of '" + p.name + "'"));
     } catch (...) {
       --c.compute_refs;
       throw;
@@ -818,7 +834,8 @@ void* Engine::acquire(uint32_t id, pstar_stage stage, void* stream) {
 void Engine::release(uint32_t id, void* stream) {
   require_built("param_release");
   Param& p = param_checked(id);
-  require(p.state == TensorState::kCompute, PSTAR_ERR_INVALID_STATE, [&] { return "param_release of '" + p.name + "': not acquired (state " + chunk::state_name(p.state) + ")"; });
+  require(p.state == TensorState::kCompute, PSTAR_ERR_INVALID_STATE,
+          [&] { return "param_release of '" + p.name + "': not acquired (state " + chunk::state_name(p.state) + ")"; });
   require_comm_ok("param_release");
   memory::Stream* s = device_->caller_stream(stream);
   TensorEvent ev;
@@ -863,10 +880,12 @@ void Engine::release(uint32_t id, void* stream) {
 Engine::Param& Engine::backward_param(const char* what, uint32_t id) {
   require_built(what);
   Param& p = param_checked(id);
-  require(!p.frozen(), PSTAR_ERR_INVALID_STATE, [&] { return std::string(what) + ": '" + p.name + "' is frozen and takes no gradient"; });
+  require(!p.frozen(), PSTAR_ERR_INVALID_STATE,
+          [&] { return std::string(what) + ": '" + p.name + "' is frozen and takes no gradient"; });
   require(iteration_active_ && iteration_kind_ == PSTAR_ITERATION_TRAIN && p.state == TensorState::kCompute &&
               p.acquired_stage == PSTAR_STAGE_BACKWARD,
-          PSTAR_ERR_INVALID_STATE, [&] { return std::string(what) + ": '" + p.name + "' is not acquired for BACKWARD in a TRAIN iteration"; });
+          PSTAR_ERR_INVALID_STATE,
+          [&] { return std::string(what) + ": '" + p.name + "' is not acquired for BACKWARD in a TRAIN iteration"; });
   return p;
 }
 
@@ -877,8 +896,10 @@ void Engine::grad_write(uint32_t id, const void* grad, uint64_t count, pstar_dty
   require(dtype_valid(dtype), PSTAR_ERR_INVALID_ARGUMENT, "grad_write: unknown dtype");
   require(space == PSTAR_MEM_HOST || space == PSTAR_MEM_DEVICE, PSTAR_ERR_INVALID_ARGUMENT,
           "grad_write: unknown memory space");
-  require(count == p.numel, PSTAR_ERR_INVALID_ARGUMENT, [&] { return "grad_write: count " + std::to_string(count) + " differs from the element count " +
-              std::to_string(p.numel) + " of '" + p.name + "'"; });
+  require(count == p.numel, PSTAR_ERR_INVALID_ARGUMENT, [&] {
+    return "grad_write: count " + std::to_string(count) + " differs from the element count " + std::to_string(p.numel) +
+           " of '" + p.name + "'";
+  });
   require(grad != nullptr || count == 0 || !payloads_, PSTAR_ERR_INVALID_ARGUMENT, "grad_write: grad is NULL");
   if (payloads_) device_->check_caller_buffer(grad, count * dtype_size(dtype), space, "grad_write");
   memory::Stream* s = device_->caller_stream(stream);
@@ -950,8 +971,7 @@ void Engine::sample_memory() {
                                   nonmodel_bytes_, device_deferred_bytes_, host_->held_bytes(), device_opt_bytes_});
 }
 
-void Engine::note_move(bool to_device, uint32_t chunk, const memory::EventPtr& start,
-                       const memory::EventPtr& done) {
+void Engine::note_move(bool to_device, uint32_t chunk, const memory::EventPtr& start, const memory::EventPtr& done) {
   double t0 = device_->completion_time(start);
   if (std::isnan(t0)) t0 = device_->clock_seconds();  // wall clock: the issue time
   moves_.push_back(MoveRecord{to_device, chunk, chunks_[chunk].bytes, t0, device_->completion_time(done)});
@@ -971,18 +991,24 @@ void Engine::trace_export(const char* path) const {
   require(opt_.record_timeline != 0, PSTAR_ERR_INVALID_STATE,
           "trace_export: no timeline was kept (set options.record_timeline)");
   FILE* f = std::fopen(path, "w");
-  require(f != nullptr, PSTAR_ERR_IO, [&] { return std::string("trace_export: cannot open '") + path + "' for writing"; });
+  require(f != nullptr, PSTAR_ERR_IO,
+          [&] { return std::string("trace_export: cannot open '") + path + "' for writing"; });
   bool first = true;
-  std::fprintf(f, "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"producer\":\"libpstar " PSTAR_VERSION_STRING "\",\"clock\":\"%s\"},",
+  std::fprintf(f,
+               "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"producer\":\"libpstar " PSTAR_VERSION_STRING
+               "\",\"clock\":\"%s\"},",
                opt_.virtual_clock ? "virtual" : "wall");
   std::fprintf(f, "\"traceEvents\":[");
   std::fprintf(f, "\n{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":1,\"args\":{\"name\":\"libpstar engine\"}}");
-  std::fprintf(f, ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":1,\"args\":{\"name\":\"host to device\"}}");
-  std::fprintf(f, ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":2,\"args\":{\"name\":\"device to host\"}}");
+  std::fprintf(f,
+               ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":1,\"args\":{\"name\":\"host to device\"}}");
+  std::fprintf(f,
+               ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":2,\"args\":{\"name\":\"device to host\"}}");
   first = false;
   for (const MoveRecord& m : moves_) {
     const double dur = std::isnan(m.end) ? 0.0 : (m.end - m.start) * 1e6;
-    std::fprintf(f, ",\n{\"name\":\"chunk %u\",\"cat\":\"move\",\"ph\":\"X\",\"ts\":%.3f,\"dur\":%.3f,\"pid\":1,"
+    std::fprintf(f,
+                 ",\n{\"name\":\"chunk %u\",\"cat\":\"move\",\"ph\":\"X\",\"ts\":%.3f,\"dur\":%.3f,\"pid\":1,"
                  "\"tid\":%d,\"args\":{\"bytes\":%llu}}",
                  m.chunk, m.start * 1e6, dur, m.to_device ? 1 : 2, static_cast<unsigned long long>(m.bytes));
   }
@@ -999,7 +1025,9 @@ void Engine::trace_export(const char* path) const {
     json_counter(f, first, "host bytes", m.time * 1e6, args);
   }
   // Per-moment table for scripts (bench/plot_trace.py); viewers ignore it.
-  std::fprintf(f, "\n],\n\"pstarMoments\":{\"columns\":[\"moment\",\"seconds\",\"chunks\",\"gradient_buffers\",\"non_model\",\"freeing\",\"host\",\"optimizer\"],\"rows\":[");
+  std::fprintf(f,
+               "\n],\n\"pstarMoments\":{\"columns\":[\"moment\",\"seconds\",\"chunks\",\"gradient_buffers\",\"non_"
+               "model\",\"freeing\",\"host\",\"optimizer\"],\"rows\":[");
   for (size_t i = 0; i < samples_.size(); ++i) {
     const MemorySample& m = samples_[i];
     std::fprintf(f, "%s\n[%llu,%.9g,%llu,%llu,%llu,%llu,%llu,%llu]", i == 0 ? "" : ",",
@@ -1010,7 +1038,8 @@ void Engine::trace_export(const char* path) const {
   }
   std::fprintf(f, "\n]}}\n");
   const bool ok = std::ferror(f) == 0;
-  require(std::fclose(f) == 0 && ok, PSTAR_ERR_IO, [&] { return std::string("trace_export: writing '") + path + "' failed"; });
+  require(std::fclose(f) == 0 && ok, PSTAR_ERR_IO,
+          [&] { return std::string("trace_export: writing '") + path + "' failed"; });
 }
 
 void Engine::defer_free(memory::EventPtr after, void* ptr, size_t bytes, Tier tier) {
@@ -1075,8 +1104,8 @@ void Engine::make_room(uint64_t bytes, int64_t keep_chunk, const std::string& pu
                       " are free of a capacity of " + bytes_str(device_capacity_) + " (chunks " +
                       bytes_str(device_chunk_bytes_) + ", gradient buffers " + bytes_str(device_grad_bytes_) +
                       ", optimizer state " + bytes_str(device_opt_bytes_) + ", gather-ahead slots " +
-                      bytes_str(device_slot_bytes_) + ", non-model " +
-                      bytes_str(nonmodel_bytes_) + "); every resident chunk is in use, so nothing can be evicted");
+                      bytes_str(device_slot_bytes_) + ", non-model " + bytes_str(nonmodel_bytes_) +
+                      "); every resident chunk is in use, so nothing can be evicted");
     }
     evict(victim);
   }
@@ -1229,8 +1258,8 @@ void Engine::diverge(const char* why) {
   recording_ = trace_;
   recording_.truncate(moment_);
   recording_now_ = true;
-  log::info(std::string("placement: access order diverged from the trace at moment ") + std::to_string(moment_) +
-            " (" + why + "); falling back to LRU and re-tracing");
+  log::info(std::string("placement: access order diverged from the trace at moment ") + std::to_string(moment_) + " (" +
+            why + "); falling back to LRU and re-tracing");
 }
 
 void Engine::trace_check(uint32_t chunk) {
@@ -1405,8 +1434,7 @@ void Engine::fold_gradient(uint32_t id, memory::Stream* s) {
     // The gradient list is on the device too: add there, asynchronously;
     // the accumulator is freed once the addition is done.
     device_->stream_wait(s, c.opt_ready);
-    device_->grad_accumulate(s, c.grad32 + place.offset_elems, p.grad_acc, PSTAR_DTYPE_F32, PSTAR_MEM_DEVICE,
-                             p.numel);
+    device_->grad_accumulate(s, c.grad32 + place.offset_elems, p.grad_acc, PSTAR_DTYPE_F32, PSTAR_MEM_DEVICE, p.numel);
     defer_free(device_->record(s), p.grad_acc, bytes, Tier::kDevice);
     device_grad_bytes_ -= bytes;
     p.grad_acc = nullptr;
@@ -1514,7 +1542,8 @@ void Engine::step_update_local(pstar_step_result& r) {
       device_->stream_wait(cs, c.opt_ready);
       device_->stream_wait(cs, c.ready);
       device_->stream_wait(cs, c.last_use);
-      for (const Segment& sg : segments) device_->adam_update_async(cs, sg.constants, range_of(c, c.device, sg.begin, sg.end));
+      for (const Segment& sg : segments)
+        device_->adam_update_async(cs, sg.constants, range_of(c, c.device, sg.begin, sg.end));
       const memory::EventPtr done = device_->record(cs);
       c.ready = done;
       c.last_use = done;
@@ -1552,27 +1581,27 @@ void Engine::step_update_local(pstar_step_result& r) {
     // I/O error ends the update part way (the engine then refuses training
     // until a checkpoint is loaded): the prefetch state is put back first.
     try {
-    nvme_update_chunks(host_chunks, [&](uint32_t k) {
-      ChunkState& c = chunks_[k];
-      if (segments_of(k)) {
-        void* payload = host_view(k);
-        if (payloads_) {  // a dry run places chunks; it computes nothing
-          // One parallel pass over the chunk: a deterministic split into
-          // blocks of whole grains, each updating the segments it overlaps.
-          pool_->parallel_for(layout_->chunks()[k].used_elems, kAdamGrainElems, [&](size_t b, size_t e) {
-            for (const Segment& sg : segments) {
-              const uint64_t lo = std::max<uint64_t>(b, sg.begin), hi = std::min<uint64_t>(e, sg.end);
-              if (lo >= hi) continue;
-              optim::adam_update(adam_isa_, sg.constants, range_of(c, payload, lo, hi));
-            }
-          });
+      nvme_update_chunks(host_chunks, [&](uint32_t k) {
+        ChunkState& c = chunks_[k];
+        if (segments_of(k)) {
+          void* payload = host_view(k);
+          if (payloads_) {  // a dry run places chunks; it computes nothing
+            // One parallel pass over the chunk: a deterministic split into
+            // blocks of whole grains, each updating the segments it overlaps.
+            pool_->parallel_for(layout_->chunks()[k].used_elems, kAdamGrainElems, [&](size_t b, size_t e) {
+              for (const Segment& sg : segments) {
+                const uint64_t lo = std::max<uint64_t>(b, sg.begin), hi = std::min<uint64_t>(e, sg.end);
+                if (lo >= hi) continue;
+                optim::adam_update(adam_isa_, sg.constants, range_of(c, payload, lo, hi));
+              }
+            });
+          }
         }
-      }
-      if (ahead) {
-        c.awaiting_update = false;
-        prefetch_ahead();
-      }
-    });
+        if (ahead) {
+          c.awaiting_update = false;
+          prefetch_ahead();
+        }
+      });
     } catch (const Error&) {
       for (uint32_t k : host_chunks) chunks_[k].awaiting_update = false;
       if (ahead) moment_ = moment_saved;
@@ -1616,15 +1645,19 @@ pstar_step_result Engine::step() {
   require_nvme_ok("step");
   for (uint32_t id = 0; id < params_.size(); ++id) {
     const Param& p = params_[id];
-    require(p.state != TensorState::kCompute, PSTAR_ERR_INVALID_STATE, [&] { return "step: parameter " + std::to_string(id) + " ('" + p.name + "') is still acquired"; });
-    require(p.backward_uses == 0 || p.backward_uses == p.forward_uses, PSTAR_ERR_INVALID_STATE, [&] { return "step: parameter " + std::to_string(id) + " ('" + p.name + "') had " + std::to_string(p.backward_uses) +
-                " backward uses for " + std::to_string(p.forward_uses) + " forward uses"; });
+    require(p.state != TensorState::kCompute, PSTAR_ERR_INVALID_STATE,
+            [&] { return "step: parameter " + std::to_string(id) + " ('" + p.name + "') is still acquired"; });
+    require(p.backward_uses == 0 || p.backward_uses == p.forward_uses, PSTAR_ERR_INVALID_STATE, [&] {
+      return "step: parameter " + std::to_string(id) + " ('" + p.name + "') had " + std::to_string(p.backward_uses) +
+             " backward uses for " + std::to_string(p.forward_uses) + " forward uses";
+    });
   }
   // A pinned master the step would update: refuse before anything changes.
   for (uint32_t id = 0; id < params_.size(); ++id) {
     const Param& p = params_[id];
     require(p.pins == 0 || !p.has_grad, PSTAR_ERR_BUSY, [&] {
-      return "step: parameter '" + p.name + "' has a gradient to apply but its master is pinned (pstar_param_pin); "
+      return "step: parameter '" + p.name +
+             "' has a gradient to apply but its master is pinned (pstar_param_pin); "
              "unpin it and call pstar_step again";
     });
   }
@@ -1798,9 +1831,7 @@ void Engine::hparam_set(pstar_hparam which, double v) {
           "hparam_set: not legal inside a TRAIN iteration (set it between steps)");
   switch (which) {
     // Each value is checked as the float it is stored as (pstar.h).
-    case PSTAR_HPARAM_LR:
-      hyper_.lr = require_setting_double(v, 0.0f, kMaxSetting, "hparam_set: lr", kRangeLr);
-      return;
+    case PSTAR_HPARAM_LR: hyper_.lr = require_setting_double(v, 0.0f, kMaxSetting, "hparam_set: lr", kRangeLr); return;
     case PSTAR_HPARAM_BETA1:
       hyper_.beta1 = require_setting_double(v, 0.0f, kBelowOne, "hparam_set: beta1", kRangeBeta);
       return;
@@ -1824,10 +1855,8 @@ void Engine::hparam_set(pstar_hparam which, double v) {
       scaler_.set_scale(f);
       return;
     }
-    case PSTAR_HPARAM_STEP:
-      throw Error(PSTAR_ERR_INVALID_ARGUMENT, "hparam_set: the step count is read-only");
-    case PSTAR_HPARAM_FORCE_32BIT_:
-      break;
+    case PSTAR_HPARAM_STEP: throw Error(PSTAR_ERR_INVALID_ARGUMENT, "hparam_set: the step count is read-only");
+    case PSTAR_HPARAM_FORCE_32BIT_: break;
   }
   throw Error(PSTAR_ERR_INVALID_ARGUMENT, "hparam_set: unknown hyperparameter " + std::to_string(which));
 }

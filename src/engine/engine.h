@@ -166,14 +166,14 @@ class Engine {
     std::vector<int64_t> shape;
     uint64_t numel = 0;
     uint32_t flags = 0;
-    float lr_scale = 1.0f;       // parameter group: learning-rate multiplier
-    bool weight_decay = true;    // parameter group: takes weight decay
+    float lr_scale = 1.0f;     // parameter group: learning-rate multiplier
+    bool weight_decay = true;  // parameter group: takes weight decay
     chunk::TensorState state = chunk::TensorState::kFree;
     pstar_stage acquired_stage = PSTAR_STAGE_FORWARD;  // meaningful in kCompute
-    uint32_t forward_uses = 0;   // this iteration
-    uint32_t backward_uses = 0;  // this iteration; <= forward_uses
-    bool slot_is_grad = false;   // the compute slot holds the gradient
-    bool has_grad = false;       // a gradient arrived this iteration
+    uint32_t forward_uses = 0;                         // this iteration
+    uint32_t backward_uses = 0;                        // this iteration; <= forward_uses
+    bool slot_is_grad = false;                         // the compute slot holds the gradient
+    bool has_grad = false;                             // a gradient arrived this iteration
     // world > 1: the gradient in grad_acc is final for this (micro-)batch
     // and waits for its chunk's reduce-scatter; grad_ready completes when
     // the queued work writing grad_acc is done.
@@ -182,17 +182,17 @@ class Engine {
     // world > 1: stages (bit 0 FORWARD or EVAL, bit 1 RECOMPUTE) whose use
     // of this parameter has been released this iteration (drop rule).
     uint8_t used_marks = 0;
-    float* grad_acc = nullptr;   // device fp32 accumulator during backward
+    float* grad_acc = nullptr;  // device fp32 accumulator during backward
     // Written by the device when the gradient is finalized.
     double grad_sumsq = 0.0;
     int grad_nonfinite = 0;
-    uint32_t pins = 0;           // outstanding pstar_param_pin exports of the master
+    uint32_t pins = 0;               // outstanding pstar_param_pin exports of the master
     std::vector<bool> pin_writable;  // per outstanding pin, oldest first
     bool frozen() const { return (flags & PSTAR_PARAM_FROZEN) != 0; }
   };
 
   struct ChunkState {
-    uint64_t bytes = 0;           // compute-dtype payload (the full chunk)
+    uint64_t bytes = 0;  // compute-dtype payload (the full chunk)
     // Elements of the full chunk (its layout capacity, padded with world > 1
     // to a multiple of world * kAlignElems) and of one rank's shard.
     uint64_t elems = 0;
@@ -209,20 +209,20 @@ class Engine {
     uint32_t bwd_open = 0;
     uint32_t grads_pending = 0;
     Tier tier = Tier::kHost;
-    void* host = nullptr;         // payload when tier == kHost
-    void* device = nullptr;       // payload when tier == kDevice
-    memory::EventPtr ready;       // completes when the payload at its tier is valid
-    memory::EventPtr last_use;    // completes when queued work that uses it is done
-    uint32_t compute_refs = 0;    // tensors in COMPUTE
-    uint32_t pins = 0;            // outstanding exports of the compute payload (none yet)
-    uint32_t master_pins = 0;     // pinned masters of its parameters (pstar_param_pin)
-    bool prefetched = false;      // fetched ahead of use, not acquired since
-    bool pinned_static = false;   // static policy: never evicted once fetched
-    bool evicted = false;         // left the accelerator at least once
+    void* host = nullptr;        // payload when tier == kHost
+    void* device = nullptr;      // payload when tier == kDevice
+    memory::EventPtr ready;      // completes when the payload at its tier is valid
+    memory::EventPtr last_use;   // completes when queued work that uses it is done
+    uint32_t compute_refs = 0;   // tensors in COMPUTE
+    uint32_t pins = 0;           // outstanding exports of the compute payload (none yet)
+    uint32_t master_pins = 0;    // pinned masters of its parameters (pstar_param_pin)
+    bool prefetched = false;     // fetched ahead of use, not acquired since
+    bool pinned_static = false;  // static policy: never evicted once fetched
+    bool evicted = false;        // left the accelerator at least once
     // In a step that prefetches for the next iteration: on the host, its CPU
     // update not done yet, so not to be fetched (prefetch stops at it).
     bool awaiting_update = false;
-    uint64_t last_acquire = 0;    // 1 + acquires before its latest acquire; 0 = never
+    uint64_t last_acquire = 0;  // 1 + acquires before its latest acquire; 0 = never
     // fp32 optimizer twins (trainable chunks only): on the host, or with
     // hybrid placement in one device buffer (opt_device), for good.
     float* master = nullptr;
@@ -306,16 +306,16 @@ class Engine {
   struct ReduceBuffers {
     float* staging = nullptr;  // host fp32 chunk (Gloo; NCCL stages on the device)
     uint64_t staging_bytes = 0;
-    float* out = nullptr;      // host fp32 shard
+    float* out = nullptr;  // host fp32 shard
     uint64_t out_bytes = 0;
   };
   // Reduce-scatters queued on the collective queue, oldest first, whose
   // results are not applied yet (reduce_finish).
   struct PendingReduce {
     uint32_t chunk = 0;
-    size_t buffer = 0;               // index into rs_bufs_
-    std::vector<uint32_t> params;    // whose gradients it carries
-    void* device_stage = nullptr;    // NCCL: the device staging buffer, counted
+    size_t buffer = 0;             // index into rs_bufs_
+    std::vector<uint32_t> params;  // whose gradients it carries
+    void* device_stage = nullptr;  // NCCL: the device staging buffer, counted
     uint64_t device_stage_bytes = 0;
     dist::CollectiveQueue::Ticket ticket;
   };
@@ -488,8 +488,8 @@ class Engine {
   uint64_t device_chunk_bytes_ = 0;
   uint64_t device_grad_bytes_ = 0;
   uint64_t device_deferred_bytes_ = 0;
-  uint64_t device_opt_bytes_ = 0;  // hybrid: optimizer state on the device, for good
-  uint64_t device_slot_bytes_ = 0; // gather-ahead slots, held from build
+  uint64_t device_opt_bytes_ = 0;   // hybrid: optimizer state on the device, for good
+  uint64_t device_slot_bytes_ = 0;  // gather-ahead slots, held from build
   uint64_t nonmodel_bytes_ = 0;
   uint64_t device_used_ = 0;
 
@@ -578,9 +578,9 @@ class Engine {
   bool nvme_failed_ = false;
   std::string nvme_failure_;
   double nvme_wait_seconds_ = 0.0;
-  uint64_t nvme_step_read_ = 0;     // bytes the steps moved (padded)
+  uint64_t nvme_step_read_ = 0;  // bytes the steps moved (padded)
   uint64_t nvme_step_written_ = 0;
-  uint32_t nvme_dry_slots_ = 0;     // a dry run's slot numbers (no file)
+  uint32_t nvme_dry_slots_ = 0;  // a dry run's slot numbers (no file)
 
   // A checkpoint load that failed after its first write into the engine
   // (an I/O error once every check had passed): why, empty otherwise.

@@ -369,13 +369,15 @@ Manifest parse_manifest(const std::string& path) {
   }
   // The checksum line, last: over every byte before it.
   if (eol1 == std::string::npos || text.back() != '\n') {
-    io_error("checkpoint_load: '" + path + "' does not end with its checksum line (truncated, or not a whole manifest)");
+    io_error("checkpoint_load: '" + path +
+             "' does not end with its checksum line (truncated, or not a whole manifest)");
   }
   const size_t before = text.rfind('\n', text.size() - 2);
   const size_t start = before + 1;  // the checksum line's first byte (before >= eol1)
   const std::string last = text.substr(start, text.size() - 1 - start);
   if (last.size() != 9 + 16 || last.compare(0, 9, "checksum ") != 0 || !is_hex16(last.substr(9))) {
-    io_error("checkpoint_load: '" + path + "' does not end with its checksum line (truncated, or not a whole manifest)");
+    io_error("checkpoint_load: '" + path +
+             "' does not end with its checksum line (truncated, or not a whole manifest)");
   }
   const std::string got = hex64(XXH3_64bits(text.data(), start));
   if (got != last.substr(9)) {
@@ -383,10 +385,22 @@ Manifest parse_manifest(const std::string& path) {
              last.substr(9));
   }
   // Then every line between, strictly.
-  static const char* const kScalars[] = {"library",    "compute_dtype", "chunk_elems", "world_size",
-                                         "sharded",    "step",          "loss_scale",  "loss_scale_clean_steps",
-                                         "loss_scale_hysteresis_left", "lr", "beta1", "beta2", "eps",
-                                         "weight_decay", "adamw", "clip_norm"};
+  static const char* const kScalars[] = {"library",
+                                         "compute_dtype",
+                                         "chunk_elems",
+                                         "world_size",
+                                         "sharded",
+                                         "step",
+                                         "loss_scale",
+                                         "loss_scale_clean_steps",
+                                         "loss_scale_hysteresis_left",
+                                         "lr",
+                                         "beta1",
+                                         "beta2",
+                                         "eps",
+                                         "weight_decay",
+                                         "adamw",
+                                         "clip_norm"};
   Manifest m;
   std::map<std::string, bool> param_names;
   size_t at = eol1 + 1;
@@ -513,7 +527,8 @@ class DataFile {
       const ssize_t n = ::pread(fd_, p, left, pos);
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0) {
-        io_error("checkpoint_load: reading '" + path_ + "': " + (n == 0 ? std::string("unexpected end") : errno_text()));
+        io_error("checkpoint_load: reading '" + path_ +
+                 "': " + (n == 0 ? std::string("unexpected end") : errno_text()));
       }
       p += n;
       pos += n;
@@ -621,9 +636,7 @@ std::string json_string(const std::string& s) {
   return out + "\"";
 }
 
-const char* dtype_text(pstar_dtype d) {
-  return d == PSTAR_DTYPE_F32 ? "f32" : d == PSTAR_DTYPE_F16 ? "f16" : "bf16";
-}
+const char* dtype_text(pstar_dtype d) { return d == PSTAR_DTYPE_F32 ? "f32" : d == PSTAR_DTYPE_F16 ? "f16" : "bf16"; }
 
 }  // namespace
 
@@ -711,12 +724,13 @@ std::string Engine::checkpoint_manifest_text(const std::map<std::string, std::pa
     const Param& p = params_[id];
     std::string shape;
     for (size_t i = 0; i < p.shape.size(); ++i) shape += (i ? "," : "") + std::to_string(p.shape[i]);
-    m << "param " << escape(p.name) << " numel=" << p.numel << " shape=" << shape
-      << " frozen=" << (p.frozen() ? 1 : 0) << " offset=" << offsets[id] << " lr_scale=" << f32(p.lr_scale)
-      << " weight_decay=" << (p.weight_decay ? 1 : 0) << '\n';
+    m << "param " << escape(p.name) << " numel=" << p.numel << " shape=" << shape << " frozen=" << (p.frozen() ? 1 : 0)
+      << " offset=" << offsets[id] << " lr_scale=" << f32(p.lr_scale) << " weight_decay=" << (p.weight_decay ? 1 : 0)
+      << '\n';
   }
   m << pieces;
-  for (const auto& [fname, f] : files) m << "file " << fname << " bytes=" << f.first << " xxh3=" << hex64(f.second) << '\n';
+  for (const auto& [fname, f] : files)
+    m << "file " << fname << " bytes=" << f.first << " xxh3=" << hex64(f.second) << '\n';
   std::string text = m.str();
 #if defined(PSTAR_HAVE_XXHASH)
   // Last: the checksum of every byte before it (checked before a load
@@ -776,7 +790,8 @@ std::string Engine::checkpoint_save(const char* dir_c) {
     name.assign(all.data(), strnlen(all.data(), kNameBytes));
     if (name.empty()) {
       throw Error(PSTAR_ERR_IO, failure.empty() ? "checkpoint_save: rank 0 could not create the checkpoint's directory "
-                                                  "under '" + dir + "'"
+                                                  "under '" +
+                                                      dir + "'"
                                                 : failure);
     }
   }
@@ -984,7 +999,8 @@ void Engine::checkpoint_load(const char* dir_c) {
   std::string why;
   try {
     for (const Param& p : params_) {
-      require(p.pins == 0, PSTAR_ERR_BUSY, [&] { return "checkpoint_load: '" + p.name + "' is pinned; unpin it first"; });
+      require(p.pins == 0, PSTAR_ERR_BUSY,
+              [&] { return "checkpoint_load: '" + p.name + "' is pinned; unpin it first"; });
     }
     sub = join_path(dir, read_latest(dir));
     manifest_path = join_path(sub, "manifest");
@@ -1110,7 +1126,8 @@ void Engine::checkpoint_load(const char* dir_c) {
     }
     std::vector<std::array<std::vector<std::pair<uint64_t, uint64_t>>, 2>> layout(saved_world);
     for (size_t j = 0; j < m.params.size(); ++j) {
-      for (const ManifestPiece& pc : pieces[j]) layout[pc.rank][m.params[j].frozen ? 1 : 0].emplace_back(pc.offset, pc.count);
+      for (const ManifestPiece& pc : pieces[j])
+        layout[pc.rank][m.params[j].frozen ? 1 : 0].emplace_back(pc.offset, pc.count);
     }
     for (uint32_t r = 0; r < saved_world; ++r) {
       for (int kind = 0; kind < 2; ++kind) {
@@ -1215,9 +1232,9 @@ void Engine::checkpoint_load(const char* dir_c) {
     failed = dynamic_cast<const std::bad_alloc*>(&e) != nullptr ? PSTAR_ERR_OUT_OF_MEMORY : PSTAR_ERR_INTERNAL;
     failure = std::string("checkpoint_load: ") + e.what();
   }
-  const std::string consequence =
-      std::string(sharded() ? "; the group's engines hold part of the checkpoint" : "; the engine holds part of the checkpoint") +
-      ": iterations, steps, saves and exports are refused until a load completes";
+  const std::string consequence = std::string(sharded() ? "; the group's engines hold part of the checkpoint"
+                                                        : "; the engine holds part of the checkpoint") +
+                                  ": iterations, steps, saves and exports are refused until a load completes";
   if (failed != PSTAR_OK) {
     load_incomplete_ = failure;
     if (!sharded()) throw Error(failed, failure + consequence);
@@ -1275,7 +1292,8 @@ void Engine::export_safetensors(const char* path_c) {
     std::remove(tmp.c_str());
     throw;
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) io_error("export_safetensors: renaming to '" + path + "': " + errno_text());
+  if (std::rename(tmp.c_str(), path.c_str()) != 0)
+    io_error("export_safetensors: renaming to '" + path + "': " + errno_text());
 }
 
 }  // namespace pstar::engine

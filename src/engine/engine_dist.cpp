@@ -30,7 +30,14 @@ using chunk::TensorState;
 
 namespace {
 // Kinds of collectives, folded into the iteration's collective hash.
-enum : uint32_t { kCollLayout = 1, kCollGather = 2, kCollReduce = 3, kCollRead = 4, kCollStep = 5, kCollCheckpoint = 6 };
+enum : uint32_t {
+  kCollLayout = 1,
+  kCollGather = 2,
+  kCollReduce = 3,
+  kCollRead = 4,
+  kCollStep = 5,
+  kCollCheckpoint = 6
+};
 }  // namespace
 
 // Resolves rank and world size: explicit options, else the launcher's
@@ -72,11 +79,11 @@ void Engine::connect_group() {
   go.launch = launch_;
   go.timeout = std::chrono::milliseconds(opt_.comm_timeout_ms);
   try {
-    comm_ = opt_.device == PSTAR_DEVICE_CUDA ? dist::form_cuda_group(go, opt_.device_ordinal)
-                                              : dist::form_cpu_group(go);
+    comm_ =
+        opt_.device == PSTAR_DEVICE_CUDA ? dist::form_cuda_group(go, opt_.device_ordinal) : dist::form_cpu_group(go);
   } catch (const Error& e) {
-    throw Error(e.status(), "engine_create: forming the data-parallel group failed (" + dist::describe(launch_) +
-                                "): " + e.what());
+    throw Error(e.status(),
+                "engine_create: forming the data-parallel group failed (" + dist::describe(launch_) + "): " + e.what());
   }
   ++stats_.collectives;  // the group's barrier
 }
@@ -107,8 +114,8 @@ bool collective_failed(F&& f, std::string* failure) {
 // Marks the engine failed for good and throws PSTAR_ERR_COMM.
 void Engine::fail_collective(const char* what, const std::string& failure) {
   comm_failed_ = true;
-  comm_failure_ = std::string(what) + " on rank " + std::to_string(rank_) + " of " + std::to_string(world_) +
-                  ": " + failure;
+  comm_failure_ =
+      std::string(what) + " on rank " + std::to_string(rank_) + " of " + std::to_string(world_) + ": " + failure;
   log::error(comm_failure_);
   throw Error(PSTAR_ERR_COMM, comm_failure_);
 }
@@ -383,7 +390,8 @@ void Engine::reduce_chunk(uint32_t k) {
     }
     device_->synchronize(s);
   } else {
-    if (buf.staging == nullptr || c.elems * sizeof(float) > buf.staging_bytes) internal_error("no reduce-scatter staging");
+    if (buf.staging == nullptr || c.elems * sizeof(float) > buf.staging_bytes)
+      internal_error("no reduce-scatter staging");
     data = buf.staging;
     out = buf.out;
     std::memset(data, 0, c.elems * sizeof(float));
@@ -623,8 +631,8 @@ void Engine::schedule_iteration_end() {
 // earlier ones are, and none should be left).
 void Engine::issue_gathers_ahead(bool at_acquire) {
   size_t due_end = sched_next_;  // entries [.., due_end) are due
-  while (due_end < sched_.size() && (sched_[due_end].moment < sched_moment_ ||
-                                     (at_acquire && sched_[due_end].moment == sched_moment_))) {
+  while (due_end < sched_.size() &&
+         (sched_[due_end].moment < sched_moment_ || (at_acquire && sched_[due_end].moment == sched_moment_))) {
     ++due_end;
   }
   while (sched_following_ && sched_next_ < sched_.size()) {
@@ -676,7 +684,7 @@ void Engine::gather_into_slot(uint32_t k, uint32_t s) {
   ChunkState& c = chunks_[k];
   GatherSlot& slot = slots_[s];
   require_comm_ok("param_acquire");
-  reduce_finish_all(k);  // its shard takes the reduced gradient first
+  reduce_finish_all(k);                   // its shard takes the reduced gradient first
   device_->synchronize(slot.free_after);  // the slot's last chunk is unused
   slot.free_after = nullptr;
   const size_t shard_bytes = c.shard_elems * elem_bytes();

@@ -91,11 +91,13 @@ void Engine::NvmeDeleter::operator()(memory::NvmeStore* s) const {
 }
 
 void Engine::set_nvme(const pstar_x_nvme_options& in) {
-  require(!built(), PSTAR_ERR_INVALID_STATE, "set_nvme: the engine is built; give it an NVMe tier before pstar_engine_build");
+  require(!built(), PSTAR_ERR_INVALID_STATE,
+          "set_nvme: the engine is built; give it an NVMe tier before pstar_engine_build");
   require(!nvme_requested_, PSTAR_ERR_INVALID_STATE, "set_nvme: the engine has an NVMe tier already");
 #if !PSTAR_HAVE_NVME
   (void)in;
-  throw Error(PSTAR_ERR_UNSUPPORTED, "set_nvme: this libpstar was built without the NVMe tier (needs libuv and xxhash)");
+  throw Error(PSTAR_ERR_UNSUPPORTED,
+              "set_nvme: this libpstar was built without the NVMe tier (needs libuv and xxhash)");
 #else
   require(in.version == PSTAR_X_NVME_OPTIONS_VERSION && in.size >= sizeof(pstar_x_nvme_options), PSTAR_ERR_VERSION,
           "set_nvme: options size/version not supported; initialise them with pstar_x_nvme_options_init()");
@@ -368,7 +370,8 @@ void Engine::nvme_begin_rewrite() {
   try {
     Tickets t;
     for (uint32_t k = 0; k < chunks_.size(); ++k) {
-      if (chunks_[k].nvme_slot != kNoSlot) submit_pieces(*nvme_, chunks_[k].nvme_slot, nvme_slot_bytes(k), nvme_access_buf_.data, true, t);
+      if (chunks_[k].nvme_slot != kNoSlot)
+        submit_pieces(*nvme_, chunks_[k].nvme_slot, nvme_slot_bytes(k), nvme_access_buf_.data, true, t);
     }
     nvme_->wait_all();
   } catch (const Error& e) {

@@ -122,8 +122,8 @@ class Device {
   // kNormBlockElems elements in block order, and whether any value is not
   // finite.  Results are written to *sumsq and *nonfinite (host memory)
   // once `stream` reaches this point; read them after synchronizing.
-  virtual void grad_finalize(Stream* stream, const float* acc, void* slot, pstar_dtype dtype, size_t n,
-                             double* sumsq, int* nonfinite) = 0;
+  virtual void grad_finalize(Stream* stream, const float* acc, void* slot, pstar_dtype dtype, size_t n, double* sumsq,
+                             int* nonfinite) = 0;
 
   // ---- device-side optimizer update, queued on `stream` ------------------
 

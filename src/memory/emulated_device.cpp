@@ -152,8 +152,7 @@ void EmulatedDevice::deallocate(void* ptr, size_t bytes) {
   std::free(ptr);
 }
 
-void EmulatedDevice::check_caller_buffer(const void* ptr, size_t bytes, pstar_mem_space space,
-                                         const char* what) const {
+void EmulatedDevice::check_caller_buffer(const void* ptr, size_t bytes, pstar_mem_space space, const char* what) const {
   if (!strict_ || bytes == 0) return;
   const uintptr_t lo = reinterpret_cast<uintptr_t>(ptr);
   const uintptr_t hi = bytes > UINTPTR_MAX - lo ? UINTPTR_MAX : lo + bytes;
@@ -282,8 +281,7 @@ void EmulatedDevice::grad_finalize(Stream* stream, const float* acc, void* slot,
   enqueue(stream, [=] { host_grad_finalize(acc, slot, dtype, n, sumsq, nonfinite); });
 }
 
-void EmulatedDevice::adam_update_async(Stream* stream, const optim::AdamStepConstants& c,
-                                       const optim::AdamRange& r) {
+void EmulatedDevice::adam_update_async(Stream* stream, const optim::AdamStepConstants& c, const optim::AdamRange& r) {
   const optim::AdamIsa isa = adam_isa_;
   enqueue(stream, [isa, c, r] { optim::adam_update(isa, c, r); });
 }

@@ -66,10 +66,10 @@ class EmulatedDevice final : public Device {
   void synchronize(Stream* stream) override;
   bool query(const EventPtr& event) override;
 
-  void grad_accumulate(Stream* stream, float* acc, const void* src, pstar_dtype src_dtype,
-                       pstar_mem_space space, size_t n) override;
-  void grad_finalize(Stream* stream, const float* acc, void* slot, pstar_dtype dtype, size_t n,
-                     double* sumsq, int* nonfinite) override;
+  void grad_accumulate(Stream* stream, float* acc, const void* src, pstar_dtype src_dtype, pstar_mem_space space,
+                       size_t n) override;
+  void grad_finalize(Stream* stream, const float* acc, void* slot, pstar_dtype dtype, size_t n, double* sumsq,
+                     int* nonfinite) override;
   // The CPU kernel (optim::adam_update with the default instruction set) on
   // the stream's worker thread.
   void adam_update_async(Stream* stream, const optim::AdamStepConstants& c, const optim::AdamRange& r) override;

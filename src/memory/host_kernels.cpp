@@ -28,8 +28,7 @@ void host_grad_norm(const float* g, size_t n, double* sumsq, int* nonfinite) {
   *nonfinite = bad;
 }
 
-void host_grad_finalize(const float* acc, void* slot, pstar_dtype dtype, size_t n, double* sumsq,
-                        int* nonfinite) {
+void host_grad_finalize(const float* acc, void* slot, pstar_dtype dtype, size_t n, double* sumsq, int* nonfinite) {
   double total = 0.0;
   int bad = 0;
   for (size_t b = 0; b < n; b += kNormBlockElems) {

@@ -12,7 +12,6 @@ void host_grad_accumulate(float* acc, const void* src, pstar_dtype src_dtype, si
 // Squared sum (fp64, per block of kNormBlockElems in block order) and
 // inf/NaN flag of n fp32 gradient values.
 void host_grad_norm(const float* g, size_t n, double* sumsq, int* nonfinite);
-void host_grad_finalize(const float* acc, void* slot, pstar_dtype dtype, size_t n, double* sumsq,
-                        int* nonfinite);
+void host_grad_finalize(const float* acc, void* slot, pstar_dtype dtype, size_t n, double* sumsq, int* nonfinite);
 
 }  // namespace pstar::memory

@@ -44,9 +44,9 @@ class HostPool {
 
   Device* device_;
   uint64_t capacity_;
-  uint64_t held_ = 0;    // invariant: held_ == in_use_ + bytes in free_
+  uint64_t held_ = 0;  // invariant: held_ == in_use_ + bytes in free_
   uint64_t in_use_ = 0;
-  uint64_t peak_ = 0;    // invariant: peak_ >= held_
+  uint64_t peak_ = 0;  // invariant: peak_ >= held_
   std::map<size_t, std::vector<void*>> free_;
 };
 

@@ -32,7 +32,8 @@ size_t round_up(size_t bytes) {
 
 void* payload_allocate(size_t bytes) {
   void* p = std::aligned_alloc(kModelledAlignBytes, round_up(bytes));
-  if (p == nullptr) throw Error(PSTAR_ERR_OUT_OF_MEMORY, "emulated device: allocation of " + std::to_string(bytes) + " bytes failed");
+  if (p == nullptr)
+    throw Error(PSTAR_ERR_OUT_OF_MEMORY, "emulated device: allocation of " + std::to_string(bytes) + " bytes failed");
   return p;
 }
 
@@ -123,9 +124,7 @@ void ModelledDevice::memset_async(Stream* stream, void* dst, int value, size_t b
   if (payloads_ && bytes != 0) std::memset(dst, value, bytes);
 }
 
-EventPtr ModelledDevice::record(Stream* stream) {
-  return std::make_shared<ModelledEvent>(start_on(stream_of(stream)));
-}
+EventPtr ModelledDevice::record(Stream* stream) { return std::make_shared<ModelledEvent>(start_on(stream_of(stream))); }
 
 void ModelledDevice::stream_wait(Stream* stream, const EventPtr& event) {
   ModelledStream* s = stream_of(stream);
@@ -167,8 +166,7 @@ void ModelledDevice::grad_finalize(Stream* stream, const float* acc, void* slot,
   }
 }
 
-void ModelledDevice::adam_update_async(Stream* stream, const optim::AdamStepConstants& c,
-                                       const optim::AdamRange& r) {
+void ModelledDevice::adam_update_async(Stream* stream, const optim::AdamStepConstants& c, const optim::AdamRange& r) {
   ModelledStream* s = stream_of(stream);
   s->busy_until = start_on(s);
   if (payloads_) optim::adam_update(adam_isa_, c, r);

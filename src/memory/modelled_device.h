@@ -82,10 +82,10 @@ class ModelledDevice final : public Device {
   void advance_clock(double seconds) override;
   double completion_time(const EventPtr& event) const override;
 
-  void grad_accumulate(Stream* stream, float* acc, const void* src, pstar_dtype src_dtype,
-                       pstar_mem_space space, size_t n) override;
-  void grad_finalize(Stream* stream, const float* acc, void* slot, pstar_dtype dtype, size_t n,
-                     double* sumsq, int* nonfinite) override;
+  void grad_accumulate(Stream* stream, float* acc, const void* src, pstar_dtype src_dtype, pstar_mem_space space,
+                       size_t n) override;
+  void grad_finalize(Stream* stream, const float* acc, void* slot, pstar_dtype dtype, size_t n, double* sumsq,
+                     int* nonfinite) override;
   // Runs the CPU kernel at once when the device has payloads, nothing in a
   // dry run; zero modelled time (see above).
   void adam_update_async(Stream* stream, const optim::AdamStepConstants& c, const optim::AdamRange& r) override;

@@ -48,11 +48,11 @@ bool aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % NvmeStore:
 
 struct NvmeStore::Impl {
   struct Slot {
-    uint64_t offset = 0;        // kAlignBytes-aligned
-    uint64_t bytes = 0;         // as asked; the slot spans padded(bytes)
-    uint64_t write_bytes = 0;   // length of the last write submitted; 0: never written
-    bool valid = false;         // the last finished write succeeded
-    uint64_t hash = 0;          // XXH3-64 of that write (when valid)
+    uint64_t offset = 0;       // kAlignBytes-aligned
+    uint64_t bytes = 0;        // as asked; the slot spans padded(bytes)
+    uint64_t write_bytes = 0;  // length of the last write submitted; 0: never written
+    bool valid = false;        // the last finished write succeeded
+    uint64_t hash = 0;         // XXH3-64 of that write (when valid)
     uint32_t reads_inflight = 0;
     uint32_t writes_inflight = 0;
   };
@@ -67,8 +67,8 @@ struct NvmeStore::Impl {
     uint64_t bytes = 0;     // caller's length (hashed)
     uint64_t io_bytes = 0;  // padded(bytes)
     uint64_t offset = 0;
-    uint64_t moved = 0;     // bytes of io_bytes done; invariant: moved <= io_bytes
-    uint64_t hash = 0;      // write: of the caller's bytes; read: expected, taken at dispatch
+    uint64_t moved = 0;  // bytes of io_bytes done; invariant: moved <= io_bytes
+    uint64_t hash = 0;   // write: of the caller's bytes; read: expected, taken at dispatch
     bool finished = false;
     pstar_status status = PSTAR_OK;
     std::string error;
@@ -92,11 +92,11 @@ struct NvmeStore::Impl {
   std::condition_variable cv;  // a request finished
   // Everything below is guarded by mu.
   std::vector<Slot> slots;
-  uint64_t file_bytes = 0;                          // invariant: == end of the last slot
+  uint64_t file_bytes = 0;                              // invariant: == end of the last slot
   std::map<Ticket, std::unique_ptr<Request>> requests;  // submitted, not yet retired
-  std::deque<Request*> queue;                       // submitted, not yet handed to libuv
-  uint32_t inflight = 0;                            // invariant: <= max_inflight
-  uint32_t unfinished = 0;                          // queued + in flight
+  std::deque<Request*> queue;                           // submitted, not yet handed to libuv
+  uint32_t inflight = 0;                                // invariant: <= max_inflight
+  uint32_t unfinished = 0;                              // queued + in flight
   Ticket next_ticket = 1;
   std::array<Fault, 3> faults;  // indexed by FaultKind
   Stats stats;
@@ -319,7 +319,7 @@ NvmeStore::NvmeStore(const std::string& dir, uint32_t max_inflight, bool try_dir
   Impl& s = *impl_;
   require(max_inflight > 0, PSTAR_ERR_INVALID_ARGUMENT, "nvme store: max_inflight must be positive");
   s.max_inflight = max_inflight;
-  struct stat st{};
+  struct stat st {};
   if (::stat(dir.c_str(), &st) != 0) {
     const int err = errno;
     throw Error(err == ENOENT || err == ENOTDIR ? PSTAR_ERR_INVALID_ARGUMENT : PSTAR_ERR_IO,
@@ -456,7 +456,7 @@ void NvmeStore::wait_all() {
 }
 
 void NvmeStore::check_file() const {
-  struct stat st{};
+  struct stat st {};
   const int err = ::fstat(impl_->fd, &st) == 0 ? 0 : errno;
   require(err == 0, PSTAR_ERR_IO, [&] { return "nvme store " + impl_->path + ": fstat: " + errno_text(err); });
   require(st.st_nlink > 0, PSTAR_ERR_IO,

@@ -27,16 +27,16 @@ struct AdamHyper {
 
 // Per-step constants.
 struct AdamStepConstants {
-  float grad_mul;       // 1 / (loss_scale) * clip_coef
+  float grad_mul;  // 1 / (loss_scale) * clip_coef
   float beta1;
   float one_minus_beta1;
   float beta2;
   float one_minus_beta2;
-  float step_size;      // lr / (1 - beta1^t)
-  float inv_sqrt_bc2;   // 1 / sqrt(1 - beta2^t)
+  float step_size;     // lr / (1 - beta1^t)
+  float inv_sqrt_bc2;  // 1 / sqrt(1 - beta2^t)
   float eps;
-  float l2;             // weight decay added to the gradient (Adam), else 0
-  float decay_mul;      // 1 - lr * weight_decay (AdamW), else 1
+  float l2;         // weight decay added to the gradient (Adam), else 0
+  float decay_mul;  // 1 - lr * weight_decay (AdamW), else 1
 };
 
 // `step` is the 1-based step count after this update.  `decay` says whether

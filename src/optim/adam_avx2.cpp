@@ -67,8 +67,7 @@ PSTAR_AVX2 __m256i bf16_round_hi(__m256 f) {
   const __m256i x = _mm256_castps_si256(f);
   const __m256i abs = _mm256_and_si256(x, _mm256_set1_epi32(0x7fffffff));
   const __m256i is_nan = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(0x7f800000));
-  const __m256i is_sub =
-      _mm256_cmpeq_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x7f800000)), _mm256_setzero_si256());
+  const __m256i is_sub = _mm256_cmpeq_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x7f800000)), _mm256_setzero_si256());
   // Subnormal (or zero) input: keep the sign only.
   const __m256i xz = _mm256_andnot_si256(_mm256_and_si256(is_sub, _mm256_set1_epi32(0x7fffffff)), x);
   const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(xz, 16), _mm256_set1_epi32(1));
@@ -189,12 +188,8 @@ void run_dtype(const AdamStepConstants& c, const AdamRange& r) {
 
 void adam_update_avx2(const AdamStepConstants& c, const AdamRange& r) {
   switch (r.dtype) {
-    case PSTAR_DTYPE_F16:
-      run_dtype<PSTAR_DTYPE_F16>(c, r);
-      return;
-    case PSTAR_DTYPE_F32:
-      run_dtype<PSTAR_DTYPE_F32>(c, r);
-      return;
+    case PSTAR_DTYPE_F16: run_dtype<PSTAR_DTYPE_F16>(c, r); return;
+    case PSTAR_DTYPE_F32: run_dtype<PSTAR_DTYPE_F32>(c, r); return;
     default:  // bf16, as store_as() treats every other value
       run_dtype<PSTAR_DTYPE_BF16>(c, r);
       return;

@@ -115,64 +115,62 @@ PSTAR_AVX512 __m512 load_grad_full(const float* g32, const void* slot, size_t i)
 }
 
 // The kernel body; BF16_EMIT(x) turns sixteen fp32 lanes into sixteen bf16.
-#define PSTAR_ADAM512_BODY(BF16_EMIT)                                                           \
-  const Consts k = make_consts(c);                                                              \
-  float* const master = r.master;                                                               \
-  float* const exp_avg = r.exp_avg;                                                             \
-  float* const exp_avg_sq = r.exp_avg_sq;                                                       \
-  void* const slot = r.slot; /* locals: stores through float* could alias r */                  \
-  const float* const g32 = r.grad_f32;                                                          \
-  const size_t n = r.n;                                                                         \
-  size_t i = 0;                                                                                 \
-  for (; i + 32 <= n; i += 32) {                                                                \
-    const __m512 g0 = load_grad_full<D, kGradF32>(g32, slot, i);                                \
-    const __m512 g1 = load_grad_full<D, kGradF32>(g32, slot, i + 16);                           \
-    __m512 p0 = _mm512_loadu_ps(master + i), p1 = _mm512_loadu_ps(master + i + 16);             \
-    __m512 m0 = _mm512_loadu_ps(exp_avg + i), m1 = _mm512_loadu_ps(exp_avg + i + 16);           \
-    __m512 v0 = _mm512_loadu_ps(exp_avg_sq + i), v1 = _mm512_loadu_ps(exp_avg_sq + i + 16);     \
-    adam16(k, g0, p0, m0, v0);                                                                  \
-    adam16(k, g1, p1, m1, v1);                                                                  \
-    _mm512_storeu_ps(master + i, p0);                                                           \
-    _mm512_storeu_ps(master + i + 16, p1);                                                      \
-    _mm512_storeu_ps(exp_avg + i, m0);                                                          \
-    _mm512_storeu_ps(exp_avg + i + 16, m1);                                                     \
-    _mm512_storeu_ps(exp_avg_sq + i, v0);                                                       \
-    _mm512_storeu_ps(exp_avg_sq + i + 16, v1);                                                  \
-    if (D == PSTAR_DTYPE_F32) {                                                                 \
-      float* s = static_cast<float*>(slot) + i;                                                 \
-      _mm512_storeu_ps(s, p0);                                                                  \
-      _mm512_storeu_ps(s + 16, p1);                                                             \
-    } else {                                                                                    \
-      __m256i* s = reinterpret_cast<__m256i*>(static_cast<uint16_t*>(slot) + i);                \
-      if (D == PSTAR_DTYPE_F16) {                                                               \
-        _mm256_storeu_si256(s, _mm512_cvtps_ph(p0, _MM_FROUND_TO_NEAREST_INT));                 \
-        _mm256_storeu_si256(s + 1, _mm512_cvtps_ph(p1, _MM_FROUND_TO_NEAREST_INT));             \
-      } else {                                                                                  \
-        _mm256_storeu_si256(s, BF16_EMIT(p0));                                                  \
-        _mm256_storeu_si256(s + 1, BF16_EMIT(p1));                                              \
-      }                                                                                         \
-    }                                                                                           \
-  }                                                                                             \
-  for (; i < n; i += 16) {                                                                      \
-    const size_t left = n - i;                                                                  \
-    const __mmask16 mask = left >= 16 ? static_cast<__mmask16>(0xffff)                          \
-                                      : static_cast<__mmask16>((1u << left) - 1u);              \
-    const __m512 g = load_grad<D, kGradF32>(g32, slot, i, mask);                                \
-    __m512 p = _mm512_maskz_loadu_ps(mask, master + i);                                         \
-    __m512 m = _mm512_maskz_loadu_ps(mask, exp_avg + i);                                        \
-    __m512 v = _mm512_maskz_loadu_ps(mask, exp_avg_sq + i);                                     \
-    adam16(k, g, p, m, v);                                                                      \
-    _mm512_mask_storeu_ps(master + i, mask, p);                                                 \
-    _mm512_mask_storeu_ps(exp_avg + i, mask, m);                                                \
-    _mm512_mask_storeu_ps(exp_avg_sq + i, mask, v);                                             \
-    if (D == PSTAR_DTYPE_F32) {                                                                 \
-      _mm512_mask_storeu_ps(static_cast<float*>(slot) + i, mask, p);                            \
-    } else if (D == PSTAR_DTYPE_F16) {                                                          \
-      _mm256_mask_storeu_epi16(static_cast<uint16_t*>(slot) + i, mask,                          \
-                               _mm512_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT));                  \
-    } else {                                                                                    \
-      _mm256_mask_storeu_epi16(static_cast<uint16_t*>(slot) + i, mask, BF16_EMIT(p));           \
-    }                                                                                           \
+#define PSTAR_ADAM512_BODY(BF16_EMIT)                                                                                  \
+  const Consts k = make_consts(c);                                                                                     \
+  float* const master = r.master;                                                                                      \
+  float* const exp_avg = r.exp_avg;                                                                                    \
+  float* const exp_avg_sq = r.exp_avg_sq;                                                                              \
+  void* const slot = r.slot; /* locals: stores through float* could alias r */                                         \
+  const float* const g32 = r.grad_f32;                                                                                 \
+  const size_t n = r.n;                                                                                                \
+  size_t i = 0;                                                                                                        \
+  for (; i + 32 <= n; i += 32) {                                                                                       \
+    const __m512 g0 = load_grad_full<D, kGradF32>(g32, slot, i);                                                       \
+    const __m512 g1 = load_grad_full<D, kGradF32>(g32, slot, i + 16);                                                  \
+    __m512 p0 = _mm512_loadu_ps(master + i), p1 = _mm512_loadu_ps(master + i + 16);                                    \
+    __m512 m0 = _mm512_loadu_ps(exp_avg + i), m1 = _mm512_loadu_ps(exp_avg + i + 16);                                  \
+    __m512 v0 = _mm512_loadu_ps(exp_avg_sq + i), v1 = _mm512_loadu_ps(exp_avg_sq + i + 16);                            \
+    adam16(k, g0, p0, m0, v0);                                                                                         \
+    adam16(k, g1, p1, m1, v1);                                                                                         \
+    _mm512_storeu_ps(master + i, p0);                                                                                  \
+    _mm512_storeu_ps(master + i + 16, p1);                                                                             \
+    _mm512_storeu_ps(exp_avg + i, m0);                                                                                 \
+    _mm512_storeu_ps(exp_avg + i + 16, m1);                                                                            \
+    _mm512_storeu_ps(exp_avg_sq + i, v0);                                                                              \
+    _mm512_storeu_ps(exp_avg_sq + i + 16, v1);                                                                         \
+    if (D == PSTAR_DTYPE_F32) {                                                                                        \
+      float* s = static_cast<float*>(slot) + i;                                                                        \
+      _mm512_storeu_ps(s, p0);                                                                                         \
+      _mm512_storeu_ps(s + 16, p1);                                                                                    \
+    } else {                                                                                                           \
+      __m256i* s = reinterpret_cast<__m256i*>(static_cast<uint16_t*>(slot) + i);                                       \
+      if (D == PSTAR_DTYPE_F16) {                                                                                      \
+        _mm256_storeu_si256(s, _mm512_cvtps_ph(p0, _MM_FROUND_TO_NEAREST_INT));                                        \
+        _mm256_storeu_si256(s + 1, _mm512_cvtps_ph(p1, _MM_FROUND_TO_NEAREST_INT));                                    \
+      } else {                                                                                                         \
+        _mm256_storeu_si256(s, BF16_EMIT(p0));                                                                         \
+        _mm256_storeu_si256(s + 1, BF16_EMIT(p1));                                                                     \
+      }                                                                                                                \
+    }                                                                                                                  \
+  }                                                                                                                    \
+  for (; i < n; i += 16) {                                                                                             \
+    const size_t left = n - i;                                                                                         \
+    const __mmask16 mask = left >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << left) - 1u);    \
+    const __m512 g = load_grad<D, kGradF32>(g32, slot, i, mask);                                                       \
+    __m512 p = _mm512_maskz_loadu_ps(mask, master + i);                                                                \
+    __m512 m = _mm512_maskz_loadu_ps(mask, exp_avg + i);                                                               \
+    __m512 v = _mm512_maskz_loadu_ps(mask, exp_avg_sq + i);                                                            \
+    adam16(k, g, p, m, v);                                                                                             \
+    _mm512_mask_storeu_ps(master + i, mask, p);                                                                        \
+    _mm512_mask_storeu_ps(exp_avg + i, mask, m);                                                                       \
+    _mm512_mask_storeu_ps(exp_avg_sq + i, mask, v);                                                                    \
+    if (D == PSTAR_DTYPE_F32) {                                                                                        \
+      _mm512_mask_storeu_ps(static_cast<float*>(slot) + i, mask, p);                                                   \
+    } else if (D == PSTAR_DTYPE_F16) {                                                                                 \
+      _mm256_mask_storeu_epi16(static_cast<uint16_t*>(slot) + i, mask, _mm512_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT)); \
+    } else {                                                                                                           \
+      _mm256_mask_storeu_epi16(static_cast<uint16_t*>(slot) + i, mask, BF16_EMIT(p));                                  \
+    }                                                                                                                  \
   }
 
 template <pstar_dtype D, bool kGradF32>
@@ -213,12 +211,8 @@ void run_dtype(const AdamStepConstants& c, const AdamRange& r, bool native_bf16)
 // `native_bf16`: the CPU has AVX512-BF16 (the caller checked).
 void adam_update_avx512(const AdamStepConstants& c, const AdamRange& r, bool native_bf16) {
   switch (r.dtype) {
-    case PSTAR_DTYPE_F16:
-      run_dtype<PSTAR_DTYPE_F16>(c, r, native_bf16);
-      return;
-    case PSTAR_DTYPE_F32:
-      run_dtype<PSTAR_DTYPE_F32>(c, r, native_bf16);
-      return;
+    case PSTAR_DTYPE_F16: run_dtype<PSTAR_DTYPE_F16>(c, r, native_bf16); return;
+    case PSTAR_DTYPE_F32: run_dtype<PSTAR_DTYPE_F32>(c, r, native_bf16); return;
     default:  // bf16, as store_as() treats every other value
       run_dtype<PSTAR_DTYPE_BF16>(c, r, native_bf16);
       return;

@@ -71,12 +71,9 @@ void adam_update_scalar(const AdamStepConstants& c, const AdamRange& r) {
 
 bool adam_isa_supported(AdamIsa isa) {
   switch (isa) {
-    case AdamIsa::kScalar:
-      return true;
-    case AdamIsa::kAvx2:
-      return cpu().avx2;
-    case AdamIsa::kAvx512:
-      return cpu().avx512;
+    case AdamIsa::kScalar: return true;
+    case AdamIsa::kAvx2: return cpu().avx2;
+    case AdamIsa::kAvx512: return cpu().avx512;
   }
   return false;
 }
@@ -104,9 +101,7 @@ AdamIsa adam_default_isa() {
 
 void adam_update(AdamIsa isa, const AdamStepConstants& c, const AdamRange& r) {
   switch (isa) {
-    case AdamIsa::kScalar:
-      adam_update_scalar(c, r);
-      return;
+    case AdamIsa::kScalar: adam_update_scalar(c, r); return;
     case AdamIsa::kAvx2:
       if (!cpu().avx2) break;
       adam_update_avx2(c, r);

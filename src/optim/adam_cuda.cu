@@ -146,11 +146,11 @@ void launch(cudaStream_t s, const AdamStepConstants& c, const AdamRange& r) {
     const size_t threads = std::max<size_t>(n4, 8);
     const int blocks = static_cast<int>(std::min<size_t>((threads + kThreads - 1) / kThreads, max_blocks));
     if (r.grad_f32 != nullptr) {
-      adam_kernel_vec<D, true><<<blocks, kThreads, 0, s>>>(c, r.master, r.exp_avg, r.exp_avg_sq, r.slot, r.grad_f32,
-                                                           head, n4, r.n);
+      adam_kernel_vec<D, true>
+          <<<blocks, kThreads, 0, s>>>(c, r.master, r.exp_avg, r.exp_avg_sq, r.slot, r.grad_f32, head, n4, r.n);
     } else {
-      adam_kernel_vec<D, false><<<blocks, kThreads, 0, s>>>(c, r.master, r.exp_avg, r.exp_avg_sq, r.slot, nullptr,
-                                                            head, n4, r.n);
+      adam_kernel_vec<D, false>
+          <<<blocks, kThreads, 0, s>>>(c, r.master, r.exp_avg, r.exp_avg_sq, r.slot, nullptr, head, n4, r.n);
     }
     return;
   }

@@ -62,8 +62,14 @@ class LruPolicy {
   }
 
   void unlink(uint32_t c) {
-    if (prev_[c] != kNone) next_[prev_[c]] = next_[c]; else head_ = next_[c];
-    if (next_[c] != kNone) prev_[next_[c]] = prev_[c]; else tail_ = prev_[c];
+    if (prev_[c] != kNone)
+      next_[prev_[c]] = next_[c];
+    else
+      head_ = next_[c];
+    if (next_[c] != kNone)
+      prev_[next_[c]] = prev_[c];
+    else
+      tail_ = prev_[c];
     linked_[c] = 0;
     --size_;
   }
@@ -71,7 +77,7 @@ class LruPolicy {
   std::vector<uint32_t> prev_, next_;  // links, valid while linked_[c]
   std::vector<uint8_t> linked_;        // 1 while the chunk is in the list
   uint32_t head_ = kNone, tail_ = kNone;
-  size_t size_ = 0;                    // invariant: number of linked chunks
+  size_t size_ = 0;  // invariant: number of linked chunks
 };
 
 }  // namespace pstar::placement

@@ -108,16 +108,15 @@ class OptPolicy {
   size_t size() const { return size_; }
 
  private:
-
   bool test(uint64_t k) const { return (bits_[k / 64] >> (k % 64)) & 1u; }
 
-  std::vector<uint64_t> bits_;     // bit k: some chunk is keyed k
-  std::vector<uint64_t> summary_;  // bit w: bits_[w] != 0
-  std::vector<uint32_t> owner_;    // chunk keyed k, valid where bit k is set
-  std::vector<uint64_t> key_;      // per chunk: its key, or kAbsent
-  std::vector<uint32_t> never_;    // chunks keyed kNeverKey
+  std::vector<uint64_t> bits_;       // bit k: some chunk is keyed k
+  std::vector<uint64_t> summary_;    // bit w: bits_[w] != 0
+  std::vector<uint32_t> owner_;      // chunk keyed k, valid where bit k is set
+  std::vector<uint64_t> key_;        // per chunk: its key, or kAbsent
+  std::vector<uint32_t> never_;      // chunks keyed kNeverKey
   std::vector<uint32_t> never_pos_;  // index in never_, valid while keyed kNeverKey
-  size_t size_ = 0;                // resident chunks keyed
+  size_t size_ = 0;                  // resident chunks keyed
 };
 
 }  // namespace pstar::placement

@@ -38,8 +38,8 @@ PSTAR_HD uint16_t f32_to_f16(float f) {
     return static_cast<uint16_t>(sign | 0x7c00u | (ax > 0x7f800000u ? (0x0200u | ((ax >> 13) & 0x3ffu)) : 0u));
   }
   if (ax >= 0x47800000u) return static_cast<uint16_t>(sign | 0x7c00u);  // >= 2^16: inf
-  if (ax < 0x38800000u) {                                                 // below 2^-14: subnormal
-    if (ax < 0x33000000u) return static_cast<uint16_t>(sign);             // <= 2^-25 rounds to 0
+  if (ax < 0x38800000u) {                                               // below 2^-14: subnormal
+    if (ax < 0x33000000u) return static_cast<uint16_t>(sign);           // <= 2^-25 rounds to 0
     const uint32_t e = ax >> 23;
     const uint32_t m = (ax & 0x7fffffu) | 0x800000u;
     const uint32_t shift = 126u - e;  // value in units of 2^-24 is m >> shift
@@ -86,9 +86,7 @@ PSTAR_HD float bf16_to_f32(uint16_t b) { return f32_from_bits(static_cast<uint32
 // Bytes per element of a dtype.
 inline size_t dtype_size(pstar_dtype d) { return d == PSTAR_DTYPE_F32 ? 4u : 2u; }
 
-inline bool dtype_valid(int d) {
-  return d == PSTAR_DTYPE_F32 || d == PSTAR_DTYPE_F16 || d == PSTAR_DTYPE_BF16;
-}
+inline bool dtype_valid(int d) { return d == PSTAR_DTYPE_F32 || d == PSTAR_DTYPE_F16 || d == PSTAR_DTYPE_BF16; }
 
 const char* dtype_name(pstar_dtype d);
 

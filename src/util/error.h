@@ -13,8 +13,7 @@ namespace pstar {
 
 class Error : public std::runtime_error {
  public:
-  Error(pstar_status status, const std::string& message)
-      : std::runtime_error(message), status_(status) {}
+  Error(pstar_status status, const std::string& message) : std::runtime_error(message), status_(status) {}
   pstar_status status() const noexcept { return status_; }
 
  private:

@@ -49,12 +49,12 @@ struct UsageError : std::runtime_error {
 struct Hardware {
   uint32_t gpus_per_node = 1;
   uint32_t nodes = 1;
-  double gpu_mem = 0;                           // bytes per GPU
-  double gpu_reserve = -1;                      // bytes per GPU kept from the engine; < 0: 10% of gpu_mem
-  double host_mem = 0;                          // bytes per node, shared by its ranks
-  double host_reserve = 4 * kGiB;               // bytes per rank kept from the model data
-  double nvme = 0;                              // bytes per node for the NVMe tier (one rank only)
-  double nvme_read = PSTAR_X_DEFAULT_NVME_READ_BYTES_PER_S;    // bytes/s of the drive
+  double gpu_mem = 0;                                        // bytes per GPU
+  double gpu_reserve = -1;                                   // bytes per GPU kept from the engine; < 0: 10% of gpu_mem
+  double host_mem = 0;                                       // bytes per node, shared by its ranks
+  double host_reserve = 4 * kGiB;                            // bytes per rank kept from the model data
+  double nvme = 0;                                           // bytes per node for the NVMe tier (one rank only)
+  double nvme_read = PSTAR_X_DEFAULT_NVME_READ_BYTES_PER_S;  // bytes/s of the drive
   double nvme_write = PSTAR_X_DEFAULT_NVME_WRITE_BYTES_PER_S;
   double h2d = PSTAR_DEFAULT_LINK_BYTES_PER_S;  // bytes/s per GPU
   double d2h = PSTAR_DEFAULT_LINK_BYTES_PER_S;
@@ -636,9 +636,11 @@ struct Planner {
     ev.drive_s = double(ev.nvme_bytes) / hw.nvme_read + double(ev.nvme_bytes) / hw.nvme_write;
     ev.step_s = ev.run.last.clock_seconds - std::min(ev.adam_s, ev.drive_s);
     if (args.verbose)
-      std::fprintf(stderr, "pstar-plan: dry run %u (NVMe): %u layers, %.3fB params: %s, %u chunks (%.1f GiB) on the "
-                   "drive, step %.3f s\n", dry_runs, layers, ev.params / 1e9,
-                   ev.fits() ? "fits" : ev.run.message.c_str(), ev.nvme_chunks, ev.nvme_bytes / kGiB, ev.step_s);
+      std::fprintf(stderr,
+                   "pstar-plan: dry run %u (NVMe): %u layers, %.3fB params: %s, %u chunks (%.1f GiB) on the "
+                   "drive, step %.3f s\n",
+                   dry_runs, layers, ev.params / 1e9, ev.fits() ? "fits" : ev.run.message.c_str(), ev.nvme_chunks,
+                   ev.nvme_bytes / kGiB, ev.step_s);
     return nvme_cache.emplace(key, std::move(ev)).first->second;
   }
 
@@ -1008,9 +1010,9 @@ int run(int argc, char** argv) {
   const bool nvme_modelled = hw.nvme > 0 && hw.world() == 1;
   const Evaluation* top_nvme = nullptr;
   if (nvme_modelled && a.search) {
-    const uint32_t cap_nvme =
-        uint32_t(std::min(1e6, (host_total + hw.nvme) / (bytes_per_param * per_layer))) + 1;
-    const uint32_t n = largest_layers(cap_nvme, [&](uint32_t layers) { return pl.evaluate_nvme(layers, chunk).fits(); });
+    const uint32_t cap_nvme = uint32_t(std::min(1e6, (host_total + hw.nvme) / (bytes_per_param * per_layer))) + 1;
+    const uint32_t n =
+        largest_layers(cap_nvme, [&](uint32_t layers) { return pl.evaluate_nvme(layers, chunk).fits(); });
     if (n) top_nvme = &pl.evaluate_nvme(n, chunk);
   } else if (nvme_modelled) {
     const Evaluation& e = pl.evaluate_nvme(a.shape.layers, chunk);
@@ -1146,11 +1148,12 @@ int run(int argc, char** argv) {
   }
   if (nvme_modelled) {
     if (top_nvme)
-      std::printf("with the NVMe tier (%s drive, %.1f / %.1f GB/s): %u layers, %.2fB params, %s of optimizer state on "
-                  "the drive (%u chunks), drive %.3f s per step, step %.3f s\n",
-                  fmt_bytes(hw.nvme).c_str(), hw.nvme_read / 1e9, hw.nvme_write / 1e9, top_nvme->shape.layers,
-                  top_nvme->params / 1e9, fmt_bytes(double(top_nvme->nvme_bytes)).c_str(), top_nvme->nvme_chunks,
-                  top_nvme->drive_s, top_nvme->step_s);
+      std::printf(
+          "with the NVMe tier (%s drive, %.1f / %.1f GB/s): %u layers, %.2fB params, %s of optimizer state on "
+          "the drive (%u chunks), drive %.3f s per step, step %.3f s\n",
+          fmt_bytes(hw.nvme).c_str(), hw.nvme_read / 1e9, hw.nvme_write / 1e9, top_nvme->shape.layers,
+          top_nvme->params / 1e9, fmt_bytes(double(top_nvme->nvme_bytes)).c_str(), top_nvme->nvme_chunks,
+          top_nvme->drive_s, top_nvme->step_s);
     else
       std::printf("with the NVMe tier: none\n");
   }

@@ -86,8 +86,8 @@ long parse_integer(const std::string& option, const std::string& text, long lo, 
   const long v = std::strtol(text.c_str(), &end, 10);
   if (text.empty() || *end != '\0' || errno == ERANGE || v < lo || v > hi ||
       !(std::isdigit(static_cast<unsigned char>(text[0]))))
-    usage_error(option + " takes an integer in " + std::to_string(lo) + ".." + std::to_string(hi) +
-                ", not '" + text + "'");
+    usage_error(option + " takes an integer in " + std::to_string(lo) + ".." + std::to_string(hi) + ", not '" + text +
+                "'");
   return v;
 }
 
@@ -95,11 +95,9 @@ double parse_seconds(const std::string& option, const std::string& text, bool ze
   errno = 0;
   char* end = nullptr;
   const double v = std::strtod(text.c_str(), &end);
-  if (text.empty() || *end != '\0' || errno == ERANGE || !std::isfinite(v) || v < 0 ||
-      (v == 0 && !zero_ok) || v > 1e7 ||
-      !(std::isdigit(static_cast<unsigned char>(text[0])) || text[0] == '.'))
-    usage_error(option + " takes a number of seconds" + (zero_ok ? "" : " above 0") + ", not '" +
-                text + "'");
+  if (text.empty() || *end != '\0' || errno == ERANGE || !std::isfinite(v) || v < 0 || (v == 0 && !zero_ok) ||
+      v > 1e7 || !(std::isdigit(static_cast<unsigned char>(text[0])) || text[0] == '.'))
+    usage_error(option + " takes a number of seconds" + (zero_ok ? "" : " above 0") + ", not '" + text + "'");
   return v;
 }
 
@@ -177,8 +175,7 @@ int pick_free_port(const std::string& addr) {
     }
     sockaddr_storage bound{};
     socklen_t len = sizeof bound;
-    if (bind(s, a->ai_addr, a->ai_addrlen) == 0 &&
-        getsockname(s, reinterpret_cast<sockaddr*>(&bound), &len) == 0) {
+    if (bind(s, a->ai_addr, a->ai_addrlen) == 0 && getsockname(s, reinterpret_cast<sockaddr*>(&bound), &len) == 0) {
       if (bound.ss_family == AF_INET)
         port = ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
       else if (bound.ss_family == AF_INET6)
@@ -296,8 +293,7 @@ sigset_t handled_signals() {
 // Installs the handlers, and unblocks their signals in case the parent left
 // them blocked (the ranks inherit this mask).
 void install_handlers() {
-  if (pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0)
-    fatal(std::string("pipe: ") + std::strerror(errno));
+  if (pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0) fatal(std::string("pipe: ") + std::strerror(errno));
   struct sigaction sa {};
   sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);
@@ -336,14 +332,18 @@ void check_program(const std::string& program) {
 // torchrun worker: its ranks meet at pstar-run's port, where rank 0 serves
 // libpstar's store, not at torchrun's).
 std::vector<std::string> inherited_environment() {
-  static const char* const kOwn[] = {"RANK",        "WORLD_SIZE",  "LOCAL_RANK", "LOCAL_WORLD_SIZE",
-                                     "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE"};
+  static const char* const kOwn[] = {"RANK",
+                                     "WORLD_SIZE",
+                                     "LOCAL_RANK",
+                                     "LOCAL_WORLD_SIZE",
+                                     "MASTER_ADDR",
+                                     "MASTER_PORT",
+                                     "TORCHELASTIC_USE_AGENT_STORE"};
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string entry = *e;
     const std::string name = entry.substr(0, entry.find('='));
-    if (std::none_of(std::begin(kOwn), std::end(kOwn), [&](const char* o) { return name == o; }))
-      env.push_back(entry);
+    if (std::none_of(std::begin(kOwn), std::end(kOwn), [&](const char* o) { return name == o; })) env.push_back(entry);
   }
   return env;
 }
@@ -367,8 +367,7 @@ bool start_rank(Rank& r, const Options& o, int port, const std::vector<std::stri
 
   int out[2] = {-1, -1}, err[2] = {-1, -1};
   if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) {
-    std::fprintf(stderr, "pstar-run: cannot start rank %d: pipe: %s\n", r.index,
-                 std::strerror(errno));
+    std::fprintf(stderr, "pstar-run: cannot start rank %d: pipe: %s\n", r.index, std::strerror(errno));
     for (int fd : {out[0], out[1]})
       if (fd >= 0) close(fd);
     return false;
@@ -382,8 +381,7 @@ bool start_rank(Rank& r, const Options& o, int port, const std::vector<std::stri
   const pid_t parent = getpid();
   const pid_t pid = fork();
   if (pid < 0) {
-    std::fprintf(stderr, "pstar-run: cannot start rank %d: fork: %s\n", r.index,
-                 std::strerror(errno));
+    std::fprintf(stderr, "pstar-run: cannot start rank %d: fork: %s\n", r.index, std::strerror(errno));
     sigprocmask(SIG_SETMASK, &old, nullptr);
     for (int fd : {out[0], out[1], err[0], err[1]}) close(fd);
     return false;
@@ -411,8 +409,7 @@ bool start_rank(Rank& r, const Options& o, int port, const std::vector<std::stri
     environ = envp.data();
     execvp(argv[0], argv.data());
     const int e = errno;
-    const std::string msg =
-        "pstar-run: cannot execute " + o.program[0] + ": " + std::strerror(e) + "\n";
+    const std::string msg = "pstar-run: cannot execute " + o.program[0] + ": " + std::strerror(e) + "\n";
     [[maybe_unused]] const ssize_t w = write(STDERR_FILENO, msg.data(), msg.size());
     _exit(e == ENOENT ? 127 : 126);
   }
@@ -438,8 +435,7 @@ void signal_rank(const Rank& r, int signo) {
 std::string describe_status(int status) {
   if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
   if (WIFSIGNALED(status))
-    return "was killed by signal " + std::to_string(WTERMSIG(status)) + " (" +
-           strsignal(WTERMSIG(status)) + ")";
+    return "was killed by signal " + std::to_string(WTERMSIG(status)) + " (" + strsignal(WTERMSIG(status)) + ")";
   return "ended with wait status " + std::to_string(status);
 }
 
@@ -481,12 +477,10 @@ class Supervisor {
         for (const Rank& r : ranks_) signal_rank(r, SIGKILL);
         kill_at_.reset();
       }
-      const bool all_exited =
-          std::none_of(ranks_.begin(), ranks_.end(), [](const Rank& r) { return r.running; });
+      const bool all_exited = std::none_of(ranks_.begin(), ranks_.end(), [](const Rank& r) { return r.running; });
       if (all_exited) {
         if (!drain_until) drain_until = now + seconds(kDrainSeconds);
-        const bool open = std::any_of(ranks_.begin(), ranks_.end(),
-                                      [](const Rank& r) { return r.output_open(); });
+        const bool open = std::any_of(ranks_.begin(), ranks_.end(), [](const Rank& r) { return r.output_open(); });
         if (!open || now >= *drain_until) break;
       }
 
@@ -512,8 +506,7 @@ class Supervisor {
       if (all_exited) earliest(drain_until);
       int wait_ms = -1;
       if (wake) {
-        const auto left =
-            std::chrono::duration_cast<std::chrono::milliseconds>(*wake - now).count();
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*wake - now).count();
         wait_ms = static_cast<int>(std::clamp<long long>(left + 1, 0, 60 * 60 * 1000));
       }
       const int rc = poll(fds.data(), fds.size(), wait_ms);
@@ -523,8 +516,7 @@ class Supervisor {
       }
       if (fds[0].revents & POLLIN) handle_signals();
       for (size_t i = 1; i < fds.size(); ++i)
-        if (fds[i].revents & (POLLIN | POLLHUP | POLLERR))
-          read_stream(owners[i]->prefix, *streams[i]);
+        if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) read_stream(owners[i]->prefix, *streams[i]);
     }
     // Output still open after the drain period (something a rank started
     // keeps its pipe): write what was read, stop listening.
@@ -590,8 +582,7 @@ class Supervisor {
           continue;
         }
         interrupted_ = signo;
-        std::fprintf(stderr, "pstar-run: got signal %d (%s); forwarding it to the ranks\n", signo,
-                     strsignal(signo));
+        std::fprintf(stderr, "pstar-run: got signal %d (%s); forwarding it to the ranks\n", signo, strsignal(signo));
         terminating_ = false;  // forward this signal even after a SIGTERM went out
         terminate(signo);
       }
@@ -609,8 +600,7 @@ class Supervisor {
 // Makes sure descriptors 0-2 exist, so that no pipe lands on them.
 void ensure_standard_fds() {
   for (int fd = 0; fd <= 2; ++fd)
-    if (fcntl(fd, F_GETFD) < 0 && open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY) < 0)
-      std::exit(1);
+    if (fcntl(fd, F_GETFD) < 0 && open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY) < 0) std::exit(1);
 }
 
 // Two pipes a rank: raise the soft open-file limit as far as allowed.

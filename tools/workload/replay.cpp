@@ -47,12 +47,9 @@ IterationFigures delta(const pstar_stats& a, const pstar_stats& b) {
 
 pstar_stage stage_of(Stage s) {
   switch (s) {
-    case Stage::Forward:
-      return PSTAR_STAGE_FORWARD;
-    case Stage::Backward:
-      return PSTAR_STAGE_BACKWARD;
-    case Stage::Recompute:
-      return PSTAR_STAGE_RECOMPUTE;
+    case Stage::Forward: return PSTAR_STAGE_FORWARD;
+    case Stage::Backward: return PSTAR_STAGE_BACKWARD;
+    case Stage::Recompute: return PSTAR_STAGE_RECOMPUTE;
   }
   return PSTAR_STAGE_FORWARD;
 }

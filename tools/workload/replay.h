@@ -31,13 +31,13 @@ struct ReplayConfig {
   // Set: replaces optimizer_seconds; called before each pstar_step with the
   // engine's statistics at that point (a result <= 0 advances nothing).
   std::function<double(const pstar_stats&)> optimizer_seconds_fn;
-  bool build_only = false;         // register and build, run nothing
+  bool build_only = false;  // register and build, run nothing
   // Non-empty (with options.record_timeline): pstar_trace_export() there at the end.
   std::string timeline_path;
   // Set: the engine gets this NVMe tier (experimental API) before build.
   bool use_nvme = false;
   pstar_x_nvme_options nvme{};
-  ReplayConfig();                  // options = the library's defaults
+  ReplayConfig();  // options = the library's defaults
 };
 
 // Counter deltas over one TRAIN iteration (begin to the end of its step).
@@ -67,7 +67,7 @@ struct ReplayResult {
   IterationFigures last;         // the last completed iteration
   double compute_seconds = 0.0;  // per iteration: sum of flops / flops_per_s
   uint64_t peak_nonmodel_reported = 0;
-  pstar_x_nvme_stats nvme{};     // at the end, with use_nvme
+  pstar_x_nvme_stats nvme{};  // at the end, with use_nvme
 
   bool ok() const { return status == PSTAR_OK; }
   bool out_of_memory() const { return status == PSTAR_ERR_OUT_OF_MEMORY; }

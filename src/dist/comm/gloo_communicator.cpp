@@ -214,7 +214,7 @@ class GlooCommunicator final : public Communicator {
   std::shared_ptr<gloo::Context> context_;
   bool failed_ = false;
   std::string failure_;
-  std::vector<float> scratch_;  // one received block of reduce_scatter_sum
+  std::vector<float> scratch_;      // one received block of reduce_scatter_sum
   std::vector<std::string> peers_;  // every rank's address as Gloo prints it
 };
 

@@ -86,8 +86,8 @@ NcclApi resolve_all(void* handle, const std::string& where, const char* source) 
     return "nccl: ncclGetVersion of " + api.path + " failed (" + std::string(api.GetErrorString(r)) + ")";
   });
   require(api.version >= kNcclMinVersion, PSTAR_ERR_UNSUPPORTED, [&] {
-    return "nccl: " + api.path + " (" + source + ") is NCCL " + nccl_version_string(api.version) +
-           "; libpstar needs " + nccl_version_string(kNcclMinVersion) +
+    return "nccl: " + api.path + " (" + source + ") is NCCL " + nccl_version_string(api.version) + "; libpstar needs " +
+           nccl_version_string(kNcclMinVersion) +
            " or newer (ncclCommInitRankConfig, ncclGetLastError); set PSTAR_NCCL_LIBRARY to a newer libnccl.so.2";
   });
   return api;
@@ -162,8 +162,8 @@ const NcclApi& nccl_api() {
     try {
       l.api = load_nccl(std::getenv("PSTAR_NCCL_LIBRARY"));
       l.ok = true;
-      log::info("nccl: using " + l.api.path + " (NCCL " + nccl_version_string(l.api.version) + ", " +
-                l.api.source + ")");
+      log::info("nccl: using " + l.api.path + " (NCCL " + nccl_version_string(l.api.version) + ", " + l.api.source +
+                ")");
     } catch (const Error& e) {
       l.error = e.what();
       log::debug(l.error);

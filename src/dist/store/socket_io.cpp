@@ -107,8 +107,7 @@ IoResult recv_all(int fd, void* data, std::size_t n, Clock::time_point deadline)
 std::string io_message(const IoResult& r, milliseconds timeout, const char* doing) {
   switch (r.io) {
     case Io::kOk: return "ok";
-    case Io::kTimedOut:
-      return "timed out after " + std::to_string(timeout.count()) + " ms while " + doing;
+    case Io::kTimedOut: return "timed out after " + std::to_string(timeout.count()) + " ms while " + doing;
     case Io::kClosed: return std::string("the server closed the connection while ") + doing;
     case Io::kFailed: return std::string(doing) + ": " + std::strerror(r.err);
   }

@@ -23,7 +23,6 @@ namespace pstar::dist {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using std::chrono::milliseconds;
 using net::deadline_after;
 using net::Io;
 using net::io_message;
@@ -31,7 +30,7 @@ using net::IoResult;
 using net::quote_key;
 using net::recv_all;
 using net::send_all;
-
+using std::chrono::milliseconds;
 
 net::Attempt try_connect_once(const std::string& host, std::uint16_t port, Clock::time_point deadline) {
   const net::Connected c = net::connect_tcp(host, port, deadline);
@@ -92,9 +91,9 @@ void StoreClient::fail(int status, const std::string& what, const std::string& d
 }
 
 void StoreClient::connect_until(Clock::time_point deadline, const std::string& what) {
-  const net::Attempt a = net::connect_retrying(
-      [this](Clock::time_point d) { return try_connect_once(options_.host, options_.port, d); }, deadline,
-      "the store server");
+  const net::Attempt a =
+      net::connect_retrying([this](Clock::time_point d) { return try_connect_once(options_.host, options_.port, d); },
+                            deadline, "the store server");
   if (a.fd < 0) fail(PSTAR_ERR_COMM, what, a.error);
   fd_ = a.fd;
   log::debug("store client " + endpoint_ + ": connected");
@@ -172,12 +171,10 @@ StoreClient::Bytes StoreClient::call(wire::Op op, const std::vector<std::string>
     fail(PSTAR_ERR_COMM, what, io_message(r, timeout, "receiving the response"));
   }
   switch (static_cast<wire::ResponseStatus>(status)) {
-    case wire::ResponseStatus::kOk:
-      break;
+    case wire::ResponseStatus::kOk: break;
     case wire::ResponseStatus::kNotANumber:
       fail(PSTAR_ERR_INVALID_ARGUMENT, what, "the stored value is not an int64 in decimal text");
-    case wire::ResponseStatus::kOverflow:
-      fail(PSTAR_ERR_INVALID_ARGUMENT, what, "the sum overflows int64");
+    case wire::ResponseStatus::kOverflow: fail(PSTAR_ERR_INVALID_ARGUMENT, what, "the sum overflows int64");
     default:
       close_connection();
       fail(PSTAR_ERR_COMM, what, "protocol error: unknown response status " + std::to_string(status));

@@ -50,7 +50,6 @@ namespace pstar::dist {
 
 class StoreClient final : public Store {
  public:
-
   // Connects and performs the handshake, retrying until connect_timeout.
   // Throws PSTAR_ERR_COMM (unreachable, timed out, version mismatch) or
   // PSTAR_ERR_INVALID_ARGUMENT (non-positive timeouts).

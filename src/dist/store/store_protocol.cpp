@@ -34,8 +34,7 @@ std::size_t request_body_bytes(const std::vector<std::string>& keys, std::size_t
   return n;
 }
 
-std::vector<std::uint8_t> encode_request_head(Op op, const std::vector<std::string>& keys,
-                                              std::size_t value_bytes) {
+std::vector<std::uint8_t> encode_request_head(Op op, const std::vector<std::string>& keys, std::size_t value_bytes) {
   const std::size_t body = request_body_bytes(keys, value_bytes);
   std::vector<std::uint8_t> head(kLengthPrefixBytes + body - value_bytes);
   std::uint8_t* p = head.data();
@@ -87,7 +86,8 @@ std::string parse_request(const std::uint8_t* body, std::size_t body_bytes, Requ
   // than the body it already sent.
   std::size_t left = body_bytes;
   const std::uint8_t* p = body;
-  if (left < kRequestFixedBytes) return "body of " + std::to_string(body_bytes) + " bytes is shorter than the fixed fields";
+  if (left < kRequestFixedBytes)
+    return "body of " + std::to_string(body_bytes) + " bytes is shorter than the fixed fields";
   if (!is_known_op(p[0])) return "unknown op " + std::to_string(p[0]);
   if (p[1] != 0 || p[2] != 0 || p[3] != 0) return "reserved bytes are not zero";
   out.op = static_cast<Op>(p[0]);

@@ -146,8 +146,7 @@ std::size_t request_body_bytes(const std::vector<std::string>& keys, std::size_t
 // prefix, the fixed fields and the keys.  The value's bytes follow it on the
 // wire (sent separately, so a large value is not copied).  The caller checks
 // the limits first.
-std::vector<std::uint8_t> encode_request_head(Op op, const std::vector<std::string>& keys,
-                                              std::size_t value_bytes);
+std::vector<std::uint8_t> encode_request_head(Op op, const std::vector<std::string>& keys, std::size_t value_bytes);
 
 // A request body as parsed by the server.  `value` points into the buffer
 // that was parsed and is valid only as long as it is.

@@ -327,8 +327,8 @@ struct StoreServer::Impl {
         return;
       }
       case Op::kCheck: {
-        respond_byte(c, std::all_of(r.keys.begin(), r.keys.end(),
-                                    [&](const std::string& k) { return data.count(k) != 0; }));
+        respond_byte(
+            c, std::all_of(r.keys.begin(), r.keys.end(), [&](const std::string& k) { return data.count(k) != 0; }));
         return;
       }
       case Op::kDelete: {
@@ -432,8 +432,8 @@ struct StoreServer::Impl {
     } else if (!c->greeted) {
       s->drop(c, "no complete handshake within " + ms + " ms (" + std::to_string(c->buffered()) + " bytes received)");
     } else {
-      s->drop(c, "stalled mid-frame for " + ms + " ms (" + std::to_string(c->buffered()) +
-                     " bytes of the frame received)");
+      s->drop(
+          c, "stalled mid-frame for " + ms + " ms (" + std::to_string(c->buffered()) + " bytes of the frame received)");
     }
   }
 
@@ -494,9 +494,9 @@ struct StoreServer::Impl {
       *buf = uv_buf_init(nullptr, 0);  // libuv reports UV_ENOBUFS to on_read
       return;
     }
-    *buf = uv_buf_init(reinterpret_cast<char*>(c->in.data() + c->in_end),
-                       static_cast<unsigned>(std::min<std::size_t>(c->in.size() - c->in_end,
-                                                                   std::numeric_limits<unsigned>::max())));
+    *buf = uv_buf_init(
+        reinterpret_cast<char*>(c->in.data() + c->in_end),
+        static_cast<unsigned>(std::min<std::size_t>(c->in.size() - c->in_end, std::numeric_limits<unsigned>::max())));
   }
 
   static void on_read(uv_stream_t* stream, ssize_t nread, const uv_buf_t*) {
@@ -600,7 +600,8 @@ StoreServer::StoreServer(StoreServerOptions options) : impl_(std::make_unique<Im
   hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
   addrinfo* found = nullptr;
   const std::string service = std::to_string(s.options.port);
-  const int gai = getaddrinfo(s.options.host.empty() ? nullptr : s.options.host.c_str(), service.c_str(), &hints, &found);
+  const int gai =
+      getaddrinfo(s.options.host.empty() ? nullptr : s.options.host.c_str(), service.c_str(), &hints, &found);
   if (gai != 0 || found == nullptr) {
     throw Error(PSTAR_ERR_INVALID_ARGUMENT,
                 "store server " + wanted + ": cannot resolve the host: " + gai_strerror(gai));
@@ -632,7 +633,7 @@ StoreServer::StoreServer(StoreServerOptions options) : impl_(std::make_unique<Im
     throw Error(PSTAR_ERR_COMM, "store server " + wanted + ": " + failed_call + ": " + uv_message(rc));
   }
   s.port = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
-                                              : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+                                             : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
   s.endpoint = s.options.host + ":" + std::to_string(s.port);
   uv_async_init(&s.loop, &s.stop_async, Impl::on_stop);
   s.stop_async.data = &s;

@@ -15,11 +15,10 @@
 namespace pstar::dist {
 namespace {
 
-using std::chrono::milliseconds;
 using net::Io;
 using net::IoResult;
+using std::chrono::milliseconds;
 using tcpstore::Query;
-
 
 // A request under construction: integers little-endian, strings as a u64
 // length and their bytes.
@@ -90,8 +89,7 @@ net::Attempt try_connect_once(const std::string& host, std::uint16_t port, net::
   if (r.io == Io::kTimedOut) {
     // Fatal even when the caller's deadline cut the wait short: there is no
     // time left to retry in, and the message says what was seen.
-    const auto waited =
-        std::chrono::duration_cast<milliseconds>(net::Clock::now() - handshake_start).count();
+    const auto waited = std::chrono::duration_cast<milliseconds>(net::Clock::now() - handshake_start).count();
     return {-1, true,
             "the server accepted the connection but did not answer the handshake (VALIDATE, PING) within " +
                 std::to_string(waited) +
@@ -134,9 +132,9 @@ void TcpStoreClient::fail(int status, const std::string& what, const std::string
 }
 
 void TcpStoreClient::connect_until(Clock::time_point deadline, const std::string& what) {
-  const net::Attempt a = net::connect_retrying(
-      [this](Clock::time_point d) { return try_connect_once(options_.host, options_.port, d); }, deadline,
-      "the TCPStore");
+  const net::Attempt a =
+      net::connect_retrying([this](Clock::time_point d) { return try_connect_once(options_.host, options_.port, d); },
+                            deadline, "the TCPStore");
   if (a.fd < 0) fail(PSTAR_ERR_COMM, what, a.error);
   fd_ = a.fd;
   log::debug("TCPStore client " + endpoint_ + ": connected");
