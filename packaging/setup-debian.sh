@@ -15,6 +15,8 @@ packages=(
   abigail-tools
   # The launcher tests start ranks with mpirun (docs/launching.md).
   openmpi-bin
+  # format_check: the sources against .clang-format (tools/check_format.sh).
+  clang-format
 )
 
 . "$(dirname "$0")/apt-ensure.sh"
