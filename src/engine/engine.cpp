@@ -633,6 +633,42 @@ void Engine::iteration_end() {
   iteration_active_ = false;
 }
 
+// The end of an iteration, by a step (kStep) or an abort (kAbort): every
+// parameter leaves its iteration state (use counts, gradient flags and
+// norm) through `ev`, and with grad_accumulation the fp32 gradient lists
+// are cleared: a host list per parameter that had a gradient (at once), a
+// device-resident list (hybrid placement) on the compute stream.
+void Engine::reset_iteration_state(TensorEvent ev) {
+  for (uint32_t id = 0; id < params_.size(); ++id) {
+    Param& p = params_[id];
+    if (p.has_grad && opt_.grad_accumulation && payloads_ && !sharded()) {
+      const auto& place = layout_->param(id);
+      if (chunks_[place.chunk].opt_device == nullptr) {
+        std::memset(chunks_[place.chunk].grad32 + place.offset_elems, 0, p.numel * sizeof(float));
+      }
+    }
+    p.has_grad = false;
+    apply(p, id, ev);
+    p.forward_uses = 0;
+    p.backward_uses = 0;
+    p.slot_is_grad = false;
+    p.grad_sumsq = 0.0;
+    p.grad_nonfinite = 0;
+  }
+  for (ChunkState& c : chunks_) c.bwd_open = 0;
+  if (opt_.grad_accumulation) {
+    memory::Stream* cs = device_->compute_stream();
+    for (uint32_t k = 0; k < chunks_.size(); ++k) {
+      ChunkState& c = chunks_[k];
+      if (c.opt_device == nullptr) continue;
+      device_->stream_wait(cs, c.opt_ready);
+      device_->stream_wait(cs, c.last_use);
+      device_->memset_async(cs, c.grad32, 0, layout_->chunks()[k].capacity_elems * sizeof(float));
+      c.last_use = device_->record(cs);
+    }
+  }
+}
+
 // Abandons the iteration in progress (pstar_iteration_abort), typically from
 // the caller's exception path: releases what is still acquired, discards the
 // iteration's gradients and use counts, and leaves every parameter, the
@@ -685,31 +721,10 @@ void Engine::iteration_abort() {
       device_grad_bytes_ -= p.numel * sizeof(float);
       p.grad_acc = nullptr;
     }
-    if (p.has_grad && opt_.grad_accumulation && payloads_ && c.opt_device == nullptr) {
-      // The micro-batches' gradients folded so far (host-synchronous).
-      std::memset(c.grad32 + place.offset_elems, 0, p.numel * sizeof(float));
-    }
-    apply(p, id, TensorEvent::kAbort);
-    p.forward_uses = 0;
-    p.backward_uses = 0;
-    p.slot_is_grad = false;
-    p.has_grad = false;
-    p.grad_sumsq = 0.0;
-    p.grad_nonfinite = 0;
   }
-  for (ChunkState& c : chunks_) c.bwd_open = 0;
-  if (opt_.grad_accumulation) {
-    // Device-resident gradient lists (hybrid placement): cleared on the
-    // device, as the step clears them.
-    for (uint32_t k = 0; k < chunks_.size(); ++k) {
-      ChunkState& c = chunks_[k];
-      if (c.opt_device == nullptr) continue;
-      device_->stream_wait(s, c.opt_ready);
-      device_->stream_wait(s, c.last_use);
-      device_->memset_async(s, c.grad32, 0, layout_->chunks()[k].capacity_elems * sizeof(float));
-      c.last_use = device_->record(s);
-    }
-  }
+  // The micro-batches' gradients folded so far are discarded, as a step
+  // consumes them.
+  reset_iteration_state(TensorEvent::kAbort);
   if (iteration_kind_ == PSTAR_ITERATION_TRAIN) trace_iteration_abort();
   iteration_active_ = false;
   log::info(std::string("iteration aborted (") + (iteration_kind_ == PSTAR_ITERATION_TRAIN ? "TRAIN" : "EVAL") +
@@ -1676,36 +1691,8 @@ pstar_step_result Engine::step() {
     if (!nvme_failed_) throw;
     nvme_error = std::current_exception();
   }
-  for (uint32_t id = 0; id < params_.size(); ++id) {
-    Param& p = params_[id];
-    if (p.has_grad && opt_.grad_accumulation && payloads_ && !sharded()) {
-      // The accumulated gradient is consumed (or discarded by a skip).
-      const auto& place = layout_->param(id);
-      if (chunks_[place.chunk].opt_device == nullptr) {
-        std::memset(chunks_[place.chunk].grad32 + place.offset_elems, 0, p.numel * sizeof(float));
-      }
-    }
-    p.has_grad = false;
-    apply(p, id, TensorEvent::kStep);
-    p.forward_uses = 0;
-    p.backward_uses = 0;
-    p.slot_is_grad = false;
-    p.grad_sumsq = 0.0;
-    p.grad_nonfinite = 0;
-  }
-  for (ChunkState& c : chunks_) c.bwd_open = 0;
-  if (opt_.grad_accumulation) {
-    // Device-resident gradient lists: cleared on the device, after the update.
-    memory::Stream* cs = device_->compute_stream();
-    for (uint32_t k = 0; k < chunks_.size(); ++k) {
-      ChunkState& c = chunks_[k];
-      if (c.opt_device == nullptr) continue;
-      device_->stream_wait(cs, c.opt_ready);
-      device_->stream_wait(cs, c.last_use);
-      device_->memset_async(cs, c.grad32, 0, layout_->chunks()[k].capacity_elems * sizeof(float));
-      c.last_use = device_->record(cs);
-    }
-  }
+  // The accumulated gradients are consumed (or discarded by a skip).
+  reset_iteration_state(TensorEvent::kStep);
   iteration_active_ = false;
   trace_iteration_end();
   if (nvme_error) std::rethrow_exception(nvme_error);

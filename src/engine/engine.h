@@ -359,6 +359,7 @@ class Engine {
   void note_move(bool to_device, uint32_t chunk, const memory::EventPtr& start, const memory::EventPtr& done);
 
   void restore_slot(uint32_t id);
+  void reset_iteration_state(chunk::TensorEvent ev);
   double unscale_and_clip(double sumsq, pstar_step_result* r) const;
   void note_skipped_step(pstar_step_result* r);
 

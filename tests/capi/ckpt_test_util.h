@@ -1,5 +1,6 @@
 /*
- * Helpers for the checkpoint tests (test_checkpoint.c, test_nvme.c): whole
+ * Helpers for the checkpoint tests (test_checkpoint.c, test_nvme.c,
+ * test_abort.c): whole
  * files in and out, the current checkpoint's files, and resealing an edited
  * manifest (its last line, "checksum <XXH3-64 of every byte before it>",
  * recomputed as a deliberate editor would; docs/checkpoints.md).

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "capi_test_util.h"
+#include "ckpt_test_util.h"
 
 enum { CHUNK = 2048, NP = 24, FROZEN = 7, STEPS = 6, WARMUP = 2, MAXN = 800 };
 
@@ -184,20 +185,6 @@ static void aborted_iteration(pstar_engine *e, const uint32_t *ids, const cfg *c
   }
 }
 
-static void read_file(const char *path, char **data, size_t *len) {
-  FILE *f = fopen(path, "rb");
-  cr_assert_not_null(f, "cannot open %s", path);
-  cr_assert_eq(fseek(f, 0, SEEK_END), 0);
-  const long n = ftell(f);
-  cr_assert_geq(n, 0);
-  cr_assert_eq(fseek(f, 0, SEEK_SET), 0);
-  *data = (char *)malloc((size_t)n + 1);
-  cr_assert_not_null(*data);
-  cr_assert_eq(fread(*data, 1, (size_t)n, f), (size_t)n);
-  fclose(f);
-  *len = (size_t)n;
-}
-
 static void save_checkpoint(pstar_engine *e, const char *tag, run_out *out) {
   char dir[400];
   snprintf(dir, sizeof dir, "%s/abort-test-%s-%d", PSTAR_TEST_TMP_DIR, tag, (int)getpid());
@@ -205,11 +192,10 @@ static void save_checkpoint(pstar_engine *e, const char *tag, run_out *out) {
   snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
   cr_assert_eq(system(cmd), 0);
   T_OK(pstar_checkpoint_save(e, dir));
-  char latest[512], *name;
+  char latest[512];
   size_t len;
   snprintf(latest, sizeof latest, "%s/LATEST", dir);
-  read_file(latest, &name, &len);
-  name[len] = '\0';
+  char *name = (char *)ck_slurp(latest, &len);
   name[strcspn(name, "\n")] = '\0';
   snprintf(out->ckpt, sizeof out->ckpt, "%s/%s", dir, name);
   free(name);
@@ -252,10 +238,9 @@ static void check_same_file(const run_out *a, const run_out *b, const char *file
   char pa[600], pb[600];
   snprintf(pa, sizeof pa, "%s/%s", a->ckpt, file);
   snprintf(pb, sizeof pb, "%s/%s", b->ckpt, file);
-  char *da, *db;
   size_t la, lb;
-  read_file(pa, &da, &la);
-  read_file(pb, &db, &lb);
+  unsigned char *da = ck_slurp(pa, &la);
+  unsigned char *db = ck_slurp(pb, &lb);
   cr_assert_eq(la, lb, "%s: %zu bytes without the abort, %zu with it", file, la, lb);
   cr_assert_eq(memcmp(da, db, la), 0, "%s differs after an aborted iteration", file);
   free(da);

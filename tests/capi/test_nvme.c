@@ -234,11 +234,7 @@ static void check_fault(const char *fault, void (*damage)(const char *dir), cons
   const config on_drive = {fresh_dir("fault"), kTightHost, 0, 0};
   snprintf(ckpt, sizeof ckpt, "%s/ckpt", on_drive.nvme_dir);
   const config in_memory = {NULL, 0, 0, 0};
-  model ref;
-  make(&ref, &in_memory);
-  for (int s = 0; s < 6; ++s) T_OK(train_step(&ref, s));
-  snapshot(&ref, expect);
-  T_OK(pstar_engine_destroy(ref.e));
+  run(&in_memory, 6, expect);
 
   model m;
   make(&m, &on_drive);
@@ -326,11 +322,7 @@ Test(nvme, refused_checkpoint_loads_leave_the_drive_as_it_was) {
   const config on_drive = {fresh_dir("refused"), kTightHost, 0, 0};
   snprintf(ckpt, sizeof ckpt, "%s/ckpt", on_drive.nvme_dir);
   const config in_memory = {NULL, 0, 0, 0};
-  model ref;
-  make(&ref, &in_memory);
-  for (int s = 0; s < 6; ++s) T_OK(train_step(&ref, s));
-  snapshot(&ref, expect);
-  T_OK(pstar_engine_destroy(ref.e));
+  run(&in_memory, 6, expect);
 
   model m;
   make(&m, &on_drive);

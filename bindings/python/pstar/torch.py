@@ -218,34 +218,21 @@ class _Slot:
 
 class _Use(torch.autograd.Function):
     """One use of a parameter: forward hands out the chunk tensor, backward
-    writes this use's gradient to the engine."""
+    writes this use's gradient to the engine.  `recomputed`: a use inside a
+    checkpoint's recomputation (see _call), whose backward runs only when
+    the recomputed graph is the one walked (reentrant checkpointing, whose
+    forward built no graph); it never reuses a BACKWARD hold of unpack."""
 
     @staticmethod
-    def forward(ctx, anchor, tensor, slot):
+    def forward(ctx, anchor, tensor, slot, recomputed):
         ctx.slot = slot
+        ctx.recomputed = recomputed
         return tensor.view_as(tensor)
 
     @staticmethod
     def backward(ctx, grad):
-        ctx.slot.owner()._backward_use(ctx.slot, grad, reuse_unpacked=True)
-        return None, None, None
-
-
-class _RecomputedUse(torch.autograd.Function):
-    """A use inside a checkpoint's recomputation (see _call).  Its backward
-    runs only when the recomputed graph is the one walked (reentrant
-    checkpointing, whose forward built no graph): then it writes the
-    gradient, as _Use does in the other mode."""
-
-    @staticmethod
-    def forward(ctx, anchor, tensor, slot):
-        ctx.slot = slot
-        return tensor.view_as(tensor)
-
-    @staticmethod
-    def backward(ctx, grad):
-        ctx.slot.owner()._backward_use(ctx.slot, grad, reuse_unpacked=False)
-        return None, None, None
+        ctx.slot.owner()._backward_use(ctx.slot, grad, reuse_unpacked=not ctx.recomputed)
+        return None, None, None, None
 
 
 class _Packed:
@@ -609,7 +596,7 @@ class ParameterModel:
                     if slot.requires_grad and torch.is_grad_enabled():
                         anchor = args_anchor((args, kwargs), slot)
                         with torch._C.DisableTorchFunctionSubclass():
-                            t = _RecomputedUse.apply(anchor, t, slot)
+                            t = _Use.apply(anchor, t, slot, True)
                 elif torch.is_grad_enabled():
                     # A use autograd may come back to: what the op saves of
                     # it is packed into a handle (_pack).
@@ -617,7 +604,7 @@ class ParameterModel:
                     if slot.requires_grad:
                         anchor = args_anchor((args, kwargs), slot)
                         with torch._C.DisableTorchFunctionSubclass():
-                            t = _Use.apply(anchor, t, slot)
+                            t = _Use.apply(anchor, t, slot, False)
                 subst[id(slot)] = t
             t = None
             with torch._C.DisableTorchFunctionSubclass():
