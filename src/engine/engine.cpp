@@ -195,7 +195,7 @@ Engine::Engine(const pstar_engine_options& options, std::unique_ptr<dist::Commun
   device_ = memory::make_device(opt_);
   host_ = std::make_unique<memory::HostPool>(device_.get(), opt_.host_capacity_bytes);
   // Placement's limit: the margin stays free for what the caller does not report.
-  device_capacity_ = opt_.device_capacity_bytes - opt_.device_margin_bytes;
+  device_tier_ = memory::DeviceTier(opt_.device_capacity_bytes - opt_.device_margin_bytes);
   payloads_ = device_->has_payloads();
   hyper_.lr = opt_.lr;
   hyper_.beta1 = opt_.beta1;
@@ -382,7 +382,7 @@ void Engine::build() {
     throw;
   }
   chunks_ = std::move(chunks);
-  if (opt_.placement_policy == PSTAR_POLICY_STATIC && device_capacity_ != 0) choose_static_chunks();
+  if (opt_.placement_policy == PSTAR_POLICY_STATIC && device_tier_.limited()) choose_static_chunks();
   for (auto& p : params_) p.state = TensorState::kHold;  // the build transition
   log::info("engine built: " + std::to_string(params_.size()) + " parameters in " + std::to_string(chunks_.size()) +
             " chunks");
@@ -400,7 +400,7 @@ void Engine::choose_static_chunks() {
   const uint64_t reserve = 2 * largest_chunk + 2 * largest_grad;
   uint64_t used = 0;
   for (ChunkState& c : chunks_) {
-    if (reserve > device_capacity_ || used + c.bytes > device_capacity_ - reserve) break;
+    if (reserve > device_tier_.capacity() || used + c.bytes > device_tier_.capacity() - reserve) break;
     used += c.bytes;
     c.pinned_static = true;
   }
@@ -717,8 +717,7 @@ void Engine::iteration_abort() {
       --c.compute_refs;
     }
     if (p.grad_acc != nullptr) {
-      defer_free(done, p.grad_acc, p.numel * sizeof(float), Tier::kDevice);
-      device_grad_bytes_ -= p.numel * sizeof(float);
+      defer_free_device(done, p.grad_acc, p.numel * sizeof(float), Use::kGradients);
       p.grad_acc = nullptr;
     }
   }
@@ -803,8 +802,7 @@ void* Engine::acquire(uint32_t id, pstar_stage stage, void* stream) {
       throw;
     }
     --c.compute_refs;
-    device_grad_bytes_ += p.numel * sizeof(float);
-    device_used_ += p.numel * sizeof(float);
+    device_tier_.add(Use::kGradients, p.numel * sizeof(float));
     note_device_peak();
     device_->memset_async(s, p.grad_acc, 0, p.numel * sizeof(float));
   }
@@ -840,7 +838,7 @@ void* Engine::acquire(uint32_t id, pstar_stage stage, void* stream) {
     trace_note_access(place.chunk);
     if (following_ && opt_.prefetch) prefetch_ahead();
   }
-  if (device_capacity_ != 0 && device_used_ > device_capacity_) ++stats_.budget_overruns;
+  if (device_tier_.over_capacity()) ++stats_.budget_overruns;
   if (opt_.record_timeline) sample_memory();
   if (!payloads_) return nullptr;
   return static_cast<char*>(c.device) + place.offset_elems * elem_bytes();
@@ -877,8 +875,7 @@ void Engine::release(uint32_t id, void* stream) {
     void* slot = static_cast<char*>(c.device) + place.offset_elems * elem_bytes();
     device_->grad_finalize(s, p.grad_acc, slot, opt_.compute_dtype, p.numel, &p.grad_sumsq, &p.grad_nonfinite);
     memory::EventPtr done = device_->record(s);
-    defer_free(done, p.grad_acc, p.numel * sizeof(float), Tier::kDevice);
-    device_grad_bytes_ -= p.numel * sizeof(float);
+    defer_free_device(done, p.grad_acc, p.numel * sizeof(float), Use::kGradients);
     p.grad_acc = nullptr;
     p.slot_is_grad = true;
     p.has_grad = true;
@@ -934,13 +931,12 @@ float* Engine::grad_slot_acquire(uint32_t id, void* stream) {
 
 void Engine::nonmodel_report(uint64_t bytes) {
   require(bytes <= kMaxNumel * 16, PSTAR_ERR_INVALID_ARGUMENT, "nonmodel_report: implausible byte count");
-  device_used_ = device_used_ - nonmodel_bytes_ + bytes;
-  nonmodel_bytes_ = bytes;
+  device_tier_.set_nonmodel(bytes);
   // The caller holds this memory now: make room by evicting what may move.
   // Whatever cannot move stays; later requests fail instead.  The peak is
   // taken after eviction, so it exceeds the capacity only when nothing could
   // move.
-  if (built() && device_capacity_ != 0 && device_used_ > device_capacity_) {
+  if (built() && device_tier_.over_capacity()) {
     try {
       make_room(0, -1, "non-model memory");
     } catch (const Error& e) {
@@ -953,18 +949,9 @@ void Engine::nonmodel_report(uint64_t bytes) {
 // ---------------------------------------------------------------------------
 // Placement
 
-uint64_t Engine::device_free() const {
-  if (device_capacity_ == 0) return std::numeric_limits<uint64_t>::max();
-  return device_used_ >= device_capacity_ ? 0 : device_capacity_ - device_used_;
-}
-
-bool Engine::device_fits(uint64_t bytes) const {
-  return device_capacity_ == 0 || (device_used_ <= device_capacity_ && bytes <= device_capacity_ - device_used_);
-}
-
 void Engine::note_device_peak() {
-  stats_.peak_device_bytes = std::max(stats_.peak_device_bytes, device_used_);
-  stats_.peak_device_chunk_bytes = std::max(stats_.peak_device_chunk_bytes, device_chunk_bytes_);
+  stats_.peak_device_bytes = std::max(stats_.peak_device_bytes, device_tier_.used());
+  stats_.peak_device_chunk_bytes = std::max(stats_.peak_device_chunk_bytes, device_tier_.bytes(Use::kChunks));
 }
 
 void Engine::host_wait(memory::Stream* stream, const memory::EventPtr& ready) {
@@ -982,8 +969,10 @@ void Engine::host_wait(memory::Stream* stream, const memory::EventPtr& ready) {
 void Engine::clock_advance(double seconds) { device_->advance_clock(seconds); }
 
 void Engine::sample_memory() {
-  samples_.push_back(MemorySample{acquires_, device_->clock_seconds(), device_chunk_bytes_, device_grad_bytes_,
-                                  nonmodel_bytes_, device_deferred_bytes_, host_->held_bytes(), device_opt_bytes_});
+  samples_.push_back(MemorySample{acquires_, device_->clock_seconds(), device_tier_.bytes(Use::kChunks),
+                                  device_tier_.bytes(Use::kGradients), device_tier_.bytes(Use::kNonModel),
+                                  device_tier_.bytes(Use::kDeferred), host_->held_bytes(),
+                                  device_tier_.bytes(Use::kOptimizer)});
 }
 
 void Engine::note_move(bool to_device, uint32_t chunk, const memory::EventPtr& start, const memory::EventPtr& done) {
@@ -1057,11 +1046,14 @@ void Engine::trace_export(const char* path) const {
           [&] { return std::string("trace_export: writing '") + path + "' failed"; });
 }
 
-void Engine::defer_free(memory::EventPtr after, void* ptr, size_t bytes, Tier tier) {
-  if (tier == Tier::kDevice) {
-    device_deferred_bytes_ += bytes;  // still occupied until the event passes
-  }
-  deferred_.push_back(DeferredFree{std::move(after), ptr, bytes, tier});
+void Engine::defer_free_device(memory::EventPtr after, void* ptr, size_t bytes, Use from) {
+  device_tier_.move(from, Use::kDeferred, bytes);  // still occupied until the event passes
+  deferred_.push_back(DeferredFree{std::move(after), ptr, bytes, Tier::kDevice});
+  reclaim_deferred(false);
+}
+
+void Engine::defer_free_host(memory::EventPtr after, void* ptr, size_t bytes) {
+  deferred_.push_back(DeferredFree{std::move(after), ptr, bytes, Tier::kHost});
   reclaim_deferred(false);
 }
 
@@ -1078,8 +1070,7 @@ bool Engine::reclaim_deferred(bool wait_for_one) {
     }
     if (d.tier == Tier::kDevice) {
       device_->deallocate(d.ptr, d.bytes);
-      device_deferred_bytes_ -= d.bytes;
-      device_used_ -= d.bytes;
+      device_tier_.remove(Use::kDeferred, d.bytes);
     } else {
       host_->release(d.ptr, d.bytes);
     }
@@ -1092,7 +1083,7 @@ bool Engine::reclaim_deferred(bool wait_for_one) {
 
 void Engine::make_room(uint64_t bytes, int64_t keep_chunk, const std::string& purpose) {
   reclaim_deferred(false);
-  while (!device_fits(bytes)) {
+  while (!device_tier_.fits(bytes)) {
     const double before = device_->clock_seconds();
     const bool reclaimed = reclaim_deferred(true);
     stats_.wait_seconds += device_->clock_seconds() - before;
@@ -1113,14 +1104,10 @@ void Engine::make_room(uint64_t bytes, int64_t keep_chunk, const std::string& pu
               lru_.victim(movable, &victim);
     }
     if (!found) {
-      throw Error(PSTAR_ERR_OUT_OF_MEMORY,
-                  "device tier: " + purpose + " needs " + bytes_str(bytes) + " but only " +
-                      bytes_str(device_capacity_ > device_used_ ? device_capacity_ - device_used_ : 0) +
-                      " are free of a capacity of " + bytes_str(device_capacity_) + " (chunks " +
-                      bytes_str(device_chunk_bytes_) + ", gradient buffers " + bytes_str(device_grad_bytes_) +
-                      ", optimizer state " + bytes_str(device_opt_bytes_) + ", gather-ahead slots " +
-                      bytes_str(device_slot_bytes_) + ", non-model " + bytes_str(nonmodel_bytes_) +
-                      "); every resident chunk is in use, so nothing can be evicted");
+      throw Error(PSTAR_ERR_OUT_OF_MEMORY, "device tier: " + purpose + " needs " + bytes_str(bytes) + " but only " +
+                                               bytes_str(device_tier_.free_bytes()) + " are free of a capacity of " +
+                                               bytes_str(device_tier_.capacity()) + " (" + device_tier_.describe() +
+                                               "); every resident chunk is in use, so nothing can be evicted");
     }
     evict(victim);
   }
@@ -1134,8 +1121,7 @@ void* Engine::device_alloc(uint64_t bytes, int64_t keep_chunk, const std::string
 void Engine::fetch(uint32_t k) {
   ChunkState& c = chunks_[k];
   void* dst = device_alloc(c.bytes, k, "chunk " + std::to_string(k));
-  device_chunk_bytes_ += c.bytes;
-  device_used_ += c.bytes;
+  device_tier_.add(Use::kChunks, c.bytes);
   note_device_peak();
   copy_in(k, dst, nullptr);
 }
@@ -1152,7 +1138,7 @@ void Engine::copy_in(uint32_t k, void* dst, const memory::EventPtr& after) {
   device_->copy_async(s, dst, c.host, c.bytes, memory::CopyKind::kHostToDevice);
   memory::EventPtr done = device_->record(s);
   if (opt_.record_timeline) note_move(true, k, start, done);
-  defer_free(done, c.host, c.bytes, Tier::kHost);
+  defer_free_host(done, c.host, c.bytes);
   c.host = nullptr;
   c.device = dst;
   c.tier = Tier::kDevice;
@@ -1167,8 +1153,7 @@ void Engine::evict(uint32_t k) {
   ChunkState& c = chunks_[k];
   void* buffer = c.device;
   const memory::EventPtr done = copy_out(k);
-  device_chunk_bytes_ -= c.bytes;
-  defer_free(done, buffer, c.bytes, Tier::kDevice);
+  defer_free_device(done, buffer, c.bytes, Use::kChunks);
 }
 
 // Queues chunk k's copy to a new host buffer on the D2H stream and makes the
@@ -1288,7 +1273,8 @@ void Engine::trace_check(uint32_t chunk) {
 
 void Engine::trace_note_access(uint32_t chunk) {
   if (following_) opt_policy_.touch(chunk, trace_.next_use(moment_));
-  if (recording_now_) recording_.record(chunk, nonmodel_bytes_ + device_grad_bytes_);
+  if (recording_now_)
+    recording_.record(chunk, device_tier_.bytes(Use::kNonModel) + device_tier_.bytes(Use::kGradients));
   ++moment_;
 }
 
@@ -1312,7 +1298,7 @@ void Engine::prefetch_ahead() {
   // eviction moves the frontier back to the evicted chunk's next use), so
   // each acquire scans about one new moment, not the whole window.
   const uint64_t begin = std::max(moment_, prefetch_frontier_);
-  const uint64_t transient_now = nonmodel_bytes_ + device_grad_bytes_;
+  const uint64_t transient_now = device_tier_.bytes(Use::kNonModel) + device_tier_.bytes(Use::kGradients);
   uint64_t transient_peak = transient_now;
   auto movable = [&](uint32_t j) { return chunks_[j].evictable() && !chunks_[j].pinned_static; };
   // True if resident chunks other than `except`, each used after moment t,
@@ -1339,9 +1325,9 @@ void Engine::prefetch_ahead() {
   // activations are freed through backward), and evicting now for room that
   // is free by then moves bytes on-demand OPT does not.
   auto demand_would_evict = [&](uint64_t t, uint64_t bytes) {
-    return device_capacity_ != 0 &&
-           device_chunk_bytes_ + device_opt_bytes_ + device_slot_bytes_ + trace_.transient_at(t) + bytes >
-               device_capacity_;
+    return device_tier_.limited() && device_tier_.bytes(Use::kChunks) + device_tier_.bytes(Use::kOptimizer) +
+                                             device_tier_.bytes(Use::kGatherSlots) + trace_.transient_at(t) + bytes >
+                                         device_tier_.capacity();
   };
   for (uint64_t t = moment_; t < begin; ++t) transient_peak = std::max(transient_peak, trace_.transient_at(t));
   for (uint64_t t = begin; t < end; ++t) {
@@ -1354,7 +1340,7 @@ void Engine::prefetch_ahead() {
     if (c.awaiting_update) return;      // in the step: its new values are not written yet
     const uint64_t growth = transient_peak - transient_now;
     reclaim_deferred(false);
-    const uint64_t free = device_free();
+    const uint64_t free = device_tier_.free_bytes();
     if (c.bytes <= free) {
       const uint64_t need = c.bytes + growth;
       if (need > free && (!demand_would_evict(t, c.bytes) || !covered_after(need - free, t, -1))) return;
@@ -1450,8 +1436,7 @@ void Engine::fold_gradient(uint32_t id, memory::Stream* s) {
     // the accumulator is freed once the addition is done.
     device_->stream_wait(s, c.opt_ready);
     device_->grad_accumulate(s, c.grad32 + place.offset_elems, p.grad_acc, PSTAR_DTYPE_F32, PSTAR_MEM_DEVICE, p.numel);
-    defer_free(device_->record(s), p.grad_acc, bytes, Tier::kDevice);
-    device_grad_bytes_ -= bytes;
+    defer_free_device(device_->record(s), p.grad_acc, bytes, Use::kGradients);
     p.grad_acc = nullptr;
     p.has_grad = true;
     return;
@@ -1466,8 +1451,7 @@ void Engine::fold_gradient(uint32_t id, memory::Stream* s) {
   }
   host_->release(staging, bytes);
   device_->deallocate(p.grad_acc, bytes);
-  device_grad_bytes_ -= bytes;
-  device_used_ -= bytes;
+  device_tier_.remove(Use::kGradients, bytes);
   p.grad_acc = nullptr;
   p.has_grad = true;
 }
@@ -1731,8 +1715,9 @@ void Engine::place_optimizer_state() {
   std::stable_sort(order.begin(), order.end(),
                    [&](uint32_t a, uint32_t b) { return chunks_[a].last_acquire > chunks_[b].last_acquire; });
   uint64_t margin = std::numeric_limits<uint64_t>::max();
-  if (device_capacity_ != 0) {
-    margin = device_capacity_ > stats_.peak_device_bytes ? device_capacity_ - stats_.peak_device_bytes : 0;
+  if (device_tier_.limited()) {
+    margin =
+        device_tier_.capacity() > stats_.peak_device_bytes ? device_tier_.capacity() - stats_.peak_device_bytes : 0;
   }
   const uint64_t initial_margin = margin;
   for (uint32_t k : order) {
@@ -1746,8 +1731,9 @@ void Engine::place_optimizer_state() {
     move_optimizer_state(k);
   }
   log::info("hybrid optimizer placement: " + std::to_string(optimizer_chunks_on_device_) + " of " +
-            std::to_string(order.size()) + " optimizer chunks on the device (" + bytes_str(device_opt_bytes_) +
-            (device_capacity_ != 0 ? " of a margin of " + bytes_str(initial_margin) : std::string()) + ")");
+            std::to_string(order.size()) + " optimizer chunks on the device (" +
+            bytes_str(device_tier_.bytes(Use::kOptimizer)) +
+            (device_tier_.limited() ? " of a margin of " + bytes_str(initial_margin) : std::string()) + ")");
 }
 
 void Engine::move_optimizer_state(uint32_t k) {
@@ -1756,8 +1742,7 @@ void Engine::move_optimizer_state(uint32_t k) {
   const uint64_t fp32_bytes = layout_->chunks()[k].capacity_elems * sizeof(float);
   const uint64_t bytes = optimizer_state_bytes(k);
   float* base = static_cast<float*>(device_alloc(bytes, k, "optimizer state of chunk " + std::to_string(k)));
-  device_opt_bytes_ += bytes;
-  device_used_ += bytes;
+  device_tier_.add(Use::kOptimizer, bytes);
   note_device_peak();
   // The host lists are current: the host update of this step has returned.
   memory::Stream* s = device_->h2d_stream();
@@ -1773,7 +1758,7 @@ void Engine::move_optimizer_state(uint32_t k) {
   slot = 0;
   for (float** list : lists) {
     if (*list == nullptr) continue;
-    defer_free(done, *list, fp32_bytes, Tier::kHost);
+    defer_free_host(done, *list, fp32_bytes);
     *list = base + slot * (fp32_bytes / sizeof(float));
     ++slot;
   }
@@ -1865,7 +1850,7 @@ double Engine::hparam_get(pstar_hparam which) const {
 
 void Engine::fill_stats(pstar_stats* out) const {
   pstar_stats s = stats_;
-  s.device_bytes = device_used_;
+  s.device_bytes = device_tier_.used();
   s.host_bytes = host_->held_bytes();
   s.peak_host_bytes = host_->peak_bytes();
   s.trace_moments = trace_ready_ ? trace_.moments() : 0;
@@ -1894,7 +1879,7 @@ void Engine::fill_stats(pstar_stats* out) const {
   s.rank = rank_;
   s.world_size = world_;
   s.optimizer_chunks_on_device = optimizer_chunks_on_device_;
-  s.optimizer_device_bytes = device_opt_bytes_;
+  s.optimizer_device_bytes = device_tier_.bytes(Use::kOptimizer);
   // Copy no more than the caller's struct holds.
   const size_t n = std::min<size_t>(out->size, sizeof s);
   s.size = out->size;

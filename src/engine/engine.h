@@ -31,6 +31,7 @@
 #include "dist/launch_env.h"
 #include "chunk/tensor_state.h"
 #include "memory/device.h"
+#include "memory/device_tier.h"
 #include "memory/host_pool.h"
 #include "optim/adam.h"
 #include "optim/adam_kernel.h"
@@ -160,6 +161,7 @@ class Engine {
   // kNone: with world > 1, a chunk that is not gathered (only its shards
   // exist, outside the tiers' chunk accounting).
   enum class Tier { kHost, kDevice, kNone };
+  using Use = memory::DeviceTier::Use;
 
   struct Param {
     std::string name;
@@ -338,11 +340,12 @@ class Engine {
   size_t elem_bytes() const;
 
   // Placement.
-  uint64_t device_free() const;
-  bool device_fits(uint64_t bytes) const;
   void make_room(uint64_t bytes, int64_t keep_chunk, const std::string& purpose);
   bool reclaim_deferred(bool wait_for_one);
-  void defer_free(memory::EventPtr after, void* ptr, size_t bytes, Tier tier);
+  // Frees a buffer once `after` completes; a device buffer's bytes move
+  // from `from` to the tier's deferred use until then.
+  void defer_free_device(memory::EventPtr after, void* ptr, size_t bytes, Use from);
+  void defer_free_host(memory::EventPtr after, void* ptr, size_t bytes);
   void* device_alloc(uint64_t bytes, int64_t keep_chunk, const std::string& purpose);
   void fetch(uint32_t chunk);
   void copy_in(uint32_t chunk, void* dst, const memory::EventPtr& after);
@@ -481,18 +484,9 @@ class Engine {
   uint64_t fallbacks_at_begin_ = 0;
   uint64_t prefetch_frontier_ = 0;  // first moment prefetch_ahead() has not placed
 
-  // Device tier accounting; invariant: device_used_ == device_chunk_bytes_ +
-  // device_grad_bytes_ + device_deferred_bytes_ + device_opt_bytes_ +
-  // device_slot_bytes_ + nonmodel_bytes_ (a chunk in a gather slot is in
-  // device_slot_bytes_, not device_chunk_bytes_).
-  uint64_t device_capacity_ = 0;  // 0 = unlimited
-  uint64_t device_chunk_bytes_ = 0;
-  uint64_t device_grad_bytes_ = 0;
-  uint64_t device_deferred_bytes_ = 0;
-  uint64_t device_opt_bytes_ = 0;   // hybrid: optimizer state on the device, for good
-  uint64_t device_slot_bytes_ = 0;  // gather-ahead slots, held from build
-  uint64_t nonmodel_bytes_ = 0;
-  uint64_t device_used_ = 0;
+  // The device tier's accounting by use (memory/device_tier.h), against the
+  // capacity less the margin.
+  memory::DeviceTier device_tier_{0};
 
   // Hybrid placement: TRAIN iterations ended so far, and whether the
   // optimizer state has been placed (once, when warm-up ends).

@@ -165,7 +165,7 @@ void Engine::all_gather_host(const void* mine, void* all, size_t bytes) {
   }
   const size_t total = bytes * static_cast<size_t>(world_);
   void* scratch = device_alloc(total, -1, "all-gather scratch");
-  device_used_ += total;
+  device_tier_.add(Use::kStaging, total);
   note_device_peak();
   try {
     void* own = static_cast<char*>(scratch) + static_cast<size_t>(rank_) * bytes;
@@ -174,11 +174,11 @@ void Engine::all_gather_host(const void* mine, void* all, size_t bytes) {
     copy_sync(all, scratch, total, memory::CopyKind::kDeviceToHost);
   } catch (...) {
     device_->deallocate(scratch, total);
-    device_used_ -= total;
+    device_tier_.remove(Use::kStaging, total);
     throw;
   }
   device_->deallocate(scratch, total);  // copy_sync waited: nothing uses it
-  device_used_ -= total;
+  device_tier_.remove(Use::kStaging, total);
 }
 
 // ---------------------------------------------------------------------------
@@ -209,7 +209,7 @@ void Engine::check_layout_agrees(uint64_t chunk_elems) {
   // Whether this rank's device can hold the gather-ahead slots: exchanged
   // here so that every rank fails the build, not the one short of room.
   const uint64_t slots = static_cast<uint64_t>(gather_ahead_) * chunk_elems * elem_bytes();
-  const uint64_t slots_fit = slots == 0 || device_fits(slots);
+  const uint64_t slots_fit = slots == 0 || device_tier_.fits(slots);
   const uint64_t mine[4] = {h, params_.size(), total, slots_fit};
   std::vector<uint64_t> all(4 * static_cast<size_t>(world_));
   collective("engine_build: layout check", kCollLayout, 0, [&] { all_gather_host(mine, all.data(), sizeof mine); });
@@ -262,8 +262,7 @@ void Engine::gather(uint32_t k) {
     throw;
   }
   stats_.bytes_all_gathered += c.bytes;
-  device_chunk_bytes_ += c.bytes;
-  device_used_ += c.bytes;
+  device_tier_.add(Use::kChunks, c.bytes);
   note_device_peak();
   c.device = dst;
   c.tier = Tier::kDevice;
@@ -290,11 +289,10 @@ void Engine::drop_gathered(uint32_t k) {
     c.gather_slot = -1;
     c.device = nullptr;
   } else if (c.tier == Tier::kDevice) {
-    device_chunk_bytes_ -= c.bytes;
-    defer_free(after, c.device, c.bytes, Tier::kDevice);
+    defer_free_device(after, c.device, c.bytes, Use::kChunks);
     c.device = nullptr;
   } else {
-    defer_free(after, c.host, c.bytes, Tier::kHost);
+    defer_free_host(after, c.host, c.bytes);
     c.host = nullptr;
   }
   c.tier = Tier::kNone;
@@ -375,7 +373,7 @@ void Engine::reduce_chunk(uint32_t k) {
     // copied to the host, where the shards live.
     pr.device_stage_bytes = (c.elems + c.shard_elems) * sizeof(float);
     pr.device_stage = device_alloc(pr.device_stage_bytes, -1, "reduce-scatter staging of chunk " + std::to_string(k));
-    device_used_ += pr.device_stage_bytes;
+    device_tier_.add(Use::kStaging, pr.device_stage_bytes);
     note_device_peak();
     data = static_cast<float*>(pr.device_stage);
     out = data + c.elems;
@@ -409,8 +407,7 @@ void Engine::reduce_chunk(uint32_t k) {
     if (!p.grad_pending) continue;
     pr.params.push_back(id);
     device_->deallocate(p.grad_acc, p.numel * sizeof(float));
-    device_grad_bytes_ -= p.numel * sizeof(float);
-    device_used_ -= p.numel * sizeof(float);
+    device_tier_.remove(Use::kGradients, p.numel * sizeof(float));
     p.grad_acc = nullptr;
     p.grad_ready = nullptr;
     p.grad_pending = false;
@@ -448,7 +445,7 @@ void Engine::release_reduce_buffers() {
 void Engine::release_device_stage(PendingReduce& pr) {
   if (pr.device_stage == nullptr) return;
   device_->deallocate(pr.device_stage, pr.device_stage_bytes);  // nothing queued uses it any more
-  device_used_ -= pr.device_stage_bytes;
+  device_tier_.remove(Use::kStaging, pr.device_stage_bytes);
   pr.device_stage = nullptr;
 }
 
@@ -542,8 +539,7 @@ void Engine::reserve_gather_slots() {
     for (uint32_t i = 0; i < gather_ahead_; ++i) {
       void* buffer = device_->allocate(slot_bytes_);
       slots_.push_back(GatherSlot{buffer, -1, nullptr});
-      device_slot_bytes_ += slot_bytes_;
-      device_used_ += slot_bytes_;
+      device_tier_.add(Use::kGatherSlots, slot_bytes_);
     }
     cqueue_ = std::make_unique<dist::CollectiveQueue>();
   } catch (...) {
@@ -558,8 +554,7 @@ void Engine::release_gather_slots() {
   for (GatherSlot& slot : slots_) {
     device_->synchronize(slot.free_after);
     device_->deallocate(slot.buffer, slot_bytes_);
-    device_slot_bytes_ -= slot_bytes_;
-    device_used_ -= slot_bytes_;
+    device_tier_.remove(Use::kGatherSlots, slot_bytes_);
   }
   slots_.clear();
 }
@@ -670,7 +665,7 @@ void Engine::issue_gathers_ahead(bool at_acquire) {
 void Engine::fill_gather_stats(pstar_x_gather_stats* out) const {
   out->depth = gather_ahead_;
   out->schedule_ready = sched_ready_ ? 1 : 0;
-  out->slot_bytes = device_slot_bytes_;
+  out->slot_bytes = device_tier_.bytes(Use::kGatherSlots);
   out->gathers_ahead = gathers_ahead_;
   out->gathers_on_demand = gathers_on_demand_;
   out->gathers_waited = gathers_waited_;
