@@ -207,6 +207,7 @@ Engine::Engine(const pstar_engine_options& options, std::unique_ptr<dist::Commun
   warmup_left_ = opt_.warmup_iterations;
   adam_isa_ = optim::adam_default_isa();
   pool_ = std::make_unique<ThreadPool>(opt_.threads);
+  if (opt_.record_timeline) timeline_ = std::make_unique<placement::Timeline>();
   pstar_stats_init(&stats_);
   connect_group();
   log::debug("engine created on " + device_->name());
@@ -839,7 +840,7 @@ void* Engine::acquire(uint32_t id, pstar_stage stage, void* stream) {
     if (following_ && opt_.prefetch) prefetch_ahead();
   }
   if (device_tier_.over_capacity()) ++stats_.budget_overruns;
-  if (opt_.record_timeline) sample_memory();
+  if (timeline_) sample_memory();
   if (!payloads_) return nullptr;
   return static_cast<char*>(c.device) + place.offset_elems * elem_bytes();
 }
@@ -969,81 +970,23 @@ void Engine::host_wait(memory::Stream* stream, const memory::EventPtr& ready) {
 void Engine::clock_advance(double seconds) { device_->advance_clock(seconds); }
 
 void Engine::sample_memory() {
-  samples_.push_back(MemorySample{acquires_, device_->clock_seconds(), device_tier_.bytes(Use::kChunks),
-                                  device_tier_.bytes(Use::kGradients), device_tier_.bytes(Use::kNonModel),
-                                  device_tier_.bytes(Use::kDeferred), host_->held_bytes(),
-                                  device_tier_.bytes(Use::kOptimizer)});
+  timeline_->sample(placement::Timeline::MemorySample{
+      acquires_, device_->clock_seconds(), device_tier_.bytes(Use::kChunks), device_tier_.bytes(Use::kGradients),
+      device_tier_.bytes(Use::kNonModel), device_tier_.bytes(Use::kDeferred), host_->held_bytes(),
+      device_tier_.bytes(Use::kOptimizer)});
 }
 
 void Engine::note_move(bool to_device, uint32_t chunk, const memory::EventPtr& start, const memory::EventPtr& done) {
   double t0 = device_->completion_time(start);
   if (std::isnan(t0)) t0 = device_->clock_seconds();  // wall clock: the issue time
-  moves_.push_back(MoveRecord{to_device, chunk, chunks_[chunk].bytes, t0, device_->completion_time(done)});
+  timeline_->note_move(to_device, chunk, chunks_[chunk].bytes, t0, device_->completion_time(done));
 }
-
-namespace {
-// JSON string content for a path-free, ASCII message.
-void json_counter(FILE* f, bool& first, const char* name, double ts_us, const char* args) {
-  std::fprintf(f, "%s\n{\"name\":\"%s\",\"ph\":\"C\",\"ts\":%.3f,\"pid\":1,\"args\":{%s}}", first ? "" : ",", name,
-               ts_us, args);
-  first = false;
-}
-}  // namespace
 
 void Engine::trace_export(const char* path) const {
   require(path != nullptr && path[0] != '\0', PSTAR_ERR_INVALID_ARGUMENT, "trace_export: path is NULL or empty");
-  require(opt_.record_timeline != 0, PSTAR_ERR_INVALID_STATE,
+  require(timeline_ != nullptr, PSTAR_ERR_INVALID_STATE,
           "trace_export: no timeline was kept (set options.record_timeline)");
-  FILE* f = std::fopen(path, "w");
-  require(f != nullptr, PSTAR_ERR_IO,
-          [&] { return std::string("trace_export: cannot open '") + path + "' for writing"; });
-  bool first = true;
-  std::fprintf(f,
-               "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"producer\":\"libpstar " PSTAR_VERSION_STRING
-               "\",\"clock\":\"%s\"},",
-               opt_.virtual_clock ? "virtual" : "wall");
-  std::fprintf(f, "\"traceEvents\":[");
-  std::fprintf(f, "\n{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":1,\"args\":{\"name\":\"libpstar engine\"}}");
-  std::fprintf(f,
-               ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":1,\"args\":{\"name\":\"host to device\"}}");
-  std::fprintf(f,
-               ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":2,\"args\":{\"name\":\"device to host\"}}");
-  first = false;
-  for (const MoveRecord& m : moves_) {
-    const double dur = std::isnan(m.end) ? 0.0 : (m.end - m.start) * 1e6;
-    std::fprintf(f,
-                 ",\n{\"name\":\"chunk %u\",\"cat\":\"move\",\"ph\":\"X\",\"ts\":%.3f,\"dur\":%.3f,\"pid\":1,"
-                 "\"tid\":%d,\"args\":{\"bytes\":%llu}}",
-                 m.chunk, m.start * 1e6, dur, m.to_device ? 1 : 2, static_cast<unsigned long long>(m.bytes));
-  }
-  char args[256];
-  for (const MemorySample& m : samples_) {
-    std::snprintf(args, sizeof args,
-                  "\"chunks\":%llu,\"gradient buffers\":%llu,\"non-model\":%llu,\"freeing\":%llu,"
-                  "\"optimizer state\":%llu",
-                  static_cast<unsigned long long>(m.chunks), static_cast<unsigned long long>(m.grads),
-                  static_cast<unsigned long long>(m.nonmodel), static_cast<unsigned long long>(m.deferred),
-                  static_cast<unsigned long long>(m.optimizer));
-    json_counter(f, first, "accelerator bytes", m.time * 1e6, args);
-    std::snprintf(args, sizeof args, "\"held\":%llu", static_cast<unsigned long long>(m.host));
-    json_counter(f, first, "host bytes", m.time * 1e6, args);
-  }
-  // Per-moment table for scripts (bench/plot_trace.py); viewers ignore it.
-  std::fprintf(f,
-               "\n],\n\"pstarMoments\":{\"columns\":[\"moment\",\"seconds\",\"chunks\",\"gradient_buffers\",\"non_"
-               "model\",\"freeing\",\"host\",\"optimizer\"],\"rows\":[");
-  for (size_t i = 0; i < samples_.size(); ++i) {
-    const MemorySample& m = samples_[i];
-    std::fprintf(f, "%s\n[%llu,%.9g,%llu,%llu,%llu,%llu,%llu,%llu]", i == 0 ? "" : ",",
-                 static_cast<unsigned long long>(m.moment), m.time, static_cast<unsigned long long>(m.chunks),
-                 static_cast<unsigned long long>(m.grads), static_cast<unsigned long long>(m.nonmodel),
-                 static_cast<unsigned long long>(m.deferred), static_cast<unsigned long long>(m.host),
-                 static_cast<unsigned long long>(m.optimizer));
-  }
-  std::fprintf(f, "\n]}}\n");
-  const bool ok = std::ferror(f) == 0;
-  require(std::fclose(f) == 0 && ok, PSTAR_ERR_IO,
-          [&] { return std::string("trace_export: writing '") + path + "' failed"; });
+  timeline_->write(path, opt_.virtual_clock ? "virtual" : "wall");
 }
 
 void Engine::defer_free_device(memory::EventPtr after, void* ptr, size_t bytes, Use from) {
@@ -1134,10 +1077,10 @@ void Engine::copy_in(uint32_t k, void* dst, const memory::EventPtr& after) {
   device_->stream_wait(s, after);
   device_->stream_wait(s, c.ready);
   device_->stream_wait(s, c.last_use);
-  memory::EventPtr start = opt_.record_timeline ? device_->record(s) : nullptr;
+  memory::EventPtr start = timeline_ ? device_->record(s) : nullptr;
   device_->copy_async(s, dst, c.host, c.bytes, memory::CopyKind::kHostToDevice);
   memory::EventPtr done = device_->record(s);
-  if (opt_.record_timeline) note_move(true, k, start, done);
+  if (timeline_) note_move(true, k, start, done);
   defer_free_host(done, c.host, c.bytes);
   c.host = nullptr;
   c.device = dst;
@@ -1169,10 +1112,10 @@ memory::EventPtr Engine::copy_out(uint32_t k) {
   memory::Stream* s = device_->d2h_stream();
   device_->stream_wait(s, c.ready);
   device_->stream_wait(s, c.last_use);
-  memory::EventPtr start = opt_.record_timeline ? device_->record(s) : nullptr;
+  memory::EventPtr start = timeline_ ? device_->record(s) : nullptr;
   device_->copy_async(s, dst, c.device, c.bytes, memory::CopyKind::kDeviceToHost);
   memory::EventPtr done = device_->record(s);
-  if (opt_.record_timeline) note_move(false, k, start, done);
+  if (timeline_) note_move(false, k, start, done);
   c.device = nullptr;
   c.host = dst;
   c.tier = Tier::kHost;

@@ -39,6 +39,7 @@
 #include "placement/access_trace.h"
 #include "placement/lru_policy.h"
 #include "placement/opt_policy.h"
+#include "placement/timeline.h"
 #include "pstar/pstar.h"
 #include "util/error.h"
 #include "util/thread_pool.h"
@@ -586,20 +587,10 @@ class Engine {
   // written or computed.
   bool payloads_ = true;
 
-  // Timeline for pstar_trace_export (options.record_timeline).
-  struct MoveRecord {
-    bool to_device;
-    uint32_t chunk;
-    uint64_t bytes;
-    double start, end;  // seconds on the engine's clock; end NaN if unknown
-  };
-  struct MemorySample {
-    uint64_t moment;  // acquires since the engine was created
-    double time;
-    uint64_t chunks, grads, nonmodel, deferred, host, optimizer;
-  };
-  std::vector<MoveRecord> moves_;
-  std::vector<MemorySample> samples_;
+  // What placement did, for pstar_trace_export (options.record_timeline;
+  // null otherwise).
+  std::unique_ptr<placement::Timeline> timeline_;
+  // Acquires since the engine was created (chunks' last_acquire).
   uint64_t acquires_ = 0;
 };
 

@@ -39,6 +39,9 @@ run_check() {
   date -u
   nvidia-smi || echo "nvidia-smi: not available"
   cmake_args=(-DPSTAR_WITH_CUDA=ON -DPSTAR_CRITERION=OFF -DCMAKE_BUILD_TYPE=Release)
+  # nlohmann-json is not installed there: tests/gpu/prepare.sh copies its
+  # header into build/gpu-deps here, and the run carries that folder.
+  [ -f build/gpu-deps/include/nlohmann/json.hpp ] && cmake_args+=(-DPSTAR_JSON_INCLUDE="$PWD/build/gpu-deps/include")
   # Ninja where it exists, unless the build folder was made by another generator.
   command -v ninja >/dev/null && [ ! -f "$build/CMakeCache.txt" ] && cmake_args+=(-G Ninja)
   # NCCL: the toolkit's folders first (CMake looks there); else the copy that
