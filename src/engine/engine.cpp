@@ -177,7 +177,9 @@ optim::LossScalerConfig scaler_config(const pstar_engine_options& o) {
 Engine::Engine(const pstar_engine_options& options) : Engine(options, nullptr) {}
 
 Engine::Engine(const pstar_engine_options& options, std::unique_ptr<dist::Communicator> group)
-    : opt_(validate_options(options)), scaler_(scaler_config(opt_)) {
+    : opt_(validate_options(options)),
+      follower_(opt_.warmup_iterations, placement::TraceFollower::Retrace::kFromDivergence, "placement"),
+      scaler_(scaler_config(opt_)) {
   if (group != nullptr) {
     require(!opt_.dry_run && !opt_.hybrid_optimizer, PSTAR_ERR_UNSUPPORTED,
             "engine: a sharded engine has no dry run and no hybrid optimizer placement yet");
@@ -204,7 +206,6 @@ Engine::Engine(const pstar_engine_options& options, std::unique_ptr<dist::Commun
   hyper_.weight_decay = opt_.weight_decay;
   hyper_.adamw = opt_.adamw != 0;
   clip_norm_ = opt_.clip_norm;
-  warmup_left_ = opt_.warmup_iterations;
   adam_isa_ = optim::adam_default_isa();
   pool_ = std::make_unique<ThreadPool>(opt_.threads);
   if (opt_.record_timeline) timeline_ = std::make_unique<placement::Timeline>();
@@ -769,7 +770,7 @@ void* Engine::acquire(uint32_t id, pstar_stage stage, void* stream) {
   const auto& place = layout_->param(id);
   ChunkState& c = chunks_[place.chunk];
   if (iteration_kind_ == PSTAR_ITERATION_TRAIN) {
-    trace_check(place.chunk);
+    follower_.check(place.chunk);
     schedule_at_acquire(place.chunk);  // may gather this and later chunks
   }
   const bool gathered_now = c.tier == Tier::kNone;
@@ -837,7 +838,7 @@ void* Engine::acquire(uint32_t id, pstar_stage stage, void* stream) {
   if (iteration_kind_ == PSTAR_ITERATION_TRAIN) {
     schedule_after_acquire(place.chunk, gathered_now);
     trace_note_access(place.chunk);
-    if (following_ && opt_.prefetch) prefetch_ahead();
+    if (follower_.following() && opt_.prefetch) prefetch_ahead(follower_.moment());
   }
   if (device_tier_.over_capacity()) ++stats_.budget_overruns;
   if (timeline_) sample_memory();
@@ -1038,7 +1039,7 @@ void Engine::make_room(uint64_t bytes, int64_t keep_chunk, const std::string& pu
     uint32_t victim;
     auto movable = [&](uint32_t k) { return static_cast<int64_t>(k) != keep_chunk && chunks_[k].evictable(); };
     bool found;
-    if (following_) {
+    if (follower_.following()) {
       found = opt_policy_.victim(movable, &victim);
     } else {
       // The static policy's resident set goes last, when the streaming
@@ -1168,57 +1169,25 @@ void Engine::check_ready(const memory::EventPtr& ev, const char* what) const {
 // neither record nor check: they use LRU and leave the trace alone.
 
 void Engine::trace_iteration_begin() {
-  moment_ = 0;
-  fallbacks_at_begin_ = stats_.trace_fallbacks;
-  following_ = false;
-  recording_now_ = false;
-  if (opt_.placement_policy != PSTAR_POLICY_OPT) return;
-  if (warmup_left_ > 0 || !trace_ready_) {
-    recording_now_ = true;
-    recording_.clear();
-    return;
-  }
-  following_ = true;
-  rekey_for_next_iteration();
+  follower_.begin(opt_.placement_policy == PSTAR_POLICY_OPT);
+  if (follower_.following()) rekey_for_next_iteration();
 }
 
 // Placement as at the start of an iteration that follows the trace: moment
 // 0, nothing prefetched yet, resident chunks keyed by their first use.
 void Engine::rekey_for_next_iteration() {
-  moment_ = 0;
   prefetch_frontier_ = 0;
-  opt_policy_.reset(2 * trace_.moments() + 1);
+  opt_policy_.reset(2 * follower_.trace().moments() + 1);
   for (uint32_t k = 0; k < chunks_.size(); ++k) {
     if (chunks_[k].tier != Tier::kDevice) continue;
-    const uint64_t first = trace_.first_use(k);
+    const uint64_t first = follower_.trace().first_use(k);
     opt_policy_.touch(k, first == placement::AccessTrace::kNever ? placement::OptPolicy::kNeverKey : first);
   }
 }
 
-void Engine::diverge(const char* why) {
-  following_ = false;
-  ++stats_.trace_fallbacks;
-  recording_ = trace_;
-  recording_.truncate(moment_);
-  recording_now_ = true;
-  log::info(std::string("placement: access order diverged from the trace at moment ") + std::to_string(moment_) + " (" +
-            why + "); falling back to LRU and re-tracing");
-}
-
-void Engine::trace_check(uint32_t chunk) {
-  if (!following_) return;
-  if (moment_ >= trace_.moments()) {
-    diverge("more acquires than the trace has");
-  } else if (trace_.chunk_at(moment_) != chunk) {
-    diverge("another chunk than the trace's");
-  }
-}
-
 void Engine::trace_note_access(uint32_t chunk) {
-  if (following_) opt_policy_.touch(chunk, trace_.next_use(moment_));
-  if (recording_now_)
-    recording_.record(chunk, device_tier_.bytes(Use::kNonModel) + device_tier_.bytes(Use::kGradients));
-  ++moment_;
+  if (follower_.following()) opt_policy_.touch(chunk, follower_.trace().next_use(follower_.moment()));
+  follower_.note(chunk, device_tier_.bytes(Use::kNonModel) + device_tier_.bytes(Use::kGradients));
 }
 
 // Fetches the chunks of the next kPrefetchMoments moments ahead of their use,
@@ -1235,12 +1204,13 @@ void Engine::trace_note_access(uint32_t chunk) {
 //    the chunk on-demand OPT would evict when the prefetched chunk is needed,
 //    for a chunk needed before it, is Cao et al.'s "do no harm" rule: the
 //    bytes moved stay those of on-demand OPT, only earlier.
-void Engine::prefetch_ahead() {
-  const uint64_t end = std::min<uint64_t>(trace_.moments(), moment_ + kPrefetchMoments);
+void Engine::prefetch_ahead(uint64_t now) {
+  const placement::AccessTrace& trace = follower_.trace();
+  const uint64_t end = std::min<uint64_t>(trace.moments(), now + kPrefetchMoments);
   // Moments before prefetch_frontier_ were placed by earlier calls (an
   // eviction moves the frontier back to the evicted chunk's next use), so
   // each acquire scans about one new moment, not the whole window.
-  const uint64_t begin = std::max(moment_, prefetch_frontier_);
+  const uint64_t begin = std::max(now, prefetch_frontier_);
   const uint64_t transient_now = device_tier_.bytes(Use::kNonModel) + device_tier_.bytes(Use::kGradients);
   uint64_t transient_peak = transient_now;
   auto movable = [&](uint32_t j) { return chunks_[j].evictable() && !chunks_[j].pinned_static; };
@@ -1269,14 +1239,14 @@ void Engine::prefetch_ahead() {
   // is free by then moves bytes on-demand OPT does not.
   auto demand_would_evict = [&](uint64_t t, uint64_t bytes) {
     return device_tier_.limited() && device_tier_.bytes(Use::kChunks) + device_tier_.bytes(Use::kOptimizer) +
-                                             device_tier_.bytes(Use::kGatherSlots) + trace_.transient_at(t) + bytes >
+                                             device_tier_.bytes(Use::kGatherSlots) + trace.transient_at(t) + bytes >
                                          device_tier_.capacity();
   };
-  for (uint64_t t = moment_; t < begin; ++t) transient_peak = std::max(transient_peak, trace_.transient_at(t));
+  for (uint64_t t = now; t < begin; ++t) transient_peak = std::max(transient_peak, trace.transient_at(t));
   for (uint64_t t = begin; t < end; ++t) {
     prefetch_frontier_ = t;
-    transient_peak = std::max(transient_peak, trace_.transient_at(t));
-    const uint32_t k = trace_.chunk_at(t);
+    transient_peak = std::max(transient_peak, trace.transient_at(t));
+    const uint32_t k = trace.chunk_at(t);
     ChunkState& c = chunks_[k];
     if (c.tier == Tier::kDevice) continue;
     if (c.tier == Tier::kNone) return;  // world > 1: gathered by its acquire (a collective), never ahead
@@ -1312,30 +1282,11 @@ void Engine::prefetch_ahead() {
   prefetch_frontier_ = end;
 }
 
-void Engine::trace_iteration_end() {
-  if (following_ && moment_ != trace_.moments()) diverge("fewer acquires than the trace has");
-  if (recording_now_) {
-    if (warmup_left_ > 0) --warmup_left_;
-    if (warmup_left_ == 0) {
-      trace_ = recording_;
-      trace_.finalize(static_cast<uint32_t>(chunks_.size()));
-      trace_ready_ = true;
-    }
-  }
-  following_ = false;
-  recording_now_ = false;
-}
+void Engine::trace_iteration_end() { follower_.end(static_cast<uint32_t>(chunks_.size())); }
 
-// An aborted TRAIN iteration leaves the trace as it was: a partial recording
-// (warm-up, or a re-trace after a divergence) is dropped and warm-up still
-// needs as many iterations; one that followed the trace stops following (the
-// next iteration follows from its start); a divergence it had is not counted.
+// An aborted TRAIN iteration leaves the trace as it was (TraceFollower::abort).
 void Engine::trace_iteration_abort() {
-  stats_.trace_fallbacks = fallbacks_at_begin_;
-  following_ = false;
-  recording_now_ = false;
-  recording_.clear();
-  moment_ = 0;
+  follower_.abort();
   prefetch_frontier_ = 0;
 }
 
@@ -1510,11 +1461,12 @@ void Engine::step_update_local(pstar_step_result& r) {
     // and after each update prefetch runs along the next iteration's trace
     // (it stops at a chunk still waiting for its update), so the chunks the
     // forward needs first come back while the CPU updates the others.
-    const bool ahead = opt_.prefetch && following_ && moment_ == trace_.moments() && trace_.moments() > 0;
-    const uint64_t moment_saved = moment_;
+    const placement::AccessTrace& trace = follower_.trace();
+    const bool ahead =
+        opt_.prefetch && follower_.following() && follower_.moment() == trace.moments() && trace.moments() > 0;
     if (ahead) {
       std::stable_sort(host_chunks.begin(), host_chunks.end(),
-                       [&](uint32_t a, uint32_t b) { return trace_.first_use(a) < trace_.first_use(b); });
+                       [&](uint32_t a, uint32_t b) { return trace.first_use(a) < trace.first_use(b); });
       for (uint32_t k : host_chunks) chunks_[k].awaiting_update = chunks_[k].tier != Tier::kDevice;
       rekey_for_next_iteration();
     }
@@ -1541,15 +1493,13 @@ void Engine::step_update_local(pstar_step_result& r) {
         }
         if (ahead) {
           c.awaiting_update = false;
-          prefetch_ahead();
+          prefetch_ahead(0);  // from the next iteration's start
         }
       });
     } catch (const Error&) {
       for (uint32_t k : host_chunks) chunks_[k].awaiting_update = false;
-      if (ahead) moment_ = moment_saved;
       throw;
     }
-    if (ahead) moment_ = moment_saved;  // the iteration ends as it was followed
     ++stats_.steps;
     scaler_.update(false);
   }
@@ -1796,7 +1746,8 @@ void Engine::fill_stats(pstar_stats* out) const {
   s.device_bytes = device_tier_.used();
   s.host_bytes = host_->held_bytes();
   s.peak_host_bytes = host_->peak_bytes();
-  s.trace_moments = trace_ready_ ? trace_.moments() : 0;
+  s.trace_moments = follower_.ready() ? follower_.trace().moments() : 0;
+  s.trace_fallbacks = follower_.divergences();
   s.clock_seconds = device_->clock_seconds();
   if (built()) {
     s.compute_chunks = static_cast<uint32_t>(layout_->chunks().size());

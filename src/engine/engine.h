@@ -40,6 +40,7 @@
 #include "placement/lru_policy.h"
 #include "placement/opt_policy.h"
 #include "placement/timeline.h"
+#include "placement/trace_follower.h"
 #include "pstar/pstar.h"
 #include "util/error.h"
 #include "util/thread_pool.h"
@@ -370,12 +371,11 @@ class Engine {
   // Trace-guided placement.
   void trace_iteration_begin();
   void rekey_for_next_iteration();
-  void trace_check(uint32_t chunk);
   void trace_note_access(uint32_t chunk);
   void trace_iteration_end();
   void trace_iteration_abort();
-  void diverge(const char* why);
-  void prefetch_ahead();
+  // From moment `now` of the trace (0: the next iteration's start).
+  void prefetch_ahead(uint64_t now);
   void choose_static_chunks();
   void fold_gradient(uint32_t id, memory::Stream* s);
   void release_optimizer_buffers(ChunkState& c, uint64_t fp32_bytes);
@@ -427,7 +427,6 @@ class Engine {
   void schedule_at_acquire(uint32_t k);
   void schedule_after_acquire(uint32_t k, bool gathered_now);
   void schedule_iteration_end();
-  void schedule_diverge(const char* why);
   void issue_gathers_ahead(bool at_acquire);
   void gather_into_slot(uint32_t k, uint32_t slot);
   void finish_gather(uint32_t k, bool quiet);
@@ -473,16 +472,8 @@ class Engine {
   placement::LruPolicy lru_;
   // OPT: keyed by next use; valid while following_.
   placement::OptPolicy opt_policy_;
-  placement::AccessTrace trace_;      // guides OPT once trace_ready_
-  placement::AccessTrace recording_;  // the TRAIN iteration being recorded
-  bool trace_ready_ = false;
-  bool recording_now_ = false;  // this TRAIN iteration is recorded
-  bool following_ = false;      // this TRAIN iteration matches trace_ so far
-  uint32_t warmup_left_ = 0;    // TRAIN iterations to record before following
-  uint64_t moment_ = 0;         // acquires so far in this TRAIN iteration
-  // stats_.trace_fallbacks when this TRAIN iteration began (an aborted
-  // iteration's divergence is not counted).
-  uint64_t fallbacks_at_begin_ = 0;
+  // The placement trace (OPT and prefetch follow it; warm-up from options).
+  placement::TraceFollower follower_;
   uint64_t prefetch_frontier_ = 0;  // first moment prefetch_ahead() has not placed
 
   // The device tier's accounting by use (memory/device_tier.h), against the
@@ -543,14 +534,13 @@ class Engine {
   uint32_t gather_ahead_ = 0;
   uint64_t slot_bytes_ = 0;
   std::vector<GatherSlot> slots_;
-  std::vector<uint32_t> sched_chunks_, rec_chunks_;  // chunk per moment
+  // The acquires of the TRAIN iteration (one trace follower, recording
+  // anew after a divergence) and the gathers each moment caused: sched_
+  // once the follower's trace is ready, rec_gathers_ while it records.
+  placement::TraceFollower sched_follower_{1, placement::TraceFollower::Retrace::kNextIteration, "gather ahead"};
   std::vector<ScheduledGather> sched_, rec_gathers_;
-  bool sched_ready_ = false;      // sched_ holds a complete iteration
-  bool sched_following_ = false;  // this iteration repeats it so far
-  bool sched_recording_ = false;  // this iteration is recorded from its start
-  size_t sched_next_ = 0;         // first entry of sched_ not issued
-  uint64_t sched_moment_ = 0;     // acquires so far in this TRAIN iteration
-  uint64_t gathers_ahead_ = 0, gathers_on_demand_ = 0, gathers_waited_ = 0, schedule_fallbacks_ = 0;
+  size_t sched_next_ = 0;  // first entry of sched_ not issued
+  uint64_t gathers_ahead_ = 0, gathers_on_demand_ = 0, gathers_waited_ = 0;
   double gather_wait_seconds_ = 0.0;
   // Runs the ahead gathers; declared after comm_ so that it is destroyed
   // (its thread finished) first.

@@ -323,7 +323,7 @@ void Engine::after_release_sharded(uint32_t id, uint32_t k, pstar_stage stage) {
     if (c.compute_refs != 0 || c.bwd_open != 0) return;
     if (c.grads_pending != 0) reduce_chunk(k);
     drop_gathered(k);
-    if (sched_following_) issue_gathers_ahead(false);
+    if (sched_follower_.following()) issue_gathers_ahead(false);
     return;
   }
   const int b = stage == PSTAR_STAGE_RECOMPUTE ? 1 : 0;
@@ -334,7 +334,7 @@ void Engine::after_release_sharded(uint32_t id, uint32_t k, pstar_stage stage) {
   }
   if (c.compute_refs == 0 && c.unmarked[b] == 0) {
     drop_gathered(k);
-    if (sched_following_) issue_gathers_ahead(false);
+    if (sched_follower_.following()) issue_gathers_ahead(false);
   }
 }
 
@@ -560,81 +560,52 @@ void Engine::release_gather_slots() {
 }
 
 void Engine::schedule_iteration_begin() {
-  sched_moment_ = 0;
   sched_next_ = 0;
-  sched_following_ = false;
-  sched_recording_ = false;
-  if (cqueue_ == nullptr) return;
-  if (!sched_ready_) {
-    sched_recording_ = true;
-    rec_chunks_.clear();
-    rec_gathers_.clear();
-    return;
-  }
-  sched_following_ = true;
-  issue_gathers_ahead(false);
-}
-
-void Engine::schedule_diverge(const char* why) {
-  sched_following_ = false;
-  sched_ready_ = false;  // the next TRAIN iteration records anew
-  ++schedule_fallbacks_;
-  log::info(std::string("gather ahead: the acquires left the recorded schedule at moment ") +
-            std::to_string(sched_moment_) + " (" + why + "); gathering at the acquire until a new one is recorded");
+  sched_follower_.begin(cqueue_ != nullptr);
+  if (sched_follower_.recording()) rec_gathers_.clear();
+  if (sched_follower_.following()) issue_gathers_ahead(false);
 }
 
 // Before an acquire of chunk k (a TRAIN iteration) looks at its chunk.
 void Engine::schedule_at_acquire(uint32_t k) {
-  if (!sched_following_) return;
-  if (sched_moment_ >= sched_chunks_.size()) {
-    schedule_diverge("more acquires than recorded");
-  } else if (sched_chunks_[sched_moment_] != k) {
-    schedule_diverge("another chunk than recorded");
-  } else {
-    issue_gathers_ahead(true);
-    if (sched_following_ && chunks_[k].tier == Tier::kNone) schedule_diverge("a gather the schedule does not have");
+  sched_follower_.check(k);
+  if (!sched_follower_.following()) return;
+  issue_gathers_ahead(true);
+  if (sched_follower_.following() && chunks_[k].tier == Tier::kNone) {
+    sched_follower_.diverge("a gather the schedule does not have");
   }
 }
 
 // After a successful acquire of chunk k; `gathered_now`: it gathered k.
 void Engine::schedule_after_acquire(uint32_t k, bool gathered_now) {
   if (cqueue_ == nullptr) return;
-  if (sched_recording_) {
-    rec_chunks_.push_back(k);
-    if (gathered_now) rec_gathers_.push_back(ScheduledGather{sched_moment_, k});
+  if (sched_follower_.recording() && gathered_now) {
+    rec_gathers_.push_back(ScheduledGather{sched_follower_.moment(), k});
   }
-  ++sched_moment_;
+  sched_follower_.note(k, 0);
 }
 
 void Engine::schedule_iteration_end() {
   if (cqueue_ == nullptr) return;
-  if (sched_following_ && sched_moment_ != sched_chunks_.size()) schedule_diverge("fewer acquires than recorded");
-  if (sched_recording_) {
-    sched_chunks_ = std::move(rec_chunks_);
-    sched_ = std::move(rec_gathers_);
-    rec_chunks_.clear();
-    rec_gathers_.clear();
-    sched_ready_ = true;
-  }
-  sched_following_ = false;
-  sched_recording_ = false;
+  if (sched_follower_.end(static_cast<uint32_t>(chunks_.size()))) sched_ = std::move(rec_gathers_);
+  rec_gathers_.clear();
 }
 
 // Issues the schedule's gathers that are due or within gather_ahead_ of the
 // last due one.  `at_acquire`: called by the acquire of moment
-// sched_moment_, so that entries of this moment are due now (else only
+// sched_follower_.moment(), so that entries of this moment are due now (else only
 // earlier ones are, and none should be left).
 void Engine::issue_gathers_ahead(bool at_acquire) {
   size_t due_end = sched_next_;  // entries [.., due_end) are due
-  while (due_end < sched_.size() &&
-         (sched_[due_end].moment < sched_moment_ || (at_acquire && sched_[due_end].moment == sched_moment_))) {
+  while (due_end < sched_.size() && (sched_[due_end].moment < sched_follower_.moment() ||
+                                     (at_acquire && sched_[due_end].moment == sched_follower_.moment()))) {
     ++due_end;
   }
-  while (sched_following_ && sched_next_ < sched_.size()) {
+  while (sched_follower_.following() && sched_next_ < sched_.size()) {
     const ScheduledGather& e = sched_[sched_next_];
     const bool due = sched_next_ < due_end;
-    if (due && e.moment < sched_moment_) {
-      schedule_diverge("a scheduled gather was not issued by its acquire");
+    if (due && e.moment < sched_follower_.moment()) {
+      sched_follower_.diverge("a scheduled gather was not issued by its acquire");
       return;
     }
     if (!due && sched_next_ >= due_end + gather_ahead_) return;
@@ -642,7 +613,7 @@ void Engine::issue_gathers_ahead(bool at_acquire) {
     if (c.tier != Tier::kNone) {
       // Its previous gather is not dropped yet: wait for the drop (a later
       // call), unless the acquire that needs it is now.
-      if (due) schedule_diverge("the scheduled chunk is still gathered at its acquire");
+      if (due) sched_follower_.diverge("the scheduled chunk is still gathered at its acquire");
       return;
     }
     int64_t free_slot = -1;
@@ -664,12 +635,12 @@ void Engine::issue_gathers_ahead(bool at_acquire) {
 
 void Engine::fill_gather_stats(pstar_x_gather_stats* out) const {
   out->depth = gather_ahead_;
-  out->schedule_ready = sched_ready_ ? 1 : 0;
+  out->schedule_ready = sched_follower_.ready() ? 1 : 0;
   out->slot_bytes = device_tier_.bytes(Use::kGatherSlots);
   out->gathers_ahead = gathers_ahead_;
   out->gathers_on_demand = gathers_on_demand_;
   out->gathers_waited = gathers_waited_;
-  out->schedule_fallbacks = schedule_fallbacks_;
+  out->schedule_fallbacks = sched_follower_.divergences();
   out->wait_seconds = gather_wait_seconds_;
 }
 
@@ -808,7 +779,7 @@ void Engine::step_update_sharded(pstar_step_result& r) {
     uint64_t hash;
     uint64_t schedule_ready;
   };
-  const Exchange mine{sumsq_local, overflow_local ? 1u : 0u, collective_hash_, sched_ready_ ? 1u : 0u};
+  const Exchange mine{sumsq_local, overflow_local ? 1u : 0u, collective_hash_, sched_follower_.ready() ? 1u : 0u};
   std::vector<Exchange> all(static_cast<size_t>(world_));
   collective("step: norm and overflow exchange", kCollStep, 0,
              [&] { all_gather_host(&mine, all.data(), sizeof mine); });
@@ -827,7 +798,7 @@ void Engine::step_update_sharded(pstar_step_result& r) {
     }
     sumsq += e.sumsq;  // rank order: the same bits on every rank
     overflow = overflow || e.overflow != 0;
-    if (e.schedule_ready == 0) sched_ready_ = false;
+    if (e.schedule_ready == 0) sched_follower_.invalidate();
   }
 
   const float scale = scaler_.scale();
