@@ -13,10 +13,11 @@
 
 #include "engine/engine.h"
 #include "errors.h"
+#include "options.h"
 #include "util/struct_check.h"
 
 struct pstar_engine {
-  pstar_engine(const pstar_engine_options& o, pid_t pid) : creator_pid(pid), impl(o) {}
+  pstar_engine(const pstar_engine_options& o, pid_t pid) : creator_pid(pid), impl(pstar::capi::engine_options(o)) {}
   // The process that created the engine: its threads exist only there.
   const pid_t creator_pid;
   // The C API function in progress on this engine (a string literal), or

@@ -16,7 +16,7 @@
 #include "util/dtype.h"
 #include "util/error.h"
 #include "util/log.h"
-#include "util/struct_check.h"
+#include "util/settings.h"
 
 namespace pstar::engine {
 
@@ -24,144 +24,11 @@ using chunk::TensorEvent;
 using chunk::TensorState;
 
 namespace {
-
-// Floating-point settings are checked as stored: as floats (pstar.h,
-// pstar_hparam_set).  Bounds are floats too, so that a bound itself is
-// accepted wherever it comes from.
-constexpr float kMaxSetting = 1e30f;                                       // lr, weight_decay, clip_norm, lr_scale, eps
-constexpr float kBelowOne = 1.0f - 0x1p-24f;                               // the largest float below 1 (betas)
-bool float_in(float v, float lo, float hi) { return v >= lo && v <= hi; }  // NaN: false
-
-// A double rounded to float as a C cast does (to nearest), but defined for
-// every double: beyond the range that rounds to FLT_MAX, an infinity.
-float to_float(double v) {
-  constexpr double kRoundsToInf = static_cast<double>(FLT_MAX) + 0x1p103;  // FLT_MAX + half its ulp
-  if (v >= kRoundsToInf) return std::numeric_limits<float>::infinity();
-  if (v <= -kRoundsToInf) return -std::numeric_limits<float>::infinity();
-  return static_cast<float>(v);  // NaN stays NaN
-}
-
-// Shortest-enough decimal forms: 9 digits tell floats apart, 17 doubles.
-std::string num_str(double v, int digits = 9) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.*g", digits, v);
-  return buf;
-}
-
-// Checks one floating-point setting; `range` says it for the message.
-void require_setting(float v, float lo, float hi, const char* what, const char* range) {
-  require(float_in(v, lo, hi), PSTAR_ERR_INVALID_ARGUMENT,
-          [&] { return std::string(what) + " must be " + range + " (got " + num_str(v) + ")"; });
-}
-
-// The same for a double that the library stores as a float: the float is
-// checked, and the message says what the value rounded to.
-float require_setting_double(double v, float lo, float hi, const char* what, const char* range) {
-  const float f = to_float(v);
-  require(float_in(f, lo, hi), PSTAR_ERR_INVALID_ARGUMENT, [&] {
-    std::string m = std::string(what) + " must be " + range + " as a float (got " + num_str(v, 17);
-    if (!(static_cast<double>(f) == v) && !std::isnan(v)) m += ", which rounds to " + num_str(f);
-    return m + ")";
-  });
-  return f;
-}
-
-constexpr const char* kRangeLr = "finite and in [0, 1e30]";
-constexpr const char* kRangeBeta = "in [0, 1)";
-constexpr const char* kRangeEps = "in [FLT_MIN, 1e30] (a normal float > 0)";
-constexpr const char* kRangeScale = "in [FLT_MIN, FLT_MAX] (a normal float > 0)";
-
-// Modelled bandwidths divide byte counts: 0 (the default) or at least one
-// byte per second.
-bool bandwidth_ok(double v) { return v == 0.0 || (v >= 1.0 && v <= 1e18); }
-
 std::string bytes_str(uint64_t b) { return std::to_string(b) + " bytes"; }
-
 }  // namespace
 
-pstar_engine_options validate_options(const pstar_engine_options& in) {
-  pstar_engine_options o;
-  pstar_engine_options_init(&o);
-  // Bytes that each version of the struct covers: fields are only appended.
-  const size_t covered_by_version[PSTAR_ENGINE_OPTIONS_VERSION] = {
-      offsetof(pstar_engine_options, loss_scale_min) + sizeof(float),
-      offsetof(pstar_engine_options, grad_accumulation) + sizeof(int32_t),
-      offsetof(pstar_engine_options, prefetch) + sizeof(int32_t),
-      offsetof(pstar_engine_options, comm_timeout_ms) + sizeof(uint32_t),
-  };
-  require_versioned_struct(&in, in.size, in.version, PSTAR_ENGINE_OPTIONS_VERSION, covered_by_version,
-                           sizeof(pstar_engine_options), "options");
-  const size_t covered = covered_by_version[in.version - 1];
-  // Fields of later versions than the caller's keep their defaults.
-  std::memcpy(&o, &in, covered);
-  o.size = sizeof o;
-  o.version = PSTAR_ENGINE_OPTIONS_VERSION;
-
-  require(o.device == PSTAR_DEVICE_EMULATED || o.device == PSTAR_DEVICE_CUDA, PSTAR_ERR_INVALID_ARGUMENT,
-          [&] { return "options: unknown device kind " + std::to_string(static_cast<int>(o.device)); });
-  require(!(o.strict && o.device != PSTAR_DEVICE_EMULATED), PSTAR_ERR_INVALID_ARGUMENT,
-          "options: strict mode exists on the emulated device only");
-  if (o.dry_run) o.virtual_clock = 1;
-  require(!(o.virtual_clock && o.device != PSTAR_DEVICE_EMULATED), PSTAR_ERR_INVALID_ARGUMENT,
-          "options: the virtual clock and dry runs exist on the emulated device only");
-  require(!(o.virtual_clock && o.strict), PSTAR_ERR_INVALID_ARGUMENT,
-          "options: strict mode needs the wall clock (its delays are real time); unset virtual_clock or strict");
-  require(bandwidth_ok(o.h2d_bytes_per_s) && bandwidth_ok(o.d2h_bytes_per_s), PSTAR_ERR_INVALID_ARGUMENT,
-          "options: h2d_bytes_per_s and d2h_bytes_per_s must be 0 (the default) or in [1, 1e18]");
-  if (o.h2d_bytes_per_s == 0.0) o.h2d_bytes_per_s = PSTAR_DEFAULT_LINK_BYTES_PER_S;
-  if (o.d2h_bytes_per_s == 0.0) o.d2h_bytes_per_s = PSTAR_DEFAULT_LINK_BYTES_PER_S;
-  require(o.device_margin_bytes == 0 || o.device_margin_bytes < o.device_capacity_bytes, PSTAR_ERR_INVALID_ARGUMENT,
-          [&] {
-            return "options: device_margin_bytes (" + std::to_string(o.device_margin_bytes) +
-                   ") must be below a nonzero device_capacity_bytes (" + std::to_string(o.device_capacity_bytes) + ")";
-          });
-  require(!(o.hybrid_optimizer && o.device == PSTAR_DEVICE_CUDA && o.device_capacity_bytes == 0),
-          PSTAR_ERR_INVALID_ARGUMENT,
-          "options: hybrid_optimizer on CUDA needs a nonzero device_capacity_bytes (the optimizer state goes into "
-          "what the warm-up leaves free of that capacity)");
-  require(o.world_size >= 0, PSTAR_ERR_INVALID_ARGUMENT, [&] {
-    return "options: world_size " + std::to_string(o.world_size) + " is negative (0 = from the environment)";
-  });
-  require(o.world_size == 0 ? o.rank == 0 : (o.rank >= 0 && o.rank < o.world_size), PSTAR_ERR_INVALID_ARGUMENT, [&] {
-    return o.world_size == 0
-               ? "options: rank " + std::to_string(o.rank) +
-                     " given without world_size (set both, or neither to read the environment)"
-               : "options: rank " + std::to_string(o.rank) + " is not in 0.." + std::to_string(o.world_size - 1) +
-                     " (world_size " + std::to_string(o.world_size) + ")";
-  });
-  if (o.comm_timeout_ms == 0) o.comm_timeout_ms = 60000;
-  if (o.chunk_elems == 0) o.chunk_elems = PSTAR_DEFAULT_CHUNK_ELEMS;
-  require(o.chunk_elems % chunk::kAlignElems == 0, PSTAR_ERR_INVALID_ARGUMENT, [&] {
-    return "options: chunk_elems (" + std::to_string(o.chunk_elems) + ") must be a multiple of " +
-           std::to_string(chunk::kAlignElems);
-  });
-  require(o.chunk_elems <= kMaxNumel, PSTAR_ERR_INVALID_ARGUMENT, "options: chunk_elems is too large");
-  require(o.placement_policy == PSTAR_POLICY_OPT || o.placement_policy == PSTAR_POLICY_LRU ||
-              o.placement_policy == PSTAR_POLICY_STATIC,
-          PSTAR_ERR_INVALID_ARGUMENT,
-          [&] { return "options: unknown placement policy " + std::to_string(static_cast<int>(o.placement_policy)); });
-  if (o.warmup_iterations == 0) o.warmup_iterations = 1;
-  require(dtype_valid(o.compute_dtype), PSTAR_ERR_INVALID_ARGUMENT,
-          [&] { return "options: unknown compute dtype " + std::to_string(static_cast<int>(o.compute_dtype)); });
-  require_setting(o.lr, 0.0f, kMaxSetting, "options: lr", kRangeLr);
-  require_setting(o.beta1, 0.0f, kBelowOne, "options: beta1", kRangeBeta);
-  require_setting(o.beta2, 0.0f, kBelowOne, "options: beta2", kRangeBeta);
-  require_setting(o.eps, FLT_MIN, kMaxSetting, "options: eps", kRangeEps);
-  require_setting(o.weight_decay, 0.0f, kMaxSetting, "options: weight_decay", "finite and in [0, 1e30]");
-  require_setting(o.clip_norm, 0.0f, kMaxSetting, "options: clip_norm", "in [0, 1e30] (0 = off)");
-  require_setting(o.loss_scale_initial, FLT_MIN, FLT_MAX, "options: loss_scale_initial", kRangeScale);
-  require_setting(o.loss_scale_growth_factor, 1.0f, kMaxSetting, "options: loss_scale_growth_factor", "in [1, 1e30]");
-  require_setting(o.loss_scale_backoff_factor, std::numeric_limits<float>::denorm_min(), 1.0f,
-                  "options: loss_scale_backoff_factor", "in (0, 1]");
-  require(o.loss_scale_growth_interval >= 1, PSTAR_ERR_INVALID_ARGUMENT,
-          "options: loss_scale_growth_interval must be >= 1");
-  require(o.loss_scale_hysteresis >= 1, PSTAR_ERR_INVALID_ARGUMENT, "options: loss_scale_hysteresis must be >= 1");
-  require_setting(o.loss_scale_min, FLT_MIN, FLT_MAX, "options: loss_scale_min", kRangeScale);
-  return o;
-}
-
 namespace {
-optim::LossScalerConfig scaler_config(const pstar_engine_options& o) {
+optim::LossScalerConfig scaler_config(const EngineOptions& o) {
   optim::LossScalerConfig c;
   c.enabled = o.compute_dtype == PSTAR_DTYPE_F16;
   c.initial = o.loss_scale_initial;
@@ -174,19 +41,19 @@ optim::LossScalerConfig scaler_config(const pstar_engine_options& o) {
 }
 }  // namespace
 
-Engine::Engine(const pstar_engine_options& options) : Engine(options, nullptr) {}
+Engine::Engine(const EngineOptions& options) : Engine(options, nullptr) {}
 
-Engine::Engine(const pstar_engine_options& options, std::unique_ptr<dist::Communicator> group)
-    : opt_(validate_options(options)),
-      follower_(opt_.warmup_iterations, placement::TraceFollower::Retrace::kFromDivergence, "placement"),
-      scaler_(scaler_config(opt_)) {
+Engine::Engine(const EngineOptions& options, std::unique_ptr<dist::Communicator> group)
+    : options_(options),
+      follower_(options_.warmup_iterations, placement::TraceFollower::Retrace::kFromDivergence, "placement"),
+      scaler_(scaler_config(options_)) {
   if (group != nullptr) {
-    require(!opt_.dry_run && !opt_.hybrid_optimizer, PSTAR_ERR_UNSUPPORTED,
+    require(!options_.dry_run && !options_.hybrid_optimizer, PSTAR_ERR_UNSUPPORTED,
             "engine: a sharded engine has no dry run and no hybrid optimizer placement yet");
     // A CUDA engine needs a group that takes device memory; the emulated
     // device's memory is host memory, so either kind serves it (tests run
     // the device-buffer code paths there).
-    require(opt_.device != PSTAR_DEVICE_CUDA || group->device_buffers(), PSTAR_ERR_INVALID_ARGUMENT,
+    require(options_.device != PSTAR_DEVICE_CUDA || group->device_buffers(), PSTAR_ERR_INVALID_ARGUMENT,
             [&] { return std::string("engine: a ") + group->backend() + " group takes host memory, not CUDA memory"; });
     rank_ = group->rank();
     world_ = group->size();
@@ -194,22 +61,31 @@ Engine::Engine(const pstar_engine_options& options, std::unique_ptr<dist::Commun
   } else {
     resolve_world();
   }
-  device_ = memory::make_device(opt_);
-  host_ = std::make_unique<memory::HostPool>(device_.get(), opt_.host_capacity_bytes);
+  memory::DeviceConfig dc;
+  dc.kind = options_.device;
+  dc.ordinal = options_.device_ordinal;
+  dc.strict = options_.strict;
+  dc.strict_seed = options_.strict_seed;
+  dc.modelled = options_.virtual_clock || options_.dry_run;
+  dc.payloads = !options_.dry_run;
+  dc.h2d_bytes_per_s = options_.h2d_bytes_per_s;
+  dc.d2h_bytes_per_s = options_.d2h_bytes_per_s;
+  device_ = memory::make_device(dc);
+  host_ = std::make_unique<memory::HostPool>(device_.get(), options_.host_capacity_bytes);
   // Placement's limit: the margin stays free for what the caller does not report.
-  device_tier_ = memory::DeviceTier(opt_.device_capacity_bytes - opt_.device_margin_bytes);
+  device_tier_ = memory::DeviceTier(options_.device_capacity_bytes - options_.device_margin_bytes);
   payloads_ = device_->has_payloads();
-  hyper_.lr = opt_.lr;
-  hyper_.beta1 = opt_.beta1;
-  hyper_.beta2 = opt_.beta2;
-  hyper_.eps = opt_.eps;
-  hyper_.weight_decay = opt_.weight_decay;
-  hyper_.adamw = opt_.adamw != 0;
-  clip_norm_ = opt_.clip_norm;
+  hyper_.lr = options_.lr;
+  hyper_.beta1 = options_.beta1;
+  hyper_.beta2 = options_.beta2;
+  hyper_.eps = options_.eps;
+  hyper_.weight_decay = options_.weight_decay;
+  hyper_.adamw = options_.adamw != 0;
+  clip_norm_ = options_.clip_norm;
   adam_isa_ = optim::adam_default_isa();
-  pool_ = std::make_unique<ThreadPool>(opt_.threads);
-  if (opt_.record_timeline) timeline_ = std::make_unique<placement::Timeline>();
-  pstar_stats_init(&stats_);
+  pool_ = std::make_unique<ThreadPool>(options_.threads);
+  if (options_.record_timeline) timeline_ = std::make_unique<placement::Timeline>();
+  stats_ = PSTAR_STATS_INIT;
   connect_group();
   log::debug("engine created on " + device_->name());
 }
@@ -261,7 +137,7 @@ void Engine::release_optimizer_buffers(ChunkState& c, uint64_t fp32_bytes) {
   }
 }
 
-size_t Engine::elem_bytes() const { return dtype_size(opt_.compute_dtype); }
+size_t Engine::elem_bytes() const { return dtype_size(options_.compute_dtype); }
 
 uint64_t Engine::fp32_bytes_held(uint32_t k) const {
   return (sharded() ? chunks_[k].shard_elems : layout_->chunks()[k].capacity_elems) * sizeof(float);
@@ -316,7 +192,7 @@ void Engine::build() {
   // boundaries keep the 128-element alignment: capacities are padded to a
   // multiple of world * 128 elements.
   const uint64_t shard_unit = chunk::kAlignElems * static_cast<uint64_t>(world_);
-  const uint64_t chunk_elems = sharded() ? chunk::align_up(opt_.chunk_elems, shard_unit) : opt_.chunk_elems;
+  const uint64_t chunk_elems = sharded() ? chunk::align_up(options_.chunk_elems, shard_unit) : options_.chunk_elems;
   if (sharded()) check_layout_agrees(chunk_elems);
   auto layout = std::make_unique<chunk::ChunkLayout>(numels, frozen, chunk_elems);
   std::vector<ChunkState> chunks(layout->chunks().size());
@@ -343,7 +219,7 @@ void Engine::build() {
         largest_trainable = std::max(largest_trainable, c.elems);
         const uint64_t fp32_bytes = (sharded() ? c.shard_elems : c.elems) * sizeof(float);
         for (float** b : {&c.master, &c.exp_avg, &c.exp_avg_sq, &c.grad32}) {
-          if (b == &c.grad32 && !opt_.grad_accumulation) continue;
+          if (b == &c.grad32 && !options_.grad_accumulation) continue;
           if (b != &c.grad32 && nvme_requested_) continue;  // placed below, host or drive
           *b = static_cast<float*>(host_->acquire(fp32_bytes));
           if (payloads_) std::memset(*b, 0, fp32_bytes);
@@ -384,7 +260,7 @@ void Engine::build() {
     throw;
   }
   chunks_ = std::move(chunks);
-  if (opt_.placement_policy == PSTAR_POLICY_STATIC && device_tier_.limited()) choose_static_chunks();
+  if (options_.placement_policy == PSTAR_POLICY_STATIC && device_tier_.limited()) choose_static_chunks();
   for (auto& p : params_) p.state = TensorState::kHold;  // the build transition
   log::info("engine built: " + std::to_string(params_.size()) + " parameters in " + std::to_string(chunks_.size()) +
             " chunks");
@@ -473,7 +349,7 @@ void Engine::set_lr_scale(uint32_t id, float lr_scale) {
   Param& p = param_checked(id);
   require(!(iteration_active_ && iteration_kind_ == PSTAR_ITERATION_TRAIN), PSTAR_ERR_INVALID_STATE,
           "param_set_lr_scale: not legal inside a TRAIN iteration");
-  require_setting(lr_scale, 0.0f, kMaxSetting, "param_set_lr_scale: lr_scale", "finite and in [0, 1e30]");
+  settings::require_float(lr_scale, 0.0f, settings::kMax, "param_set_lr_scale: lr_scale", settings::kRangeDecay);
   p.lr_scale = lr_scale;
 }
 
@@ -532,7 +408,7 @@ void Engine::write(uint32_t id, const void* src, uint64_t count, pstar_dtype dty
     }
     void* payload = host_view(place.chunk);
     for (uint64_t i = 0; i < count; ++i) {
-      store_as(payload, opt_.compute_dtype, place.offset_elems + i, load_as(src, dtype, i));
+      store_as(payload, options_.compute_dtype, place.offset_elems + i, load_as(src, dtype, i));
     }
     return;
   }
@@ -580,12 +456,12 @@ void Engine::read(uint32_t id, void* dst, uint64_t count, pstar_dtype dtype) {
     device_->stream_wait(s, c.ready);
     copy_sync(staging.data(), static_cast<const char*>(c.device) + place.offset_elems * elem_bytes(), staging.size(),
               memory::CopyKind::kDeviceToHost);
-    for (uint64_t i = 0; i < count; ++i) store_as(dst, dtype, i, load_as(staging.data(), opt_.compute_dtype, i));
+    for (uint64_t i = 0; i < count; ++i) store_as(dst, dtype, i, load_as(staging.data(), options_.compute_dtype, i));
     return;
   }
   const void* payload = host_view(place.chunk);
   for (uint64_t i = 0; i < count; ++i) {
-    store_as(dst, dtype, i, load_as(payload, opt_.compute_dtype, place.offset_elems + i));
+    store_as(dst, dtype, i, load_as(payload, options_.compute_dtype, place.offset_elems + i));
   }
 }
 
@@ -643,7 +519,7 @@ void Engine::iteration_end() {
 void Engine::reset_iteration_state(TensorEvent ev) {
   for (uint32_t id = 0; id < params_.size(); ++id) {
     Param& p = params_[id];
-    if (p.has_grad && opt_.grad_accumulation && payloads_ && !sharded()) {
+    if (p.has_grad && options_.grad_accumulation && payloads_ && !sharded()) {
       const auto& place = layout_->param(id);
       if (chunks_[place.chunk].opt_device == nullptr) {
         std::memset(chunks_[place.chunk].grad32 + place.offset_elems, 0, p.numel * sizeof(float));
@@ -658,7 +534,7 @@ void Engine::reset_iteration_state(TensorEvent ev) {
     p.grad_nonfinite = 0;
   }
   for (ChunkState& c : chunks_) c.bwd_open = 0;
-  if (opt_.grad_accumulation) {
+  if (options_.grad_accumulation) {
     memory::Stream* cs = device_->compute_stream();
     for (uint32_t k = 0; k < chunks_.size(); ++k) {
       ChunkState& c = chunks_[k];
@@ -747,12 +623,12 @@ void* Engine::acquire(uint32_t id, pstar_stage stage, void* stream) {
     require(stage == PSTAR_STAGE_FORWARD, PSTAR_ERR_INVALID_STATE,
             "param_acquire: an EVAL iteration has FORWARD uses only");
     ev = TensorEvent::kAcquireEval;
-  } else if (stage == PSTAR_STAGE_FORWARD && opt_.grad_accumulation && p.state == TensorState::kHoldAfterBwd) {
+  } else if (stage == PSTAR_STAGE_FORWARD && options_.grad_accumulation && p.state == TensorState::kHoldAfterBwd) {
     ev = TensorEvent::kAcquireNextMicroBatch;  // its gradient is folded into the fp32 list
   } else if (stage == PSTAR_STAGE_FORWARD) {
     require(p.backward_uses == 0, PSTAR_ERR_INVALID_STATE, [&] {
       return "param_acquire(FORWARD) of '" + p.name + "' after its backward began in this iteration" +
-             (opt_.grad_accumulation ? "" : " (several micro-batches per step need options.grad_accumulation)");
+             (options_.grad_accumulation ? "" : " (several micro-batches per step need options.grad_accumulation)");
     });
     ev = TensorEvent::kAcquireForward;
   } else if (stage == PSTAR_STAGE_RECOMPUTE) {
@@ -838,7 +714,7 @@ void* Engine::acquire(uint32_t id, pstar_stage stage, void* stream) {
   if (iteration_kind_ == PSTAR_ITERATION_TRAIN) {
     schedule_after_acquire(place.chunk, gathered_now);
     trace_note_access(place.chunk);
-    if (follower_.following() && opt_.prefetch) prefetch_ahead(follower_.moment());
+    if (follower_.following() && options_.prefetch) prefetch_ahead(follower_.moment());
   }
   if (device_tier_.over_capacity()) ++stats_.budget_overruns;
   if (timeline_) sample_memory();
@@ -869,13 +745,13 @@ void Engine::release(uint32_t id, void* stream) {
     if (!p.grad_pending) ++c.grads_pending;
     p.grad_pending = true;
     p.grad_ready = device_->record(s);
-  } else if (ev == TensorEvent::kReleaseBackwardLast && !p.frozen() && opt_.grad_accumulation) {
+  } else if (ev == TensorEvent::kReleaseBackwardLast && !p.frozen() && options_.grad_accumulation) {
     fold_gradient(id, s);
   } else if (ev == TensorEvent::kReleaseBackwardLast && !p.frozen()) {
     // The gradient replaces the weight in the slot; overflow and norm are
     // known from here on, before the step begins.
     void* slot = static_cast<char*>(c.device) + place.offset_elems * elem_bytes();
-    device_->grad_finalize(s, p.grad_acc, slot, opt_.compute_dtype, p.numel, &p.grad_sumsq, &p.grad_nonfinite);
+    device_->grad_finalize(s, p.grad_acc, slot, options_.compute_dtype, p.numel, &p.grad_sumsq, &p.grad_nonfinite);
     memory::EventPtr done = device_->record(s);
     defer_free_device(done, p.grad_acc, p.numel * sizeof(float), Use::kGradients);
     p.grad_acc = nullptr;
@@ -959,7 +835,7 @@ void Engine::note_device_peak() {
 void Engine::host_wait(memory::Stream* stream, const memory::EventPtr& ready) {
   // Reading the wall clock costs tens of nanoseconds: only when there is
   // something to wait for (the virtual clock is a field).
-  if (!payloads_ || opt_.virtual_clock || !device_->query(ready)) {
+  if (!payloads_ || options_.virtual_clock || !device_->query(ready)) {
     const double before = device_->clock_seconds();
     device_->synchronize(stream);
     stats_.wait_seconds += device_->clock_seconds() - before;
@@ -987,7 +863,7 @@ void Engine::trace_export(const char* path) const {
   require(path != nullptr && path[0] != '\0', PSTAR_ERR_INVALID_ARGUMENT, "trace_export: path is NULL or empty");
   require(timeline_ != nullptr, PSTAR_ERR_INVALID_STATE,
           "trace_export: no timeline was kept (set options.record_timeline)");
-  timeline_->write(path, opt_.virtual_clock ? "virtual" : "wall");
+  timeline_->write(path, options_.virtual_clock ? "virtual" : "wall");
 }
 
 void Engine::defer_free_device(memory::EventPtr after, void* ptr, size_t bytes, Use from) {
@@ -1169,7 +1045,7 @@ void Engine::check_ready(const memory::EventPtr& ev, const char* what) const {
 // neither record nor check: they use LRU and leave the trace alone.
 
 void Engine::trace_iteration_begin() {
-  follower_.begin(opt_.placement_policy == PSTAR_POLICY_OPT);
+  follower_.begin(options_.placement_policy == PSTAR_POLICY_OPT);
   if (follower_.following()) rekey_for_next_iteration();
 }
 
@@ -1313,7 +1189,8 @@ void Engine::restore_slot(uint32_t id) {
   }
   void* payload = host_view(place.chunk);
   const float* master = c.master + place.offset_elems;
-  for (uint64_t i = 0; i < place.numel; ++i) store_as(payload, opt_.compute_dtype, place.offset_elems + i, master[i]);
+  for (uint64_t i = 0; i < place.numel; ++i)
+    store_as(payload, options_.compute_dtype, place.offset_elems + i, master[i]);
 }
 
 // Gradient accumulation: adds this micro-batch's gradient (the fp32
@@ -1360,7 +1237,7 @@ void Engine::step_update_local(pstar_step_result& r) {
   for (uint32_t id = 0; id < params_.size(); ++id) {
     Param& p = params_[id];
     if (!p.has_grad) continue;
-    if (opt_.grad_accumulation) {
+    if (options_.grad_accumulation) {
       // The sum over micro-batches is complete only now.
       const auto& place = layout_->param(id);
       const ChunkState& c = chunks_[place.chunk];
@@ -1413,7 +1290,7 @@ void Engine::step_update_local(pstar_step_result& r) {
       range.exp_avg = c.exp_avg + lo;
       range.exp_avg_sq = c.exp_avg_sq + lo;
       range.slot = static_cast<char*>(payload) + lo * elem_bytes();
-      range.dtype = opt_.compute_dtype;
+      range.dtype = options_.compute_dtype;
       range.grad_f32 = c.grad32 != nullptr ? c.grad32 + lo : nullptr;
       range.n = hi - lo;
       return range;
@@ -1463,7 +1340,7 @@ void Engine::step_update_local(pstar_step_result& r) {
     // forward needs first come back while the CPU updates the others.
     const placement::AccessTrace& trace = follower_.trace();
     const bool ahead =
-        opt_.prefetch && follower_.following() && follower_.moment() == trace.moments() && trace.moments() > 0;
+        options_.prefetch && follower_.following() && follower_.moment() == trace.moments() && trace.moments() > 0;
     if (ahead) {
       std::stable_sort(host_chunks.begin(), host_chunks.end(),
                        [&](uint32_t a, uint32_t b) { return trace.first_use(a) < trace.first_use(b); });
@@ -1553,8 +1430,7 @@ pstar_step_result Engine::step() {
              "unpin it and call pstar_step again";
     });
   }
-  pstar_step_result r;
-  pstar_step_result_init(&r);
+  pstar_step_result r = PSTAR_STEP_RESULT_INIT;
   // An NVMe I/O error inside the update still ends the iteration (so that a
   // checkpoint can be loaded), then is reported.
   std::exception_ptr nvme_error;
@@ -1574,7 +1450,7 @@ pstar_step_result Engine::step() {
   trace_iteration_end();
   if (nvme_error) std::rethrow_exception(nvme_error);
   ++train_iterations_;
-  if (opt_.hybrid_optimizer && !hybrid_placed_ && train_iterations_ >= opt_.warmup_iterations) {
+  if (options_.hybrid_optimizer && !hybrid_placed_ && train_iterations_ >= options_.warmup_iterations) {
     place_optimizer_state();
   }
   r.step = adam_step_;
@@ -1594,7 +1470,7 @@ pstar_step_result Engine::step() {
 // update runs on the device, queued on the compute stream.
 
 uint64_t Engine::optimizer_state_bytes(uint32_t k) const {
-  const uint64_t lists = opt_.grad_accumulation ? 4 : 3;
+  const uint64_t lists = options_.grad_accumulation ? 4 : 3;
   return lists * layout_->chunks()[k].capacity_elems * sizeof(float);
 }
 
@@ -1680,7 +1556,7 @@ void Engine::write_slot_on_device(uint32_t id, const float* values) {
   const auto& place = layout_->param(id);
   ChunkState& c = chunks_[place.chunk];
   std::vector<unsigned char> rounded(place.numel * elem_bytes());
-  for (uint64_t i = 0; i < place.numel; ++i) store_as(rounded.data(), opt_.compute_dtype, i, values[i]);
+  for (uint64_t i = 0; i < place.numel; ++i) store_as(rounded.data(), options_.compute_dtype, i, values[i]);
   memory::Stream* s = device_->compute_stream();
   device_->stream_wait(s, c.ready);
   device_->stream_wait(s, c.last_use);
@@ -1696,25 +1572,32 @@ void Engine::hparam_set(pstar_hparam which, double v) {
           "hparam_set: not legal inside a TRAIN iteration (set it between steps)");
   switch (which) {
     // Each value is checked as the float it is stored as (pstar.h).
-    case PSTAR_HPARAM_LR: hyper_.lr = require_setting_double(v, 0.0f, kMaxSetting, "hparam_set: lr", kRangeLr); return;
+    case PSTAR_HPARAM_LR:
+      hyper_.lr = settings::require_double_as_float(v, 0.0f, settings::kMax, "hparam_set: lr", settings::kRangeLr);
+      return;
     case PSTAR_HPARAM_BETA1:
-      hyper_.beta1 = require_setting_double(v, 0.0f, kBelowOne, "hparam_set: beta1", kRangeBeta);
+      hyper_.beta1 =
+          settings::require_double_as_float(v, 0.0f, settings::kBelowOne, "hparam_set: beta1", settings::kRangeBeta);
       return;
     case PSTAR_HPARAM_BETA2:
-      hyper_.beta2 = require_setting_double(v, 0.0f, kBelowOne, "hparam_set: beta2", kRangeBeta);
+      hyper_.beta2 =
+          settings::require_double_as_float(v, 0.0f, settings::kBelowOne, "hparam_set: beta2", settings::kRangeBeta);
       return;
     case PSTAR_HPARAM_EPS:
-      hyper_.eps = require_setting_double(v, FLT_MIN, kMaxSetting, "hparam_set: eps", kRangeEps);
+      hyper_.eps =
+          settings::require_double_as_float(v, FLT_MIN, settings::kMax, "hparam_set: eps", settings::kRangeEps);
       return;
     case PSTAR_HPARAM_WEIGHT_DECAY:
       hyper_.weight_decay =
-          require_setting_double(v, 0.0f, kMaxSetting, "hparam_set: weight_decay", "finite and in [0, 1e30]");
+          settings::require_double_as_float(v, 0.0f, settings::kMax, "hparam_set: weight_decay", settings::kRangeDecay);
       return;
     case PSTAR_HPARAM_CLIP_NORM:
-      clip_norm_ = require_setting_double(v, 0.0f, kMaxSetting, "hparam_set: clip_norm", "in [0, 1e30] (0 = off)");
+      clip_norm_ =
+          settings::require_double_as_float(v, 0.0f, settings::kMax, "hparam_set: clip_norm", settings::kRangeClip);
       return;
     case PSTAR_HPARAM_LOSS_SCALE: {
-      const float f = require_setting_double(v, FLT_MIN, FLT_MAX, "hparam_set: loss scale", kRangeScale);
+      const float f =
+          settings::require_double_as_float(v, FLT_MIN, FLT_MAX, "hparam_set: loss scale", settings::kRangeScale);
       require(scaler_.enabled(), PSTAR_ERR_INVALID_STATE,
               "hparam_set: loss scaling is used with the F16 compute dtype only");
       scaler_.set_scale(f);

@@ -29,6 +29,7 @@
 #include "dist/collective_queue.h"
 #include "dist/comm/communicator.h"
 #include "dist/launch_env.h"
+#include "engine/options.h"
 #include "chunk/tensor_state.h"
 #include "memory/device.h"
 #include "memory/device_tier.h"
@@ -76,17 +77,14 @@ constexpr uint32_t kMaxNdim = 16;
 // Largest element count of one parameter (2^48).
 constexpr uint64_t kMaxNumel = uint64_t{1} << 48;
 
-// Validates options and fills defaults; throws Error.
-pstar_engine_options validate_options(const pstar_engine_options& in);
-
 class Engine {
  public:
-  explicit Engine(const pstar_engine_options& options);
+  explicit Engine(const EngineOptions& options);
   // Internal (tests, embedders that form their own groups): an engine
   // sharded over `group`, formed by the caller, whatever its size (one rank
   // included: the sharded code paths with a group of one).  The options'
   // rank and world_size are ignored; the group's are used.
-  Engine(const pstar_engine_options& options, std::unique_ptr<dist::Communicator> group);
+  Engine(const EngineOptions& options, std::unique_ptr<dist::Communicator> group);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -461,7 +459,7 @@ class Engine {
   // of `id`, which lives on the device (a chunk with device optimizer state).
   void write_slot_on_device(uint32_t id, const float* values);
 
-  pstar_engine_options opt_;
+  EngineOptions options_;  // the ordinal resolved for a rank (resolve_world)
   std::unique_ptr<memory::Device> device_;
   std::unique_ptr<memory::HostPool> host_;
   std::vector<Param> params_;

@@ -700,8 +700,8 @@ std::string Engine::checkpoint_manifest_text(const std::map<std::string, std::pa
   std::ostringstream m;
   m << kFormatName << ' ' << kFormatVersion << '\n';
   m << "library " << PSTAR_VERSION_STRING << '\n';
-  m << "compute_dtype " << dtype_text(opt_.compute_dtype) << '\n';
-  m << "chunk_elems " << opt_.chunk_elems << '\n';
+  m << "compute_dtype " << dtype_text(options_.compute_dtype) << '\n';
+  m << "chunk_elems " << options_.chunk_elems << '\n';
   m << "world_size " << world_ << '\n';
   if (sharded()) m << "sharded 1\n";
   m << "step " << adam_step_ << '\n';
@@ -850,7 +850,7 @@ std::string Engine::checkpoint_save(const char* dir_c) {
           const float* src = list == 0 ? c.master : list == 1 ? c.exp_avg : c.exp_avg_sq;
           staging.resize(b - a);
           for (uint64_t i = a; i < b; ++i) {
-            staging[i - a] = list == 3 ? load_as(c.shard, opt_.compute_dtype, i - lo) : src[i - lo];
+            staging[i - a] = list == 3 ? load_as(c.shard, options_.compute_dtype, i - lo) : src[i - lo];
           }
         }
         w.write(staging.data(), staging.size() * sizeof(float));

@@ -45,26 +45,26 @@ enum : uint32_t {
 // what a sharded engine cannot do is refused first.
 void Engine::resolve_world() {
   dist::LaunchRequest request;
-  if (opt_.world_size > 0) {
-    request.rank = opt_.rank;
-    request.world_size = opt_.world_size;
+  if (options_.world_size > 0) {
+    request.rank = options_.rank;
+    request.world_size = options_.world_size;
   }
   launch_ = dist::resolve_launch(request);
   if (launch_.world_size == 1) return;
-  if (opt_.device == PSTAR_DEVICE_CUDA) {
+  if (options_.device == PSTAR_DEVICE_CUDA) {
     require(dist::cuda_groups_available(), PSTAR_ERR_UNSUPPORTED,
             "options: data parallelism on CUDA devices needs NCCL and libuv, and this libpstar was built without "
             "one or both (install the CUDA toolkit with NCCL and libuv1-dev, then rebuild)");
     // One GPU per rank: the node-local rank picks it unless the caller chose
     // another ordinal than the default.
-    if (opt_.device_ordinal == 0) opt_.device_ordinal = launch_.local_rank;
+    if (options_.device_ordinal == 0) options_.device_ordinal = launch_.local_rank;
   }
-  require(!opt_.dry_run, PSTAR_ERR_UNSUPPORTED,
+  require(!options_.dry_run, PSTAR_ERR_UNSUPPORTED,
           "options: a dry run has no payloads to exchange; it models one rank (set world_size to 1)");
-  require(!opt_.hybrid_optimizer, PSTAR_ERR_UNSUPPORTED,
+  require(!options_.hybrid_optimizer, PSTAR_ERR_UNSUPPORTED,
           "options: hybrid_optimizer with world_size > 1 is not supported yet (each rank updates its shards on the "
           "CPU); unset one of them");
-  require(opt_.device == PSTAR_DEVICE_CUDA || dist::cpu_groups_available(), PSTAR_ERR_UNSUPPORTED,
+  require(options_.device == PSTAR_DEVICE_CUDA || dist::cpu_groups_available(), PSTAR_ERR_UNSUPPORTED,
           "options: data parallelism on the emulated device needs Gloo and libuv, and this libpstar was built "
           "without them (install libgloo-dev and libuv1-dev and rebuild)");
   rank_ = launch_.rank;
@@ -77,10 +77,10 @@ void Engine::connect_group() {
   if (world_ < 2 || comm_ != nullptr) return;
   dist::GroupOptions go;
   go.launch = launch_;
-  go.timeout = std::chrono::milliseconds(opt_.comm_timeout_ms);
+  go.timeout = std::chrono::milliseconds(options_.comm_timeout_ms);
   try {
-    comm_ =
-        opt_.device == PSTAR_DEVICE_CUDA ? dist::form_cuda_group(go, opt_.device_ordinal) : dist::form_cpu_group(go);
+    comm_ = options_.device == PSTAR_DEVICE_CUDA ? dist::form_cuda_group(go, options_.device_ordinal)
+                                                 : dist::form_cpu_group(go);
   } catch (const Error& e) {
     throw Error(e.status(),
                 "engine_create: forming the data-parallel group failed (" + dist::describe(launch_) + "): " + e.what());
@@ -195,8 +195,8 @@ void Engine::check_layout_agrees(uint64_t chunk_elems) {
   };
   auto mix64 = [&](uint64_t v) { mix(&v, sizeof v); };
   mix64(chunk_elems);
-  mix64(static_cast<uint64_t>(opt_.compute_dtype));
-  mix64(opt_.grad_accumulation != 0);
+  mix64(static_cast<uint64_t>(options_.compute_dtype));
+  mix64(options_.grad_accumulation != 0);
   mix64(gather_ahead_);
   uint64_t total = 0;
   for (const Param& p : params_) {
@@ -471,15 +471,15 @@ void Engine::reduce_finish(PendingReduce& pr) {
     if (a < b) {
       float* avg = avg_all + (a - lo);
       for (uint64_t i = 0; i < b - a; ++i) avg[i] = avg[i] / n;
-      if (opt_.grad_accumulation) {
+      if (options_.grad_accumulation) {
         float* g = c.grad32 + (a - lo);
         for (uint64_t i = 0; i < b - a; ++i) g[i] += avg[i];
       } else {
-        memory::host_grad_finalize(avg, static_cast<char*>(c.shard) + (a - lo) * elem_bytes(), opt_.compute_dtype,
+        memory::host_grad_finalize(avg, static_cast<char*>(c.shard) + (a - lo) * elem_bytes(), options_.compute_dtype,
                                    b - a, &p.grad_sumsq, &p.grad_nonfinite);
       }
     }
-    if (!opt_.grad_accumulation) p.slot_is_grad = true;
+    if (!options_.grad_accumulation) p.slot_is_grad = true;
   }
 }
 
@@ -698,7 +698,7 @@ void Engine::write_sharded(uint32_t id, const void* src, pstar_dtype dtype) {
   for (uint64_t i = a; i < b; ++i) {
     const float v = load_as(src, dtype, i - place.offset_elems);
     if (!p.frozen()) c.master[i - lo] = v;
-    store_as(c.shard, opt_.compute_dtype, i - lo, v);
+    store_as(c.shard, options_.compute_dtype, i - lo, v);
   }
 }
 
@@ -723,7 +723,7 @@ void Engine::read_sharded(uint32_t id, void* dst, pstar_dtype dtype) {
              [&] { all_gather_host(c.shard, full.data(), c.shard_elems * elem_bytes()); });
   stats_.bytes_all_gathered += c.bytes;
   for (uint64_t i = 0; i < place.numel; ++i) {
-    store_as(dst, dtype, i, load_as(full.data(), opt_.compute_dtype, place.offset_elems + i));
+    store_as(dst, dtype, i, load_as(full.data(), options_.compute_dtype, place.offset_elems + i));
   }
 }
 
@@ -733,7 +733,7 @@ void Engine::restore_slot_sharded(uint32_t id) {
   nvme_access(layout_->param(id).chunk, false);
   ChunkState& c = chunks_[layout_->param(id).chunk];
   const auto [lo, a, b] = shard_span(id, rank_);
-  for (uint64_t i = a; i < b; ++i) store_as(c.shard, opt_.compute_dtype, i - lo, c.master[i - lo]);
+  for (uint64_t i = a; i < b; ++i) store_as(c.shard, options_.compute_dtype, i - lo, c.master[i - lo]);
 }
 
 // ---------------------------------------------------------------------------
@@ -757,7 +757,7 @@ void Engine::step_update_sharded(pstar_step_result& r) {
   for (uint32_t id = 0; id < params_.size(); ++id) {
     Param& p = params_[id];
     if (!p.has_grad) continue;
-    if (opt_.grad_accumulation) {
+    if (options_.grad_accumulation) {
       const ChunkState& c = chunks_[layout_->param(id).chunk];
       const auto [lo, a, b] = shard_span(id, rank_);
       p.grad_sumsq = 0.0;
@@ -846,7 +846,7 @@ void Engine::step_update_sharded(pstar_step_result& r) {
           range.exp_avg = c.exp_avg + x;
           range.exp_avg_sq = c.exp_avg_sq + x;
           range.slot = static_cast<char*>(c.shard) + x * elem_bytes();
-          range.dtype = opt_.compute_dtype;
+          range.dtype = options_.compute_dtype;
           range.grad_f32 = c.grad32 != nullptr ? c.grad32 + x : nullptr;
           range.n = y - x;
           optim::adam_update(adam_isa_, sg.constants, range);
@@ -856,7 +856,7 @@ void Engine::step_update_sharded(pstar_step_result& r) {
     ++stats_.steps;
     scaler_.update(false);
   }
-  if (opt_.grad_accumulation) {
+  if (options_.grad_accumulation) {
     // The accumulated gradients are consumed (or discarded by a skip).
     for (uint32_t k = 0; k < chunks_.size(); ++k) {
       if (chunks_[k].grad32 != nullptr) std::memset(chunks_[k].grad32, 0, chunks_[k].shard_elems * sizeof(float));

@@ -99,8 +99,7 @@ void Engine::set_nvme(const pstar_x_nvme_options& in) {
   throw Error(PSTAR_ERR_UNSUPPORTED,
               "set_nvme: this libpstar was built without the NVMe tier (needs libuv and xxhash)");
 #else
-  require(in.version == PSTAR_X_NVME_OPTIONS_VERSION && in.size >= sizeof(pstar_x_nvme_options), PSTAR_ERR_VERSION,
-          "set_nvme: options size/version not supported; initialise them with pstar_x_nvme_options_init()");
+  // Its size and version are checked by the C API (capi/engine.cpp).
   require(!payloads_ || (in.dir != nullptr && in.dir[0] != '\0'), PSTAR_ERR_INVALID_ARGUMENT,
           "set_nvme: dir is NULL or empty");
   require(std::isfinite(in.read_bytes_per_s) && std::isfinite(in.write_bytes_per_s) && in.read_bytes_per_s >= 0 &&
@@ -108,7 +107,7 @@ void Engine::set_nvme(const pstar_x_nvme_options& in) {
           PSTAR_ERR_INVALID_ARGUMENT, "set_nvme: read_bytes_per_s and write_bytes_per_s must be finite and >= 0");
   require(in.staging_buffers == 0 || in.staging_buffers >= 2, PSTAR_ERR_INVALID_ARGUMENT,
           "set_nvme: staging_buffers must be 0 (default) or at least 2");
-  require(!opt_.hybrid_optimizer, PSTAR_ERR_UNSUPPORTED, "set_nvme: not available with hybrid optimizer placement");
+  require(!options_.hybrid_optimizer, PSTAR_ERR_UNSUPPORTED, "set_nvme: not available with hybrid optimizer placement");
   nvme_opts_ = in;
   if (nvme_opts_.read_bytes_per_s == 0) nvme_opts_.read_bytes_per_s = PSTAR_X_DEFAULT_NVME_READ_BYTES_PER_S;
   if (nvme_opts_.write_bytes_per_s == 0) nvme_opts_.write_bytes_per_s = PSTAR_X_DEFAULT_NVME_WRITE_BYTES_PER_S;

@@ -10,15 +10,15 @@
 
 namespace pstar::memory {
 
-std::unique_ptr<Device> make_device(const pstar_engine_options& o) {
-  if (o.device == PSTAR_DEVICE_EMULATED && (o.virtual_clock != 0 || o.dry_run != 0)) {
-    return std::make_unique<ModelledDevice>(o.dry_run == 0, o.h2d_bytes_per_s, o.d2h_bytes_per_s);
+std::unique_ptr<Device> make_device(const DeviceConfig& c) {
+  if (c.kind == PSTAR_DEVICE_EMULATED && c.modelled) {
+    return std::make_unique<ModelledDevice>(c.payloads, c.h2d_bytes_per_s, c.d2h_bytes_per_s);
   }
-  if (o.device == PSTAR_DEVICE_EMULATED) {
-    return std::make_unique<EmulatedDevice>(o.strict != 0, o.strict_seed);
+  if (c.kind == PSTAR_DEVICE_EMULATED) {
+    return std::make_unique<EmulatedDevice>(c.strict, c.strict_seed);
   }
 #if defined(PSTAR_HAVE_CUDA)
-  return make_cuda_device(o.device_ordinal);
+  return make_cuda_device(c.ordinal);
 #else
   throw Error(PSTAR_ERR_UNSUPPORTED, "this libpstar was built without CUDA");
 #endif

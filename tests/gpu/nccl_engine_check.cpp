@@ -23,6 +23,7 @@
 
 #include "dist/comm/nccl_communicator.h"
 #include "engine/engine.h"
+#include "options.h"
 #include "memory/cuda_device.h"
 #include "util/error.h"
 
@@ -70,7 +71,7 @@ Run train(bool grouped, uint64_t capacity, pstar_dtype dtype, uint32_t ahead = 0
     nc.device = 0;
     group = dist::make_nccl_communicator(nc, nullptr);
   }
-  engine::Engine e(o, std::move(group));
+  engine::Engine e(pstar::capi::engine_options(o), std::move(group));
   e.set_gather_ahead(ahead);
   std::vector<uint32_t> id(kParams);
   const int64_t shape[1] = {kElems};

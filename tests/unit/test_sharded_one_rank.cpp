@@ -17,6 +17,7 @@
 
 #include "dist/comm/communicator.h"
 #include "engine/engine.h"
+#include "options.h"
 #include "util/error.h"
 
 using namespace pstar;
@@ -65,7 +66,7 @@ std::vector<float> train(int group, uint64_t capacity, pstar_dtype dtype, pstar_
   o.lr = 1e-2f;
   std::unique_ptr<dist::Communicator> comm;
   if (group != 0) comm = std::make_unique<OneRank>(group == 2);
-  engine::Engine e(o, std::move(comm));
+  engine::Engine e(pstar::capi::engine_options(o), std::move(comm));
   e.set_gather_ahead(ahead);
   std::vector<uint32_t> id(kParams);
   const int64_t shape[1] = {kElems};
@@ -163,7 +164,7 @@ Test(sharded_one_rank, a_cuda_engine_refuses_a_host_memory_group) {
   o.device = PSTAR_DEVICE_CUDA;
   bool refused = false;
   try {
-    engine::Engine e(o, std::make_unique<OneRank>(false));
+    engine::Engine e(pstar::capi::engine_options(o), std::make_unique<OneRank>(false));
   } catch (const Error& err) {
     refused = err.status() == PSTAR_ERR_INVALID_ARGUMENT && std::string(err.what()).find("host memory") != std::string::npos;
   }
@@ -192,7 +193,7 @@ Test(sharded_one_rank, iteration_abort_is_refused_and_changes_nothing) {
     o.chunk_elems = 4096;
     o.compute_dtype = PSTAR_DTYPE_BF16;
     o.lr = 1e-2f;
-    engine::Engine e(o, std::make_unique<OneRank>(false));
+    engine::Engine e(pstar::capi::engine_options(o), std::make_unique<OneRank>(false));
     const int64_t shape[1] = {kElems};
     const uint32_t a = e.register_param("a", 1, shape, 0), b = e.register_param("b", 1, shape, 0);
     e.build();
