@@ -10,8 +10,9 @@
 //
 // docs/planner.md explains the model and its assumptions; the workload
 // (parameters, schedule, activation and FLOP formulas) is described in
-// tools/workload/gpt_workload.h.  Arguments are parsed and JSON is written
-// by hand so that the tool builds wherever the library does.
+// tools/workload/gpt_workload.h.  The command line goes through CLI11
+// (tools/common/tool_cli.h) and the JSON through nlohmann-json; CMake skips
+// the tool where either is missing (tools/CMakeLists.txt).
 #include <algorithm>
 #include <cinttypes>
 #include <cmath>
@@ -25,9 +26,12 @@
 #include <tuple>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "gpt_workload.h"
 #include "pstar/pstar.h"
 #include "replay.h"
+#include "tool_cli.h"
 
 namespace {
 
@@ -38,9 +42,7 @@ using pstar::workload::Workload;
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
-struct UsageError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
+using pstar::tools::UsageError;
 
 // ---------------------------------------------------------------------------
 // Inputs
@@ -194,33 +196,6 @@ bool parse_bool(const std::string& opt, const std::string& text) {
   throw UsageError(opt + ": expected on or off, got '" + text + "'");
 }
 
-const char* kUsage =
-    "usage: pstar-plan [--preset v100x8|a100x8] [options] [--json]\n"
-    "\n"
-    "Model (GPT-style; a preset fills all of them):\n"
-    "  --layers N --hidden H --heads A --vocab V --seq S --batch B (micro-batch per GPU)\n"
-    "  --checkpointing on|off (default on)   --dtype bf16|f16|f32 (default bf16)\n"
-    "Hardware:\n"
-    "  --gpu-mem BYTES (per GPU)        --gpu-reserve BYTES (default 10% of gpu-mem)\n"
-    "  --host-mem BYTES (per node)      --host-reserve BYTES (per rank, default 4GiB)\n"
-    "  --nvme BYTES (per node; the NVMe tier, modelled with one GPU only)\n"
-    "  --nvme-read BYTES/S --nvme-write BYTES/S (the drive's, default 3.5 / 3.0 GB/s)\n"
-    "  --h2d BYTES/S --d2h BYTES/S (per GPU, default 12GB/s)\n"
-    "  --flops FLOP/S (sustained per GPU)  --host-adam-bytes-per-s BYTES/S (per node, default 100GB/s)\n"
-    "  --device-adam-bytes-per-s BYTES/S (per GPU, hybrid placement's device update, default 900GB/s)\n"
-    "  --gpus-per-node N (default 1)    --nodes N (default 1)\n"
-    "Search:\n"
-    "  --chunk-elems N                  elements per chunk (default: one layer's parameters)\n"
-    "  --search-chunk-size              pick the chunk size of best fill, then least device memory\n"
-    "  --no-search                      evaluate the given shape only (no largest-model search)\n"
-    "Engine:\n"
-    "  --no-hybrid                      all optimizer state on the host (default: hybrid placement,\n"
-    "                                   options.hybrid_optimizer = 1)\n"
-    "Output:\n"
-    "  --json                           one JSON object on stdout\n"
-    "  --verbose                        every dry run on stderr\n"
-    "Sizes take decimal (k M G T) or binary (Ki Mi Gi Ti) suffixes, optionally followed by B or B/s.\n";
-
 struct Args {
   std::string preset;
   GptShape shape;
@@ -234,128 +209,131 @@ struct Args {
   const Preset* preset_def = nullptr;
 };
 
+// The command line through CLI11.  Every option but --preset takes effect in
+// its callback, which CLI11 runs once the whole command line is read;
+// --preset's runs as soon as it is read (trigger_on_parse), so the options
+// override the preset's values wherever they stand.  Values are parsed here
+// (sizes with their units, counts, on/off), each error naming its option.
 Args parse_args(int argc, char** argv, const std::vector<Preset>& known) {
   Args a;
-  std::vector<std::pair<std::string, std::string>> opts;  // in order, preset applied first
-  std::vector<std::string> flags = {"--search-chunk-size", "--no-search", "--no-hybrid", "--json",
-                                    "--verbose",           "--help",      "-h"};
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (std::find(flags.begin(), flags.end(), arg) != flags.end()) {
-      opts.emplace_back(arg, "");
-      continue;
-    }
-    if (arg.rfind("--", 0) != 0) throw UsageError("unexpected argument '" + arg + "'");
-    const size_t eq = arg.find('=');
-    if (eq != std::string::npos) {
-      opts.emplace_back(arg.substr(0, eq), arg.substr(eq + 1));
-    } else {
-      if (i + 1 >= argc) throw UsageError(arg + " needs a value");
-      opts.emplace_back(arg, argv[++i]);
-    }
-  }
-  for (const auto& [k, v] : opts)
-    if (k == "--preset") {
-      const std::string& name = v;  // a structured binding cannot be captured in C++17
-      const auto it = std::find_if(known.begin(), known.end(), [&](const Preset& p) { return p.name == name; });
-      if (it == known.end()) throw UsageError("--preset: unknown preset '" + v + "' (v100x8, a100x8)");
-      a.preset = v;
-      a.preset_def = &*it;
-      a.shape = it->shape;
-      a.hw = it->hw;
-    }
-  for (const auto& [k, v] : opts) {
-    if (k == "--preset")
-      continue;
-    else if (k == "--help" || k == "-h") {
-      std::fputs(kUsage, stdout);
-      std::exit(0);
-    } else if (k == "--search-chunk-size")
-      a.search_chunk = true;
-    else if (k == "--no-search")
-      a.search = false;
-    else if (k == "--no-hybrid")
-      a.hybrid = false;
-    else if (k == "--json")
-      a.json = true;
-    else if (k == "--verbose")
-      a.verbose = true;
-    else if (k == "--layers")
-      a.shape.layers = parse_count(k, v);
-    else if (k == "--hidden")
-      a.shape.hidden = parse_count(k, v);
-    else if (k == "--heads")
-      a.shape.heads = parse_count(k, v);
-    else if (k == "--vocab")
-      a.shape.vocab = parse_count(k, v);
-    else if (k == "--seq")
-      a.shape.seq = parse_count(k, v);
-    else if (k == "--batch")
-      a.shape.batch = parse_count(k, v);
-    else if (k == "--checkpointing")
-      a.shape.checkpointing = parse_bool(k, v);
-    else if (k == "--dtype") {
-      if (v == "bf16" || v == "f16" || v == "fp16")
-        a.shape.dtype_bytes = 2;
-      else if (v == "f32" || v == "fp32")
-        a.shape.dtype_bytes = 4;
-      else
-        throw UsageError("--dtype: expected bf16, f16 or f32, got '" + v + "'");
-    } else if (k == "--gpu-mem")
-      a.hw.gpu_mem = parse_quantity(k, v);
-    else if (k == "--gpu-reserve")
-      a.hw.gpu_reserve = parse_quantity(k, v);
-    else if (k == "--host-mem")
-      a.hw.host_mem = parse_quantity(k, v);
-    else if (k == "--host-reserve")
-      a.hw.host_reserve = parse_quantity(k, v);
-    else if (k == "--nvme")
-      a.hw.nvme = parse_quantity(k, v);
-    else if (k == "--nvme-read")
-      a.hw.nvme_read = parse_quantity(k, v);
-    else if (k == "--nvme-write")
-      a.hw.nvme_write = parse_quantity(k, v);
-    else if (k == "--h2d")
-      a.hw.h2d = parse_quantity(k, v);
-    else if (k == "--d2h")
-      a.hw.d2h = parse_quantity(k, v);
-    else if (k == "--flops")
-      a.hw.flops = parse_quantity(k, v);
-    else if (k == "--host-adam-bytes-per-s")
-      a.hw.host_adam = parse_quantity(k, v);
-    else if (k == "--device-adam-bytes-per-s")
-      a.hw.device_adam = parse_quantity(k, v);
-    else if (k == "--gpus-per-node")
-      a.hw.gpus_per_node = parse_count(k, v);
-    else if (k == "--nodes")
-      a.hw.nodes = parse_count(k, v);
-    else if (k == "--chunk-elems") {
-      a.chunk_elems = parse_count(k, v);
-      if (a.chunk_elems % 128 != 0) throw UsageError("--chunk-elems must be a multiple of 128");
-    } else
-      throw UsageError("unknown option '" + k + "'");
-  }
-  std::string missing;
-  auto need = [&](bool ok, const char* name) {
-    if (!ok) missing += std::string(missing.empty() ? "" : ", ") + name;
+  CLI::App app{
+      "What fits on a machine, the bytes moved per iteration and the step time, from dry runs of the engine\n"
+      "(docs/planner.md).",
+      "pstar-plan"};
+  pstar::tools::configure(app, "usage: pstar-plan [--preset v100x8|a100x8] [options] [--json]");
+  app.footer(
+      "Sizes take decimal (k M G T) or binary (Ki Mi Gi Ti) suffixes, optionally followed by B or B/s.\n"
+      "Presets: v100x8 (8 x V100-SXM2-32GB, 240 GB host), a100x8 (8 x A100-SXM-80GB, 1 TB host).");
+  app.add_option_function<std::string>(
+         "--preset",
+         [&](const std::string& v) {
+           const auto it = std::find_if(known.begin(), known.end(), [&](const Preset& p) { return p.name == v; });
+           if (it == known.end()) throw UsageError("--preset: unknown preset '" + v + "' (v100x8, a100x8)");
+           a.preset = v;
+           a.preset_def = &*it;
+           a.shape = it->shape;
+           a.hw = it->hw;
+         },
+         "PatrickStar's published hardware and model shape; other options override its values")
+      ->type_name("v100x8|a100x8")
+      ->trigger_on_parse();
+
+  // An option whose value `set` parses (given the option's name).
+  const auto option = [&](const char* group, const char* name, const char* type, const char* help, auto set) {
+    return app
+        .add_option_function<std::string>(
+            name, [name, set](const std::string& v) { set(std::string(name), v); }, help)
+        ->type_name(type)
+        ->group(group);
   };
-  need(a.shape.layers > 0, "--layers");
-  need(a.shape.hidden > 0, "--hidden");
-  need(a.shape.heads > 0, "--heads");
-  need(a.shape.vocab > 0, "--vocab");
-  need(a.shape.seq > 0, "--seq");
-  need(a.shape.batch > 0, "--batch");
-  need(a.hw.gpu_mem > 0, "--gpu-mem");
-  need(a.hw.host_mem > 0, "--host-mem");
-  need(a.hw.flops > 0, "--flops");
-  if (!missing.empty()) throw UsageError("missing " + missing + " (or a --preset)");
-  const std::string bad = pstar::workload::validate(a.shape);
-  if (!bad.empty()) throw UsageError(bad);
-  if (a.hw.h2d <= 0 || a.hw.d2h <= 0 || a.hw.host_adam <= 0 || a.hw.device_adam <= 0 || a.hw.nvme_read <= 0 ||
-      a.hw.nvme_write <= 0)
-    throw UsageError("bandwidths must be positive");
-  if (a.hw.device_capacity() == 0) throw UsageError("--gpu-reserve leaves no device memory");
-  if (a.search_chunk && a.chunk_elems) throw UsageError("--chunk-elems and --search-chunk-size exclude each other");
+  const auto count = [&](const char* group, const char* name, uint32_t& field, const char* help) {
+    option(group, name, "N", help, [&field](const std::string& k, const std::string& v) { field = parse_count(k, v); });
+  };
+  const auto quantity = [&](const char* group, const char* name, const char* type, double& field, const char* help) {
+    option(group, name, type, help,
+           [&field](const std::string& k, const std::string& v) { field = parse_quantity(k, v); });
+  };
+
+  const char* model = "Model (GPT-style; a preset fills all of them)";
+  count(model, "--layers", a.shape.layers, "transformer layers");
+  count(model, "--hidden", a.shape.hidden, "hidden size (a multiple of --heads)");
+  count(model, "--heads", a.shape.heads, "attention heads");
+  count(model, "--vocab", a.shape.vocab, "vocabulary");
+  count(model, "--seq", a.shape.seq, "sequence length");
+  count(model, "--batch", a.shape.batch, "micro-batch per GPU");
+  option(model, "--checkpointing", "on|off", "activation checkpointing (default on)",
+         [&](const std::string& k, const std::string& v) { a.shape.checkpointing = parse_bool(k, v); });
+  option(model, "--dtype", "bf16|f16|f32", "compute dtype (default bf16)",
+         [&](const std::string&, const std::string& v) {
+           if (v == "bf16" || v == "f16" || v == "fp16")
+             a.shape.dtype_bytes = 2;
+           else if (v == "f32" || v == "fp32")
+             a.shape.dtype_bytes = 4;
+           else
+             throw UsageError("--dtype: expected bf16, f16 or f32, got '" + v + "'");
+         });
+
+  const char* hardware = "Hardware";
+  quantity(hardware, "--gpu-mem", "BYTES", a.hw.gpu_mem, "per GPU");
+  quantity(hardware, "--gpu-reserve", "BYTES", a.hw.gpu_reserve,
+           "per GPU, kept from the engine (default 10% of --gpu-mem)");
+  quantity(hardware, "--host-mem", "BYTES", a.hw.host_mem, "per node");
+  quantity(hardware, "--host-reserve", "BYTES", a.hw.host_reserve, "per rank, kept from the model data (default 4GiB)");
+  quantity(hardware, "--nvme", "BYTES", a.hw.nvme, "per node: the NVMe tier, modelled with one GPU only");
+  quantity(hardware, "--nvme-read", "BYTES/S", a.hw.nvme_read, "the drive's read bandwidth (default 3.5GB/s)");
+  quantity(hardware, "--nvme-write", "BYTES/S", a.hw.nvme_write, "the drive's write bandwidth (default 3.0GB/s)");
+  quantity(hardware, "--h2d", "BYTES/S", a.hw.h2d, "host to device, per GPU (default 12GB/s)");
+  quantity(hardware, "--d2h", "BYTES/S", a.hw.d2h, "device to host, per GPU (default 12GB/s)");
+  quantity(hardware, "--flops", "FLOP/S", a.hw.flops, "sustained per GPU");
+  quantity(hardware, "--host-adam-bytes-per-s", "BYTES/S", a.hw.host_adam,
+           "the host Adam pass, per node (default 100GB/s)");
+  quantity(hardware, "--device-adam-bytes-per-s", "BYTES/S", a.hw.device_adam,
+           "hybrid placement's device update, per GPU (default 900GB/s)");
+  count(hardware, "--gpus-per-node", a.hw.gpus_per_node, "GPUs (ranks) per node (default 1)");
+  count(hardware, "--nodes", a.hw.nodes, "nodes (default 1)");
+
+  const char* search = "Search";
+  option(search, "--chunk-elems", "N", "elements per chunk, a multiple of 128 (default: one layer's parameters)",
+         [&](const std::string& k, const std::string& v) {
+           a.chunk_elems = parse_count(k, v);
+           if (a.chunk_elems % 128 != 0) throw UsageError("--chunk-elems must be a multiple of 128");
+         });
+  app.add_flag("--search-chunk-size", a.search_chunk, "pick the chunk size of best fill, then least device memory")
+      ->group(search);
+  app.add_flag_callback(
+         "--no-search", [&] { a.search = false; }, "evaluate the given shape only (no largest-model search)")
+      ->group(search);
+  app.add_flag_callback(
+         "--no-hybrid", [&] { a.hybrid = false; },
+         "all optimizer state on the host (default: hybrid placement,\noptions.hybrid_optimizer = 1)")
+      ->group("Engine");
+  app.add_flag("--json", a.json, "one JSON object on stdout")->group("Output");
+  app.add_flag("--verbose", a.verbose, "every dry run on stderr")->group("Output");
+
+  pstar::tools::parse_or_exit(app, argc, argv, [&] {
+    pstar::tools::reject_empty_values(argv + 1, argv + argc);
+    std::string missing;
+    auto need = [&](bool ok, const char* name) {
+      if (!ok) missing += std::string(missing.empty() ? "" : ", ") + name;
+    };
+    need(a.shape.layers > 0, "--layers");
+    need(a.shape.hidden > 0, "--hidden");
+    need(a.shape.heads > 0, "--heads");
+    need(a.shape.vocab > 0, "--vocab");
+    need(a.shape.seq > 0, "--seq");
+    need(a.shape.batch > 0, "--batch");
+    need(a.hw.gpu_mem > 0, "--gpu-mem");
+    need(a.hw.host_mem > 0, "--host-mem");
+    need(a.hw.flops > 0, "--flops");
+    if (!missing.empty()) throw UsageError("missing " + missing + " (or a --preset)");
+    const std::string bad = pstar::workload::validate(a.shape);
+    if (!bad.empty()) throw UsageError(bad);
+    if (a.hw.h2d <= 0 || a.hw.d2h <= 0 || a.hw.host_adam <= 0 || a.hw.device_adam <= 0 || a.hw.nvme_read <= 0 ||
+        a.hw.nvme_write <= 0)
+      throw UsageError("bandwidths must be positive");
+    if (a.hw.device_capacity() == 0) throw UsageError("--gpu-reserve leaves no device memory");
+    if (a.search_chunk && a.chunk_elems) throw UsageError("--chunk-elems and --search-chunk-size exclude each other");
+  });
   return a;
 }
 
@@ -660,106 +638,82 @@ uint64_t round_up(uint64_t x, uint64_t m) { return (x + m - 1) / m * m; }
 // Output
 // ---------------------------------------------------------------------------
 
-std::string jstr(const std::string& s) {
-  std::string o = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\')
-      o += '\\', o += c;
-    else if (static_cast<unsigned char>(c) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      o += buf;
-    } else
-      o += c;
-  }
-  return o + "\"";
-}
+// JSON through nlohmann-json; ordered_json keeps the keys in the order
+// written here.
+using Json = nlohmann::ordered_json;
 
-std::string jnum(double v) {
-  if (!std::isfinite(v)) return "null";
+// A figure as pstar-plan writes it: an integer where the value is one (below
+// 9e15), else the double rounded to 6 significant digits (the precision the
+// model has; the JSON has always carried that many), null when not finite.
+Json num(double v) {
+  if (!std::isfinite(v)) return nullptr;
+  if (v == std::floor(v) && std::fabs(v) < 9e15) return static_cast<int64_t>(v);
   char buf[32];
-  if (v == std::floor(v) && std::fabs(v) < 9e15)
-    std::snprintf(buf, sizeof buf, "%.0f", v);
-  else
-    std::snprintf(buf, sizeof buf, "%.6g", v);
-  return buf;
+  std::snprintf(buf, sizeof buf, "%.6g", v);
+  return std::strtod(buf, nullptr);
 }
 
-std::string jint(uint64_t v) { return std::to_string(v); }
-
-// Accumulates "key": value pairs of one object.
-struct JObj {
-  std::string body;
-  JObj& add(const std::string& k, const std::string& raw) {
-    body += (body.empty() ? "" : ",") + jstr(k) + ":" + raw;
-    return *this;
-  }
-  std::string str() const { return "{" + body + "}"; }
-};
-
-std::string jarr(const std::vector<std::string>& items) {
-  std::string o = "[";
-  for (size_t i = 0; i < items.size(); ++i) o += (i ? "," : "") + items[i];
-  return o + "]";
+// `value` where `have`, else null.
+template <class T>
+Json or_null(bool have, const T& value) {
+  return have ? Json(value) : Json(nullptr);
 }
 
-std::string shape_json(const GptShape& g) {
-  return JObj()
-      .add("layers", jint(g.layers))
-      .add("hidden", jint(g.hidden))
-      .add("heads", jint(g.heads))
-      .add("vocab", jint(g.vocab))
-      .add("seq", jint(g.seq))
-      .add("batch", jint(g.batch))
-      .add("checkpointing", g.checkpointing ? "true" : "false")
-      .add("dtype_bytes", jint(g.dtype_bytes))
-      .str();
+Json shape_json(const GptShape& g) {
+  return Json{{"layers", g.layers},
+              {"hidden", g.hidden},
+              {"heads", g.heads},
+              {"vocab", g.vocab},
+              {"seq", g.seq},
+              {"batch", g.batch},
+              {"checkpointing", g.checkpointing},
+              {"dtype_bytes", g.dtype_bytes}};
 }
 
-std::string evaluation_json(const Evaluation& e) {
+Json evaluation_json(const Evaluation& e) {
   const pstar_stats& s = e.run.final_stats;
   const auto& it = e.run.last;
-  return JObj()
-      .add("shape", shape_json(e.shape))
-      .add("params", jint(e.params))
-      .add("hybrid_optimizer", e.hybrid ? "true" : "false")
-      .add("fits", e.fits() ? "true" : "false")
-      .add("device_ok", e.device_ok ? "true" : "false")
-      .add("host_ok", e.host_ok ? "true" : "false")
-      .add("engine_status", jstr(pstar_status_name(e.run.status)))
-      .add("bytes_moved_per_iter", jint(it.bytes_moved()))
-      .add("bytes_h2d_per_iter", jint(it.bytes_host_to_device))
-      .add("bytes_d2h_per_iter", jint(it.bytes_device_to_host))
-      .add("bytes_prefetched_per_iter", jint(it.bytes_prefetched))
-      .add("bytes_critical_per_iter", jint(it.bytes_critical))
-      .add("evictions_per_iter", jint(it.evictions))
-      .add("flops_per_iter", jnum(e.flops))
-      .add("step_s", jnum(e.step_s))
-      .add("compute_s", jnum(e.run.compute_seconds))
-      .add("wait_s", jnum(it.wait_seconds))
-      .add("adam_s", jnum(e.adam_s))
-      .add("host_adam_s", jnum(e.host_adam_s))
-      .add("device_adam_s", jnum(e.device_adam_s))
-      .add("peak_device_bytes", jint(s.peak_device_bytes))
-      .add("peak_device_chunk_bytes", jint(s.peak_device_chunk_bytes))
-      .add("peak_nonmodel_bytes", jint(e.run.peak_nonmodel_reported))
-      .add("device_capacity_bytes", jint(e.device_capacity))
-      .add("optimizer_state_bytes", jint(e.opt_state_bytes))
-      .add("optimizer_share_per_rank_bytes", jint(e.opt_share_per_rank))
-      .add("optimizer_chunks", jint(e.opt_chunks))
-      .add("optimizer_chunks_on_device", jint(e.opt_chunks_on_device))
-      .add("optimizer_device_bytes", jint(e.opt_device_bytes))
-      .add("optimizer_device_bytes_per_rank", jint(e.opt_device_per_rank))
-      .add("list_bytes", jint(e.list_bytes))
-      .add("host_share_per_rank_bytes", jint(e.share_per_rank))
-      .add("host_extra_per_rank_bytes", jint(e.extra_per_rank))
-      .add("host_needed_per_node_bytes", jint(e.host_per_node))
-      .add("host_needed_per_node_after_placement_bytes", jint(e.host_per_node_after))
-      .add("min_device_capacity_bytes", e.min_capacity ? jint(e.min_capacity) : "null")
-      .add("host_needed_per_node_with_margin_bytes", e.min_capacity ? jint(e.host_per_node_margin) : "null")
-      .add("budget_overruns", jint(it.budget_overruns))
-      .add("trace_fallbacks", jint(it.trace_fallbacks))
-      .str();
+  Json j;
+  j["shape"] = shape_json(e.shape);
+  j["params"] = e.params;
+  j["hybrid_optimizer"] = e.hybrid;
+  j["fits"] = e.fits();
+  j["device_ok"] = e.device_ok;
+  j["host_ok"] = e.host_ok;
+  j["engine_status"] = pstar_status_name(e.run.status);
+  j["bytes_moved_per_iter"] = it.bytes_moved();
+  j["bytes_h2d_per_iter"] = it.bytes_host_to_device;
+  j["bytes_d2h_per_iter"] = it.bytes_device_to_host;
+  j["bytes_prefetched_per_iter"] = it.bytes_prefetched;
+  j["bytes_critical_per_iter"] = it.bytes_critical;
+  j["evictions_per_iter"] = it.evictions;
+  j["flops_per_iter"] = num(e.flops);
+  j["step_s"] = num(e.step_s);
+  j["compute_s"] = num(e.run.compute_seconds);
+  j["wait_s"] = num(it.wait_seconds);
+  j["adam_s"] = num(e.adam_s);
+  j["host_adam_s"] = num(e.host_adam_s);
+  j["device_adam_s"] = num(e.device_adam_s);
+  j["peak_device_bytes"] = s.peak_device_bytes;
+  j["peak_device_chunk_bytes"] = s.peak_device_chunk_bytes;
+  j["peak_nonmodel_bytes"] = e.run.peak_nonmodel_reported;
+  j["device_capacity_bytes"] = e.device_capacity;
+  j["optimizer_state_bytes"] = e.opt_state_bytes;
+  j["optimizer_share_per_rank_bytes"] = e.opt_share_per_rank;
+  j["optimizer_chunks"] = e.opt_chunks;
+  j["optimizer_chunks_on_device"] = e.opt_chunks_on_device;
+  j["optimizer_device_bytes"] = e.opt_device_bytes;
+  j["optimizer_device_bytes_per_rank"] = e.opt_device_per_rank;
+  j["list_bytes"] = e.list_bytes;
+  j["host_share_per_rank_bytes"] = e.share_per_rank;
+  j["host_extra_per_rank_bytes"] = e.extra_per_rank;
+  j["host_needed_per_node_bytes"] = e.host_per_node;
+  j["host_needed_per_node_after_placement_bytes"] = e.host_per_node_after;
+  j["min_device_capacity_bytes"] = or_null(e.min_capacity != 0, e.min_capacity);
+  j["host_needed_per_node_with_margin_bytes"] = or_null(e.min_capacity != 0, e.host_per_node_margin);
+  j["budget_overruns"] = it.budget_overruns;
+  j["trace_fallbacks"] = it.trace_fallbacks;
+  return j;
 }
 
 std::vector<std::string> common_assumptions(const Args& a) {
@@ -910,7 +864,7 @@ int run(int argc, char** argv) {
     for (uint64_t n : layer_params) layer_elems += n;
   }
   uint64_t chunk = a.chunk_elems;
-  std::vector<std::string> search_rows;
+  Json search_rows = Json::array();
   if (!a.chunk_elems) {
     const uint64_t lo = round_up(4 * h * h, 128);
     const uint64_t hi = std::max(lo, (a.search_chunk ? 2 : 1) * layer_elems);
@@ -952,14 +906,13 @@ int run(int argc, char** argv) {
       for (const Cand& c : cands) best_fill = std::max(best_fill, c.fill);
       uint64_t chosen = 0, best_need = UINT64_MAX, best_moved = UINT64_MAX;
       for (const Cand& c : cands) {
-        JObj row;
-        row.add("chunk_elems", jint(c.chunk)).add("fill_ratio", jnum(c.fill)).add("chunks", jint(c.chunks));
+        Json row{{"chunk_elems", c.chunk}, {"fill_ratio", num(c.fill)}, {"chunks", c.chunks}};
         if (c.fill >= best_fill - 0.005) {
           const Evaluation& e = pl.evaluate_margin(a.shape.layers, c.chunk, a.hybrid);
           const uint64_t need = e.device_ok ? e.min_capacity : UINT64_MAX;
           const uint64_t moved = e.device_ok ? e.run.last.bytes_moved() : UINT64_MAX;
-          row.add("min_device_capacity_bytes", e.device_ok ? jint(need) : "null")
-              .add("bytes_moved_per_iter", e.device_ok ? jint(moved) : "null");
+          row["min_device_capacity_bytes"] = or_null(e.device_ok, need);
+          row["bytes_moved_per_iter"] = or_null(e.device_ok, moved);
           // Candidates come in increasing size: on ties the smaller wins.
           if (chosen == 0 || need < best_need || (need == best_need && moved < best_moved)) {
             chosen = c.chunk;
@@ -967,7 +920,7 @@ int run(int argc, char** argv) {
             best_moved = moved;
           }
         }
-        search_rows.push_back(row.str());
+        search_rows.push_back(std::move(row));
       }
       chunk = chosen;
     }
@@ -1036,71 +989,66 @@ int run(int argc, char** argv) {
   }();
 
   if (a.json) {
-    JObj hwj;
-    hwj.add("gpus_per_node", jint(hw.gpus_per_node))
-        .add("nodes", jint(hw.nodes))
-        .add("gpu_mem_bytes", jnum(hw.gpu_mem))
-        .add("device_capacity_bytes", jint(hw.device_capacity()))
-        .add("host_mem_bytes", jnum(hw.host_mem))
-        .add("host_reserve_per_rank_bytes", jnum(hw.host_reserve))
-        .add("nvme_bytes", jnum(hw.nvme))
-        .add("nvme_read_bytes_per_s", jnum(hw.nvme_read))
-        .add("nvme_write_bytes_per_s", jnum(hw.nvme_write))
-        .add("h2d_bytes_per_s", jnum(hw.h2d))
-        .add("d2h_bytes_per_s", jnum(hw.d2h))
-        .add("flops_per_s", jnum(hw.flops))
-        .add("host_adam_bytes_per_s", jnum(hw.host_adam));
-    JObj o;
-    o.add("planner", jstr("pstar-plan"))
-        .add("version", jstr(pstar_version_string()))
-        .add("preset", a.preset.empty() ? "null" : jstr(a.preset))
-        .add("hardware", hwj.str())
-        .add("hybrid_optimizer", a.hybrid ? "true" : "false")
-        .add("chunk_elems", jint(chunk))
-        .add("chunk_count", jint(requested.run.built.compute_chunks))
-        .add("fill_ratio", jnum(requested.run.built.fill_ratio));
-    if (!search_rows.empty()) o.add("chunk_search", jarr(search_rows));
-    o.add("requested", evaluation_json(requested));
-    if (requested_host_only) o.add("requested_host_only", evaluation_json(*requested_host_only));
-    o.add("max_params", jint(top ? top->params : 0))
-        .add("max_shape", top ? shape_json(top->shape) : "null")
-        .add("bytes_moved_per_iter", jint(top ? top->run.last.bytes_moved() : 0))
-        .add("step_s", top ? jnum(top->step_s) : "null")
-        .add("peak_device_bytes", jint(top ? top->run.final_stats.peak_device_bytes : 0))
-        .add("host_needed_per_node_bytes", jint(top ? top->host_per_node : 0))
-        .add("optimizer_device_bytes_per_rank", jint(top ? top->opt_device_per_rank : 0))
-        .add("max", top ? evaluation_json(*top) : "null")
-        .add("max_params_host_only", jint(top_host_only ? top_host_only->params : 0))
-        .add("max_shape_host_only", top_host_only ? shape_json(top_host_only->shape) : "null")
-        .add("bytes_moved_per_iter_host_only", jint(top_host_only ? top_host_only->run.last.bytes_moved() : 0))
-        .add("step_s_host_only", top_host_only ? jnum(top_host_only->step_s) : "null")
-        .add("max_host_only", top_host_only ? evaluation_json(*top_host_only) : "null")
-        .add("max_params_hybrid_steady_host", jint(top_steady ? top_steady->params : 0))
-        .add("max_shape_hybrid_steady_host", top_steady ? shape_json(top_steady->shape) : "null")
-        .add("max_params_with_device_margin", jint(top_margin ? top_margin->params : 0))
-        .add("max_shape_with_device_margin", top_margin ? shape_json(top_margin->shape) : "null")
-        .add("nvme_modelled", nvme_modelled ? "true" : "false")
-        .add("max_params_nvme", jint(top_nvme ? top_nvme->params : 0))
-        .add("max_shape_nvme", top_nvme ? shape_json(top_nvme->shape) : "null")
-        .add("step_s_nvme", top_nvme ? jnum(top_nvme->step_s) : "null")
-        .add("nvme_used_bytes", jint(top_nvme ? top_nvme->nvme_bytes : 0))
-        .add("drive_s_nvme", top_nvme ? jnum(top_nvme->drive_s) : "null")
-        .add("dry_runs", jint(pl.dry_runs));
+    Json o;
+    o["planner"] = "pstar-plan";
+    o["version"] = pstar_version_string();
+    o["preset"] = or_null(!a.preset.empty(), a.preset);
+    o["hardware"] = Json{{"gpus_per_node", hw.gpus_per_node},
+                         {"nodes", hw.nodes},
+                         {"gpu_mem_bytes", num(hw.gpu_mem)},
+                         {"device_capacity_bytes", hw.device_capacity()},
+                         {"host_mem_bytes", num(hw.host_mem)},
+                         {"host_reserve_per_rank_bytes", num(hw.host_reserve)},
+                         {"nvme_bytes", num(hw.nvme)},
+                         {"nvme_read_bytes_per_s", num(hw.nvme_read)},
+                         {"nvme_write_bytes_per_s", num(hw.nvme_write)},
+                         {"h2d_bytes_per_s", num(hw.h2d)},
+                         {"d2h_bytes_per_s", num(hw.d2h)},
+                         {"flops_per_s", num(hw.flops)},
+                         {"host_adam_bytes_per_s", num(hw.host_adam)}};
+    o["hybrid_optimizer"] = a.hybrid;
+    o["chunk_elems"] = chunk;
+    o["chunk_count"] = requested.run.built.compute_chunks;
+    o["fill_ratio"] = num(requested.run.built.fill_ratio);
+    if (!search_rows.empty()) o["chunk_search"] = std::move(search_rows);
+    o["requested"] = evaluation_json(requested);
+    if (requested_host_only) o["requested_host_only"] = evaluation_json(*requested_host_only);
+    // The largest model of each kind: its figures where one fits, else 0
+    // for counts and null for the rest.
+    o["max_params"] = top ? top->params : 0;
+    o["max_shape"] = top ? shape_json(top->shape) : Json(nullptr);
+    o["bytes_moved_per_iter"] = top ? top->run.last.bytes_moved() : 0;
+    o["step_s"] = top ? num(top->step_s) : Json(nullptr);
+    o["peak_device_bytes"] = top ? top->run.final_stats.peak_device_bytes : 0;
+    o["host_needed_per_node_bytes"] = top ? top->host_per_node : 0;
+    o["optimizer_device_bytes_per_rank"] = top ? top->opt_device_per_rank : 0;
+    o["max"] = top ? evaluation_json(*top) : Json(nullptr);
+    o["max_params_host_only"] = top_host_only ? top_host_only->params : 0;
+    o["max_shape_host_only"] = top_host_only ? shape_json(top_host_only->shape) : Json(nullptr);
+    o["bytes_moved_per_iter_host_only"] = top_host_only ? top_host_only->run.last.bytes_moved() : 0;
+    o["step_s_host_only"] = top_host_only ? num(top_host_only->step_s) : Json(nullptr);
+    o["max_host_only"] = top_host_only ? evaluation_json(*top_host_only) : Json(nullptr);
+    o["max_params_hybrid_steady_host"] = top_steady ? top_steady->params : 0;
+    o["max_shape_hybrid_steady_host"] = top_steady ? shape_json(top_steady->shape) : Json(nullptr);
+    o["max_params_with_device_margin"] = top_margin ? top_margin->params : 0;
+    o["max_shape_with_device_margin"] = top_margin ? shape_json(top_margin->shape) : Json(nullptr);
+    o["nvme_modelled"] = nvme_modelled;
+    o["max_params_nvme"] = top_nvme ? top_nvme->params : 0;
+    o["max_shape_nvme"] = top_nvme ? shape_json(top_nvme->shape) : Json(nullptr);
+    o["step_s_nvme"] = top_nvme ? num(top_nvme->step_s) : Json(nullptr);
+    o["nvme_used_bytes"] = top_nvme ? top_nvme->nvme_bytes : 0;
+    o["drive_s_nvme"] = top_nvme ? num(top_nvme->drive_s) : Json(nullptr);
+    o["dry_runs"] = pl.dry_runs;
     if (a.preset_def) {
-      std::vector<std::string> pubs;
+      Json pubs = Json::array();
       for (const auto& p : a.preset_def->published)
-        pubs.push_back(JObj()
-                           .add("system", jstr(p.system))
-                           .add("max_params", p.params > 0 ? jnum(p.params) : "null")
-                           .add("source", jstr(p.note))
-                           .str());
-      o.add("published", jarr(pubs));
+        pubs.push_back(Json{
+            {"system", p.system}, {"max_params", p.params > 0 ? num(p.params) : Json(nullptr)}, {"source", p.note}});
+      o["published"] = std::move(pubs);
     }
-    std::vector<std::string> as, nm;
-    for (const auto& s : assumptions) as.push_back(jstr(s));
-    for (const auto& s : not_modelled()) nm.push_back(jstr(s));
-    o.add("assumptions", jarr(as)).add("not_modelled", jarr(nm));
-    std::printf("%s\n", o.str().c_str());
+    o["assumptions"] = assumptions;
+    o["not_modelled"] = not_modelled();
+    std::printf("%s\n", o.dump().c_str());
     return 0;
   }
 
@@ -1174,9 +1122,6 @@ int run(int argc, char** argv) {
 int main(int argc, char** argv) {
   try {
     return run(argc, argv);
-  } catch (const UsageError& e) {
-    std::fprintf(stderr, "pstar-plan: %s\n\n%s", e.what(), kUsage);
-    return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "pstar-plan: %s\n", e.what());
     return 1;

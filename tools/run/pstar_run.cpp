@@ -2,7 +2,8 @@
 // environment libpstar reads (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
 // MASTER_ADDR, MASTER_PORT), forwards each rank's output line by line with a
 // "[rank k] " prefix, and stops every rank as soon as one fails.  See
-// docs/launching.md.  The C++ standard library and POSIX only.
+// docs/launching.md.  The C++ standard library and POSIX, and CLI11 for the
+// command line (tools/common/tool_cli.h).
 //
 // One thread, one poll loop: the ranks' pipes plus a self-pipe that the
 // signal handlers (SIGCHLD, SIGINT, SIGTERM, SIGHUP) write to.  Each rank is
@@ -34,35 +35,18 @@
 #include <string>
 #include <vector>
 
+#include "tool_cli.h"
+
 extern char** environ;
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-constexpr const char* kUsage =
-    "usage: pstar-run -n N [options] [--] program [args...]\n"
-    "Starts N ranks of program on this host with RANK, WORLD_SIZE, LOCAL_RANK,\n"
-    "LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT set; prefixes their output\n"
-    "with \"[rank k] \"; exits with the first failing rank's status (128+signal\n"
-    "for a rank killed by a signal) after stopping the others, 0 when all succeed.\n"
-    "\n"
-    "options:\n"
-    "  -n, --nproc N         number of ranks (1..1024)\n"
-    "  --master-addr ADDR    address of rank 0's rendezvous server (default 127.0.0.1)\n"
-    "  --port P              rendezvous port (default: a free port picked here)\n"
-    "  --timeout S           stop every rank after S seconds and exit 124\n"
-    "  --grace S             seconds between SIGTERM and SIGKILL when stopping (default 5)\n"
-    "  -h, --help            this text\n";
+using pstar::tools::UsageError;
 
 constexpr int kMaxRanks = 1024;
 constexpr size_t kMaxLine = 64 * 1024;  // longer lines are cut into pieces
 constexpr double kDrainSeconds = 2.0;   // output still open after every rank exited
-
-[[noreturn]] void usage_error(const std::string& message) {
-  std::fprintf(stderr, "pstar-run: %s\n%s", message.c_str(), kUsage);
-  std::exit(2);
-}
 
 [[noreturn]] void fatal(const std::string& message) {
   std::fprintf(stderr, "pstar-run: %s\n", message.c_str());
@@ -86,8 +70,8 @@ long parse_integer(const std::string& option, const std::string& text, long lo, 
   const long v = std::strtol(text.c_str(), &end, 10);
   if (text.empty() || *end != '\0' || errno == ERANGE || v < lo || v > hi ||
       !(std::isdigit(static_cast<unsigned char>(text[0]))))
-    usage_error(option + " takes an integer in " + std::to_string(lo) + ".." + std::to_string(hi) + ", not '" + text +
-                "'");
+    throw UsageError(option + " takes an integer in " + std::to_string(lo) + ".." + std::to_string(hi) + ", not '" +
+                     text + "'");
   return v;
 }
 
@@ -97,59 +81,61 @@ double parse_seconds(const std::string& option, const std::string& text, bool ze
   const double v = std::strtod(text.c_str(), &end);
   if (text.empty() || *end != '\0' || errno == ERANGE || !std::isfinite(v) || v < 0 || (v == 0 && !zero_ok) ||
       v > 1e7 || !(std::isdigit(static_cast<unsigned char>(text[0])) || text[0] == '.'))
-    usage_error(option + " takes a number of seconds" + (zero_ok ? "" : " above 0") + ", not '" + text + "'");
+    throw UsageError(option + " takes a number of seconds" + (zero_ok ? "" : " above 0") + ", not '" + text + "'");
   return v;
 }
 
+// The command line through CLI11 (tools/common/tool_cli.h).  Options end at
+// "--" or at the first argument that is not an option (prefix_command): the
+// program and its arguments are what CLI11 leaves over, after the "--" if
+// one was given.  It leaves over an option it does not know as well, in
+// front of them: the leftovers must be the end of argv and start with "-"
+// only after "--".
 Options parse_options(int argc, char** argv) {
   Options o;
-  bool have_n = false;
-  int i = 1;
-  const auto value = [&](const std::string& option, std::optional<std::string>& inline_value) {
-    if (inline_value) return *inline_value;
-    if (i + 1 >= argc) usage_error(option + " needs a value");
-    return std::string(argv[++i]);
-  };
-  for (; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg == "--") {
-      ++i;
-      break;
+  CLI::App app{
+      "Starts N ranks of program on this host with RANK, WORLD_SIZE, LOCAL_RANK,\n"
+      "LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT set; prefixes their output\n"
+      "with \"[rank k] \"; exits with the first failing rank's status (128+signal\n"
+      "for a rank killed by a signal) after stopping the others, 0 when all succeed.",
+      "pstar-run"};
+  pstar::tools::configure(app, "usage: pstar-run -n N [options] [--] program [args...]");
+  app.prefix_command();
+  CLI::Option* nproc =
+      app.add_option_function<std::string>(
+             "-n,--nproc", [&](const std::string& v) { o.nproc = int(parse_integer("-n", v, 1, kMaxRanks)); },
+             "number of ranks (1..1024)")
+          ->type_name("N");
+  app.add_option("--master-addr", o.master_addr, "address of rank 0's rendezvous server (default 127.0.0.1)")
+      ->type_name("ADDR");
+  app.add_option_function<std::string>(
+         "--port", [&](const std::string& v) { o.port = int(parse_integer("--port", v, 1, 65535)); },
+         "rendezvous port (default: a free port picked here)")
+      ->type_name("P");
+  app.add_option_function<std::string>(
+         "--timeout", [&](const std::string& v) { o.timeout_s = parse_seconds("--timeout", v, false); },
+         "stop every rank after S seconds and exit 124")
+      ->type_name("S");
+  app.add_option_function<std::string>(
+         "--grace", [&](const std::string& v) { o.grace_s = parse_seconds("--grace", v, true); },
+         "seconds between SIGTERM and SIGKILL when stopping (default 5)")
+      ->type_name("S");
+  pstar::tools::parse_or_exit(app, argc, argv, [&] {
+    std::vector<std::string> rest = app.remaining();
+    const size_t n = rest.size();
+    const bool tail = n < size_t(argc) && std::equal(rest.begin(), rest.end(), argv + (argc - n));
+    const bool separated = tail && n > 0 && rest[0] == "--";
+    if (tail) pstar::tools::reject_empty_values(argv + 1, argv + (argc - n));
+    const auto is_option = [](const std::string& a) { return a.size() > 1 && a[0] == '-'; };
+    if (!tail || (!separated && n > 0 && is_option(rest[0]))) {
+      const auto unknown = std::find_if(rest.begin(), rest.end(), is_option);
+      throw UsageError("unknown option '" + (unknown != rest.end() ? *unknown : rest[0]) + "'");
     }
-    if (arg.size() < 2 || arg[0] != '-') break;  // the program
-    std::optional<std::string> inline_value;
-    if (arg.rfind("--", 0) == 0) {
-      const size_t eq = arg.find('=');
-      if (eq != std::string::npos) {
-        inline_value = arg.substr(eq + 1);
-        arg = arg.substr(0, eq);
-      }
-    } else if (arg.rfind("-n", 0) == 0 && arg.size() > 2) {
-      inline_value = arg.substr(2);
-      arg = "-n";
-    }
-    if (arg == "-h" || arg == "--help") {
-      std::fputs(kUsage, stdout);
-      std::exit(0);
-    } else if (arg == "-n" || arg == "--nproc") {
-      o.nproc = static_cast<int>(parse_integer(arg, value(arg, inline_value), 1, kMaxRanks));
-      have_n = true;
-    } else if (arg == "--master-addr") {
-      o.master_addr = value(arg, inline_value);
-      if (o.master_addr.empty()) usage_error("--master-addr needs a non-empty address");
-    } else if (arg == "--port") {
-      o.port = static_cast<int>(parse_integer(arg, value(arg, inline_value), 1, 65535));
-    } else if (arg == "--timeout") {
-      o.timeout_s = parse_seconds(arg, value(arg, inline_value), false);
-    } else if (arg == "--grace") {
-      o.grace_s = parse_seconds(arg, value(arg, inline_value), true);
-    } else {
-      usage_error("unknown option '" + std::string(argv[i]) + "'");
-    }
-  }
-  if (!have_n) usage_error("-n N is required");
-  for (; i < argc; ++i) o.program.emplace_back(argv[i]);
-  if (o.program.empty()) usage_error("no program given");
+    o.program.assign(rest.begin() + (separated ? 1 : 0), rest.end());
+    if (nproc->count() == 0) throw UsageError("-n N is required");
+    if (o.master_addr.empty()) throw UsageError("--master-addr needs a non-empty address");
+    if (o.program.empty()) throw UsageError("no program given");
+  });
   return o;
 }
 
