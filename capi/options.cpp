@@ -137,9 +137,10 @@ engine::EngineOptions engine_options(const pstar_engine_options& in) {
   settings::require_float(o.weight_decay, 0.0f, settings::kMax, "options: weight_decay", "finite and in [0, 1e30]");
   settings::require_float(o.clip_norm, 0.0f, settings::kMax, "options: clip_norm", "in [0, 1e30] (0 = off)");
   settings::require_float(o.loss_scale_initial, FLT_MIN, FLT_MAX, "options: loss_scale_initial", settings::kRangeScale);
-  settings::require_float(o.loss_scale_growth_factor, 1.0f, settings::kMax, "options: loss_scale_growth_factor", "in [1, 1e30]");
+  settings::require_float(o.loss_scale_growth_factor, 1.0f, settings::kMax, "options: loss_scale_growth_factor",
+                          "in [1, 1e30]");
   settings::require_float(o.loss_scale_backoff_factor, std::numeric_limits<float>::denorm_min(), 1.0f,
-                  "options: loss_scale_backoff_factor", "in (0, 1]");
+                          "options: loss_scale_backoff_factor", "in (0, 1]");
   require(o.loss_scale_growth_interval >= 1, PSTAR_ERR_INVALID_ARGUMENT,
           "options: loss_scale_growth_interval must be >= 1");
   require(o.loss_scale_hysteresis >= 1, PSTAR_ERR_INVALID_ARGUMENT, "options: loss_scale_hysteresis must be >= 1");

@@ -101,7 +101,8 @@ class Engine {
 
   void write(uint32_t id, const void* src, uint64_t count, pstar_dtype dtype);
   void read(uint32_t id, void* dst, uint64_t count, pstar_dtype dtype);
-  // Checkpoints (engine_checkpoint.cpp, docs/checkpoints.md).
+  // Checkpoints (engine_checkpoint.cpp; the format is src/checkpoint/'s,
+  // docs/checkpoints.md).
   std::string checkpoint_save(const char* dir);
   void checkpoint_load(const char* dir);
   void export_safetensors(const char* path);
@@ -331,8 +332,6 @@ class Engine {
   // and the shard-aware state writes of a load.
   void checkpoint_all_gather(const void* mine, void* all, size_t bytes);
   void write_state_sharded(uint32_t id, int list, const float* in);
-  std::string checkpoint_manifest_text(const std::map<std::string, std::pair<uint64_t, uint64_t>>& files,
-                                       const std::vector<uint64_t>& offsets, const std::string& pieces) const;
   Param& value_access(const char* what, uint32_t id, const void* buf, uint64_t count, pstar_dtype dtype);
   Param& backward_param(const char* what, uint32_t id);
   chunk::TensorState checked_transition(const Param& p, uint32_t id, chunk::TensorEvent ev) const;

@@ -7,8 +7,8 @@
 namespace pstar::memory {
 
 namespace {
-const char* const kUseNames[DeviceTier::kUses] = {"chunks",           "gradient buffers",  "buffers being freed",
-                                                  "optimizer state",  "gather-ahead slots", "collective staging",
+const char* const kUseNames[DeviceTier::kUses] = {"chunks",          "gradient buffers",   "buffers being freed",
+                                                  "optimizer state", "gather-ahead slots", "collective staging",
                                                   "non-model"};
 }
 
@@ -17,9 +17,7 @@ uint64_t DeviceTier::free_bytes() const {
   return used_ >= capacity_ ? 0 : capacity_ - used_;
 }
 
-bool DeviceTier::fits(uint64_t bytes) const {
-  return !limited() || (used_ <= capacity_ && bytes <= capacity_ - used_);
-}
+bool DeviceTier::fits(uint64_t bytes) const { return !limited() || (used_ <= capacity_ && bytes <= capacity_ - used_); }
 
 void DeviceTier::add(Use u, uint64_t bytes) {
   bytes_[index(u)] += bytes;

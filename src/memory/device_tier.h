@@ -63,7 +63,7 @@ class DeviceTier {
   void check() const;
 
   uint64_t capacity_;
-  uint64_t used_ = 0;                   // invariant: sum of bytes_
+  uint64_t used_ = 0;                    // invariant: sum of bytes_
   std::array<uint64_t, kUses> bytes_{};  // per Use
 };
 

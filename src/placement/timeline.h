@@ -23,8 +23,8 @@ namespace pstar::placement {
 class Timeline {
  public:
   struct MemorySample {
-    uint64_t moment;  // acquires since the engine was created
-    double time;      // seconds on the engine's clock
+    uint64_t moment;                                              // acquires since the engine was created
+    double time;                                                  // seconds on the engine's clock
     uint64_t chunks, grads, nonmodel, deferred, host, optimizer;  // bytes
   };
 

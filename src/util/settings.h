@@ -11,8 +11,8 @@
 
 namespace pstar::settings {
 
-constexpr float kMax = 1e30f;                  // lr, weight_decay, clip_norm, lr_scale, eps
-constexpr float kBelowOne = 1.0f - 0x1p-24f;   // the largest float below 1 (betas)
+constexpr float kMax = 1e30f;                 // lr, weight_decay, clip_norm, lr_scale, eps
+constexpr float kBelowOne = 1.0f - 0x1p-24f;  // the largest float below 1 (betas)
 constexpr const char* kRangeLr = "finite and in [0, 1e30]";
 constexpr const char* kRangeBeta = "in [0, 1)";
 constexpr const char* kRangeEps = "in [FLT_MIN, 1e30] (a normal float > 0)";

@@ -666,3 +666,34 @@ Test(checkpoint, safetensors_holds_every_parameter_in_fp32) {
   remove(path);
   T_OK(pstar_engine_destroy(a.e));
 }
+
+/* A safetensors header is JSON: names with control characters get JSON's
+ * escapes; a name that is not UTF-8 (JSON cannot hold it, and readers
+ * refuse such a file) or "__metadata__" is refused before any file is
+ * written. */
+Test(checkpoint, safetensors_names_are_json) {
+  char path[512], tmp[520];
+  snprintf(path, sizeof path, "%s/ckpt-test-names-%d.safetensors", PSTAR_TEST_TMP_DIR, (int)getpid());
+  snprintf(tmp, sizeof tmp, "%s.tmp", path);
+  for (int bad = 0; bad <= 2; ++bad) {
+    pstar_engine_options o = t_options(PSTAR_DTYPE_F32, 1024);
+    pstar_engine *e = t_create(&o);
+    (void)t_register(e, "tab\there\x01", 3, 0);
+    (void)t_register(e, bad == 1 ? "bad\xff" : bad == 2 ? "__metadata__" : "fine", 2, 0);
+    T_OK(pstar_engine_build(e));
+    remove(path);
+    if (bad) {
+      T_FAIL(pstar_export_safetensors(e, path), PSTAR_ERR_INVALID_ARGUMENT, bad == 1 ? "not UTF-8" : "metadata");
+      cr_assert(access(path, F_OK) != 0 && access(tmp, F_OK) != 0, "a refused export left a file");
+    } else {
+      T_OK(pstar_export_safetensors(e, path));
+      size_t len = 0;
+      unsigned char *bytes = ck_slurp(path, &len);
+      cr_assert_not_null(strstr((const char *)bytes + 8, "\"tab\\there\\u0001\":{\"dtype\":\"F32\",\"shape\":[3]"),
+                         "%s", (const char *)bytes + 8);
+      free(bytes);
+      remove(path);
+    }
+    T_OK(pstar_engine_destroy(e));
+  }
+}
