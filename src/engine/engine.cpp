@@ -46,7 +46,11 @@ Engine::Engine(const EngineOptions& options) : Engine(options, nullptr) {}
 Engine::Engine(const EngineOptions& options, std::unique_ptr<dist::Communicator> group)
     : options_(options),
       follower_(options_.warmup_iterations, placement::TraceFollower::Retrace::kFromDivergence, "placement"),
-      scaler_(scaler_config(options_)) {
+      scaler_(scaler_config(options_)),
+      gather_(dist::GatherAhead::Actions{[this](uint32_t k) { return chunks_[k].tier != Tier::kNone; },
+                                         [this](uint32_t k) { return chunks_[k].bytes; },
+                                         [this](uint32_t k) { gather(k); },
+                                         [this](uint32_t k, uint32_t slot) { gather_into_slot(k, slot); }}) {
   if (group != nullptr) {
     require(!options_.dry_run && !options_.hybrid_optimizer, PSTAR_ERR_UNSUPPORTED,
             "engine: a sharded engine has no dry run and no hybrid optimizer placement yet");
@@ -232,7 +236,7 @@ void Engine::build() {
       // (NCCL stages on the device: only the output is on the host.)
       // With a collective queue (gathering ahead), kAsyncReduceBuffers
       // pairs, so that a reduce-scatter on the queue overlaps the next.
-      rs_bufs_.resize(gather_ahead_ > 0 ? kAsyncReduceBuffers : 1);
+      rs_bufs_.resize(gather_.depth() > 0 ? kAsyncReduceBuffers : 1);
       for (ReduceBuffers& b : rs_bufs_) {
         b.out_bytes = largest_trainable / static_cast<uint64_t>(world_) * sizeof(float);
         b.out = static_cast<float*>(host_->acquire(b.out_bytes));
@@ -493,7 +497,7 @@ void Engine::iteration_begin(pstar_iteration_kind kind) {
   ++stats_.iterations;
   if (kind == PSTAR_ITERATION_TRAIN) {
     trace_iteration_begin();
-    schedule_iteration_begin();
+    gather_.iteration_begin(cqueue_ != nullptr);
   }
 }
 
@@ -647,21 +651,19 @@ void* Engine::acquire(uint32_t id, pstar_stage stage, void* stream) {
   ChunkState& c = chunks_[place.chunk];
   if (iteration_kind_ == PSTAR_ITERATION_TRAIN) {
     follower_.check(place.chunk);
-    schedule_at_acquire(place.chunk);  // may gather this and later chunks
+    gather_.at_acquire(place.chunk);  // may gather this and later chunks
   }
   const bool gathered_now = c.tier == Tier::kNone;
   if (gathered_now) {
     gather(place.chunk);  // world > 1: not gathered
-    if (cqueue_ != nullptr) ++gathers_on_demand_;
+    if (cqueue_ != nullptr) gather_.note_on_demand();
   } else if (c.gathering != nullptr) {
     // Gathered ahead (engine_dist.cpp): wait for the all-gather.
-    if (!cqueue_->done(c.gathering)) {
-      ++gathers_waited_;
-      stats_.bytes_critical += c.bytes;
-    }
+    const bool waited = !cqueue_->done(c.gathering);
+    if (waited) stats_.bytes_critical += c.bytes;
     const auto before = std::chrono::steady_clock::now();
     finish_gather(place.chunk, false);
-    gather_wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - before).count();
+    gather_.note_wait(waited, std::chrono::duration<double>(std::chrono::steady_clock::now() - before).count());
   } else if (c.tier == Tier::kHost) {
     fetch(place.chunk);
     stats_.bytes_critical += c.bytes;  // the caller waits for this copy
@@ -712,7 +714,7 @@ void* Engine::acquire(uint32_t id, pstar_stage stage, void* stream) {
   c.last_acquire = acquires_;
   lru_.touch(place.chunk);
   if (iteration_kind_ == PSTAR_ITERATION_TRAIN) {
-    schedule_after_acquire(place.chunk, gathered_now);
+    if (cqueue_ != nullptr) gather_.after_acquire(place.chunk, gathered_now);
     trace_note_access(place.chunk);
     if (follower_.following() && options_.prefetch) prefetch_ahead(follower_.moment());
   }

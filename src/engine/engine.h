@@ -28,6 +28,7 @@
 #include "chunk/layout.h"
 #include "dist/collective_queue.h"
 #include "dist/comm/communicator.h"
+#include "dist/gather_ahead.h"
 #include "dist/launch_env.h"
 #include "engine/options.h"
 #include "chunk/tensor_state.h"
@@ -420,11 +421,6 @@ class Engine {
   // Gathering ahead (engine_dist.cpp).
   void reserve_gather_slots();
   void release_gather_slots();
-  void schedule_iteration_begin();
-  void schedule_at_acquire(uint32_t k);
-  void schedule_after_acquire(uint32_t k, bool gathered_now);
-  void schedule_iteration_end();
-  void issue_gathers_ahead(bool at_acquire);
   void gather_into_slot(uint32_t k, uint32_t slot);
   void finish_gather(uint32_t k, bool quiet);
   void all_gather_host(const void* mine, void* all, size_t bytes);
@@ -512,33 +508,9 @@ class Engine {
   std::deque<PendingReduce> reduces_;   // queued reduce-scatters, oldest first
   uint64_t collective_hash_ = 0;
 
-  // Gathering ahead (world > 1, gather_ahead_ > 0; docs/distributed.md):
-  // every rank records the TRAIN iteration's acquires (the chunk of each
-  // moment) and the gathers they caused; an iteration that repeats them
-  // issues each scheduled gather up to gather_ahead_ entries before its
-  // use, into a free slot, on the collective queue.  Every decision below
-  // is a function of the calls the ranks make and the (agreed) depth,
-  // never of capacity, eviction or policy, so the collective order agrees.
-  struct GatherSlot {
-    void* buffer = nullptr;       // slot_bytes_ of device memory
-    int64_t chunk = -1;           // the chunk in it, -1: free
-    memory::EventPtr free_after;  // queued work that used the last chunk
-  };
-  struct ScheduledGather {
-    uint64_t moment;  // the acquire that needed it
-    uint32_t chunk;
-  };
-  uint32_t gather_ahead_ = 0;
-  uint64_t slot_bytes_ = 0;
-  std::vector<GatherSlot> slots_;
-  // The acquires of the TRAIN iteration (one trace follower, recording
-  // anew after a divergence) and the gathers each moment caused: sched_
-  // once the follower's trace is ready, rec_gathers_ while it records.
-  placement::TraceFollower sched_follower_{1, placement::TraceFollower::Retrace::kNextIteration, "gather ahead"};
-  std::vector<ScheduledGather> sched_, rec_gathers_;
-  size_t sched_next_ = 0;  // first entry of sched_ not issued
-  uint64_t gathers_ahead_ = 0, gathers_on_demand_ = 0, gathers_waited_ = 0;
-  double gather_wait_seconds_ = 0.0;
+  // Gathering ahead (world > 1, depth > 0; docs/distributed.md): the
+  // schedule and its device slots.
+  dist::GatherAhead gather_;
   // Runs the ahead gathers; declared after comm_ so that it is destroyed
   // (its thread finished) first.
   std::unique_ptr<dist::CollectiveQueue> cqueue_;

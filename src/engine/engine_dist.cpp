@@ -197,7 +197,7 @@ void Engine::check_layout_agrees(uint64_t chunk_elems) {
   mix64(chunk_elems);
   mix64(static_cast<uint64_t>(options_.compute_dtype));
   mix64(options_.grad_accumulation != 0);
-  mix64(gather_ahead_);
+  mix64(gather_.depth());
   uint64_t total = 0;
   for (const Param& p : params_) {
     mix(p.name.c_str(), p.name.size() + 1);
@@ -208,7 +208,7 @@ void Engine::check_layout_agrees(uint64_t chunk_elems) {
   }
   // Whether this rank's device can hold the gather-ahead slots: exchanged
   // here so that every rank fails the build, not the one short of room.
-  const uint64_t slots = static_cast<uint64_t>(gather_ahead_) * chunk_elems * elem_bytes();
+  const uint64_t slots = static_cast<uint64_t>(gather_.depth()) * chunk_elems * elem_bytes();
   const uint64_t slots_fit = slots == 0 || device_tier_.fits(slots);
   const uint64_t mine[4] = {h, params_.size(), total, slots_fit};
   std::vector<uint64_t> all(4 * static_cast<size_t>(world_));
@@ -232,8 +232,8 @@ void Engine::check_layout_agrees(uint64_t chunk_elems) {
   }
   if (!short_ranks.empty()) {
     throw Error(PSTAR_ERR_OUT_OF_MEMORY,
-                "engine_build: gathering " + std::to_string(gather_ahead_) + " chunks ahead needs " +
-                    std::to_string(gather_ahead_) + " device slots of " + std::to_string(chunk_elems * elem_bytes()) +
+                "engine_build: gathering " + std::to_string(gather_.depth()) + " chunks ahead needs " +
+                    std::to_string(gather_.depth()) + " device slots of " + std::to_string(chunk_elems * elem_bytes()) +
                     " bytes, more than the free device capacity of rank(s) " + short_ranks +
                     "; lower the depth (pstar_x_engine_set_gather_ahead) or raise device_capacity_bytes");
   }
@@ -283,7 +283,7 @@ void Engine::drop_gathered(uint32_t k) {
   if (c.gather_slot >= 0) {
     // The slot is free for the next ahead gather once the queued work that
     // used this chunk is done.
-    GatherSlot& slot = slots_[static_cast<size_t>(c.gather_slot)];
+    dist::GatherAhead::Slot& slot = gather_.slot(static_cast<size_t>(c.gather_slot));
     slot.chunk = -1;
     slot.free_after = after;
     c.gather_slot = -1;
@@ -323,7 +323,7 @@ void Engine::after_release_sharded(uint32_t id, uint32_t k, pstar_stage stage) {
     if (c.compute_refs != 0 || c.bwd_open != 0) return;
     if (c.grads_pending != 0) reduce_chunk(k);
     drop_gathered(k);
-    if (sched_follower_.following()) issue_gathers_ahead(false);
+    gather_.after_drop();
     return;
   }
   const int b = stage == PSTAR_STAGE_RECOMPUTE ? 1 : 0;
@@ -334,7 +334,7 @@ void Engine::after_release_sharded(uint32_t id, uint32_t k, pstar_stage stage) {
   }
   if (c.compute_refs == 0 && c.unmarked[b] == 0) {
     drop_gathered(k);
-    if (sched_follower_.following()) issue_gathers_ahead(false);
+    gather_.after_drop();
   }
 }
 
@@ -507,40 +507,22 @@ void Engine::reduce_finish_all(int64_t chunk) {
 }
 
 // ---------------------------------------------------------------------------
-// Gathering ahead (pstar_x_engine_set_gather_ahead; docs/distributed.md)
-//
-// The schedule is the list of gathers one TRAIN iteration made, each with
-// the acquire ("moment") that needed it, recorded on every rank whatever its
-// placement policy.  A later TRAIN iteration whose acquires repeat the
-// recorded chunks issues the gathers in schedule order: entry j once fewer
-// than gather_ahead_ entries separate it from the last entry due, its chunk
-// is not gathered (its previous gather dropped) and a slot is free.  All
-// three conditions, and the points where they are evaluated (iteration
-// begin, each acquire, each release that drops a chunk), follow from the
-// calls the ranks make; capacity, eviction and policy play no part, so the
-// ranks issue the same collectives in the same order.  Leaving the schedule
-// (another chunk acquired, an entry whose moment passed unissued) is also a
-// function of the calls: the iteration stops issuing, and the next TRAIN
-// iteration records a new schedule.
+// Gathering ahead (pstar_x_engine_set_gather_ahead; docs/distributed.md): the
+// schedule decides (dist/gather_ahead.h); the engine gathers.
 
 void Engine::set_gather_ahead(uint32_t chunks) {
   require(!built(), PSTAR_ERR_INVALID_STATE, "set_gather_ahead: the engine is built; set the depth before");
   require(chunks <= kMaxGatherAhead, PSTAR_ERR_INVALID_ARGUMENT, [&] {
     return "set_gather_ahead: " + std::to_string(chunks) + " chunks; at most " + std::to_string(kMaxGatherAhead);
   });
-  gather_ahead_ = sharded() ? chunks : 0;
+  gather_.set_depth(sharded() ? chunks : 0);
 }
 
 // At build, after the layout check agreed that every rank has room.
 void Engine::reserve_gather_slots() {
-  if (gather_ahead_ == 0 || !sharded()) return;
-  slot_bytes_ = layout_->chunk_elems() * elem_bytes();
+  if (gather_.depth() == 0 || !sharded()) return;
+  gather_.reserve_slots(device_.get(), &device_tier_, layout_->chunk_elems() * elem_bytes());
   try {
-    for (uint32_t i = 0; i < gather_ahead_; ++i) {
-      void* buffer = device_->allocate(slot_bytes_);
-      slots_.push_back(GatherSlot{buffer, -1, nullptr});
-      device_tier_.add(Use::kGatherSlots, slot_bytes_);
-    }
     cqueue_ = std::make_unique<dist::CollectiveQueue>();
   } catch (...) {
     release_gather_slots();
@@ -551,104 +533,25 @@ void Engine::reserve_gather_slots() {
 
 void Engine::release_gather_slots() {
   cqueue_.reset();  // its thread finishes the gathers writing the slots
-  for (GatherSlot& slot : slots_) {
-    device_->synchronize(slot.free_after);
-    device_->deallocate(slot.buffer, slot_bytes_);
-    device_tier_.remove(Use::kGatherSlots, slot_bytes_);
-  }
-  slots_.clear();
-}
-
-void Engine::schedule_iteration_begin() {
-  sched_next_ = 0;
-  sched_follower_.begin(cqueue_ != nullptr);
-  if (sched_follower_.recording()) rec_gathers_.clear();
-  if (sched_follower_.following()) issue_gathers_ahead(false);
-}
-
-// Before an acquire of chunk k (a TRAIN iteration) looks at its chunk.
-void Engine::schedule_at_acquire(uint32_t k) {
-  sched_follower_.check(k);
-  if (!sched_follower_.following()) return;
-  issue_gathers_ahead(true);
-  if (sched_follower_.following() && chunks_[k].tier == Tier::kNone) {
-    sched_follower_.diverge("a gather the schedule does not have");
-  }
-}
-
-// After a successful acquire of chunk k; `gathered_now`: it gathered k.
-void Engine::schedule_after_acquire(uint32_t k, bool gathered_now) {
-  if (cqueue_ == nullptr) return;
-  if (sched_follower_.recording() && gathered_now) {
-    rec_gathers_.push_back(ScheduledGather{sched_follower_.moment(), k});
-  }
-  sched_follower_.note(k, 0);
-}
-
-void Engine::schedule_iteration_end() {
-  if (cqueue_ == nullptr) return;
-  if (sched_follower_.end(static_cast<uint32_t>(chunks_.size()))) sched_ = std::move(rec_gathers_);
-  rec_gathers_.clear();
-}
-
-// Issues the schedule's gathers that are due or within gather_ahead_ of the
-// last due one.  `at_acquire`: called by the acquire of moment
-// sched_follower_.moment(), so that entries of this moment are due now (else only
-// earlier ones are, and none should be left).
-void Engine::issue_gathers_ahead(bool at_acquire) {
-  size_t due_end = sched_next_;  // entries [.., due_end) are due
-  while (due_end < sched_.size() && (sched_[due_end].moment < sched_follower_.moment() ||
-                                     (at_acquire && sched_[due_end].moment == sched_follower_.moment()))) {
-    ++due_end;
-  }
-  while (sched_follower_.following() && sched_next_ < sched_.size()) {
-    const ScheduledGather& e = sched_[sched_next_];
-    const bool due = sched_next_ < due_end;
-    if (due && e.moment < sched_follower_.moment()) {
-      sched_follower_.diverge("a scheduled gather was not issued by its acquire");
-      return;
-    }
-    if (!due && sched_next_ >= due_end + gather_ahead_) return;
-    ChunkState& c = chunks_[e.chunk];
-    if (c.tier != Tier::kNone) {
-      // Its previous gather is not dropped yet: wait for the drop (a later
-      // call), unless the acquire that needs it is now.
-      if (due) sched_follower_.diverge("the scheduled chunk is still gathered at its acquire");
-      return;
-    }
-    int64_t free_slot = -1;
-    if (c.bytes <= slot_bytes_) {
-      for (size_t i = 0; i < slots_.size() && free_slot < 0; ++i) {
-        if (slots_[i].chunk < 0) free_slot = static_cast<int64_t>(i);
-      }
-    }
-    if (free_slot < 0) {
-      if (!due) return;  // no slot before its acquire: gathered there
-      gather(e.chunk);
-      ++gathers_on_demand_;
-    } else {
-      gather_into_slot(e.chunk, static_cast<uint32_t>(free_slot));
-    }
-    ++sched_next_;
-  }
+  gather_.release_slots(device_.get(), &device_tier_);
 }
 
 void Engine::fill_gather_stats(pstar_x_gather_stats* out) const {
-  out->depth = gather_ahead_;
-  out->schedule_ready = sched_follower_.ready() ? 1 : 0;
+  out->depth = gather_.depth();
+  out->schedule_ready = gather_.ready() ? 1 : 0;
   out->slot_bytes = device_tier_.bytes(Use::kGatherSlots);
-  out->gathers_ahead = gathers_ahead_;
-  out->gathers_on_demand = gathers_on_demand_;
-  out->gathers_waited = gathers_waited_;
-  out->schedule_fallbacks = sched_follower_.divergences();
-  out->wait_seconds = gather_wait_seconds_;
+  out->gathers_ahead = gather_.gathers_ahead();
+  out->gathers_on_demand = gather_.gathers_on_demand();
+  out->gathers_waited = gather_.gathers_waited();
+  out->schedule_fallbacks = gather_.fallbacks();
+  out->wait_seconds = gather_.wait_seconds();
 }
 
 // Starts chunk k's all-gather into a slot on the collective queue: this
 // rank's shard is copied into its block first, on this thread.
 void Engine::gather_into_slot(uint32_t k, uint32_t s) {
   ChunkState& c = chunks_[k];
-  GatherSlot& slot = slots_[s];
+  dist::GatherAhead::Slot& slot = gather_.slot(s);
   require_comm_ok("param_acquire");
   reduce_finish_all(k);                   // its shard takes the reduced gradient first
   device_->synchronize(slot.free_after);  // the slot's last chunk is unused
@@ -662,7 +565,6 @@ void Engine::gather_into_slot(uint32_t k, uint32_t s) {
                                  [comm, mine, dst, shard_bytes] { comm->all_gather(mine, dst, shard_bytes); });
   slot.chunk = k;
   stats_.bytes_all_gathered += c.bytes;
-  ++gathers_ahead_;
   c.gather_slot = static_cast<int32_t>(s);
   c.device = dst;
   c.tier = Tier::kDevice;
@@ -772,14 +674,14 @@ void Engine::step_update_sharded(pstar_step_result& r) {
   // whether the next TRAIN iteration follows the gather schedule (each
   // rank's own decision, taken from the same calls, is confirmed here
   // before any rank acts on it: one rank recording anew makes all do so).
-  schedule_iteration_end();
+  if (cqueue_ != nullptr) gather_.iteration_end(static_cast<uint32_t>(chunks_.size()));
   struct Exchange {
     double sumsq;
     uint64_t overflow;
     uint64_t hash;
     uint64_t schedule_ready;
   };
-  const Exchange mine{sumsq_local, overflow_local ? 1u : 0u, collective_hash_, sched_follower_.ready() ? 1u : 0u};
+  const Exchange mine{sumsq_local, overflow_local ? 1u : 0u, collective_hash_, gather_.ready() ? 1u : 0u};
   std::vector<Exchange> all(static_cast<size_t>(world_));
   collective("step: norm and overflow exchange", kCollStep, 0,
              [&] { all_gather_host(&mine, all.data(), sizeof mine); });
@@ -798,7 +700,7 @@ void Engine::step_update_sharded(pstar_step_result& r) {
     }
     sumsq += e.sumsq;  // rank order: the same bits on every rank
     overflow = overflow || e.overflow != 0;
-    if (e.schedule_ready == 0) sched_follower_.invalidate();
+    if (e.schedule_ready == 0) gather_.invalidate();
   }
 
   const float scale = scaler_.scale();
