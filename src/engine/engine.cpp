@@ -47,7 +47,7 @@ Engine::Engine(const EngineOptions& options, std::unique_ptr<dist::Communicator>
     : options_(options),
       follower_(options_.warmup_iterations, placement::TraceFollower::Retrace::kFromDivergence, "placement"),
       scaler_(scaler_config(options_)),
-      gather_(dist::GatherAhead::Actions{[this](uint32_t k) { return chunks_[k].tier != Tier::kNone; },
+      gather_(dist::GatherAhead::Actions{[this](uint32_t k) { return chunks_[k].tier != Tier::kNotGathered; },
                                          [this](uint32_t k) { return chunks_[k].bytes; },
                                          [this](uint32_t k) { gather(k); },
                                          [this](uint32_t k, uint32_t slot) { gather_into_slot(k, slot); }}) {
@@ -211,7 +211,7 @@ void Engine::build() {
       c.shard_elems = c.elems / static_cast<uint64_t>(world_);
       c.bytes = c.elems * elem_bytes();
       if (sharded()) {
-        c.tier = Tier::kNone;
+        c.tier = Tier::kNotGathered;
         c.shard = host_->acquire(c.shard_elems * elem_bytes());
         std::memset(c.shard, 0, c.shard_elems * elem_bytes());
         c.unmarked[0] = c.unmarked[1] = static_cast<uint32_t>(info.params.size());
@@ -653,7 +653,7 @@ void* Engine::acquire(uint32_t id, pstar_stage stage, void* stream) {
     follower_.check(place.chunk);
     gather_.at_acquire(place.chunk);  // may gather this and later chunks
   }
-  const bool gathered_now = c.tier == Tier::kNone;
+  const bool gathered_now = c.tier == Tier::kNotGathered;
   if (gathered_now) {
     gather(place.chunk);  // world > 1: not gathered
     if (cqueue_ != nullptr) gather_.note_on_demand();
@@ -983,7 +983,7 @@ void Engine::evict(uint32_t k) {
 // returned event completes.
 memory::EventPtr Engine::copy_out(uint32_t k) {
   ChunkState& c = chunks_[k];
-  if (c.compute_refs != 0 || c.pins != 0) internal_error("evicting a chunk in use");
+  if (c.compute_refs != 0) internal_error("evicting a chunk in use");
   if (c.opt_device != nullptr) internal_error("evicting a chunk whose optimizer state is on the device");
   if (c.gather_slot >= 0) internal_error("evicting a chunk from its gather slot");
   c.evicted = true;
@@ -1127,7 +1127,7 @@ void Engine::prefetch_ahead(uint64_t now) {
     const uint32_t k = trace.chunk_at(t);
     ChunkState& c = chunks_[k];
     if (c.tier == Tier::kDevice) continue;
-    if (c.tier == Tier::kNone) return;  // world > 1: gathered by its acquire (a collective), never ahead
+    if (c.tier == Tier::kNotGathered) return;  // world > 1: gathered by its acquire (a collective), never ahead
     if (c.awaiting_update) return;      // in the step: its new values are not written yet
     const uint64_t growth = transient_peak - transient_now;
     reclaim_deferred(false);

@@ -25,6 +25,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "chunk/chunk.h"
 #include "chunk/layout.h"
 #include "dist/collective_queue.h"
 #include "dist/comm/communicator.h"
@@ -160,9 +161,7 @@ class Engine {
   bool sharded() const { return comm_ != nullptr; }
 
  private:
-  // kNone: with world > 1, a chunk that is not gathered (only its shards
-  // exist, outside the tiers' chunk accounting).
-  enum class Tier { kHost, kDevice, kNone };
+  using Tier = chunk::Tier;
   using Use = memory::DeviceTier::Use;
 
   struct Param {
@@ -195,15 +194,16 @@ class Engine {
     bool frozen() const { return (flags & PSTAR_PARAM_FROZEN) != 0; }
   };
 
-  struct ChunkState {
-    uint64_t bytes = 0;  // compute-dtype payload (the full chunk)
+  // The chunk store's part (chunk/chunk.h: tier, payload, readiness, uses)
+  // and what the engine's other modules keep per chunk.
+  struct ChunkState : chunk::Chunk {
     // Elements of the full chunk (its layout capacity, padded with world > 1
     // to a multiple of world * kAlignElems) and of one rank's shard.
     uint64_t elems = 0;
     uint64_t shard_elems = 0;
     // world > 1: this rank's shard of the compute payload, on the host, for
-    // good.  The gathered full chunk is the payload below (tier kNone when
-    // not gathered); the fp32 lists below are shards too.
+    // good.  The gathered full chunk is chunk::Chunk's payload (tier
+    // kNotGathered when not gathered); the fp32 lists below are shards too.
     void* shard = nullptr;
     // world > 1, this iteration: parameters not yet released in stage
     // FORWARD (or EVAL) [0] and RECOMPUTE [1]; parameters whose backward
@@ -212,21 +212,7 @@ class Engine {
     uint32_t unmarked[2] = {0, 0};
     uint32_t bwd_open = 0;
     uint32_t grads_pending = 0;
-    Tier tier = Tier::kHost;
-    void* host = nullptr;        // payload when tier == kHost
-    void* device = nullptr;      // payload when tier == kDevice
-    memory::EventPtr ready;      // completes when the payload at its tier is valid
-    memory::EventPtr last_use;   // completes when queued work that uses it is done
-    uint32_t compute_refs = 0;   // tensors in COMPUTE
-    uint32_t pins = 0;           // outstanding exports of the compute payload (none yet)
-    uint32_t master_pins = 0;    // pinned masters of its parameters (pstar_param_pin)
-    bool prefetched = false;     // fetched ahead of use, not acquired since
-    bool pinned_static = false;  // static policy: never evicted once fetched
-    bool evicted = false;        // left the accelerator at least once
-    // In a step that prefetches for the next iteration: on the host, its CPU
-    // update not done yet, so not to be fetched (prefetch stops at it).
-    bool awaiting_update = false;
-    uint64_t last_acquire = 0;  // 1 + acquires before its latest acquire; 0 = never
+    uint32_t master_pins = 0;  // pinned masters of its parameters (pstar_param_pin)
     // fp32 optimizer twins (trainable chunks only): on the host, or with
     // hybrid placement in one device buffer (opt_device), for good.
     float* master = nullptr;
@@ -234,26 +220,17 @@ class Engine {
     float* exp_avg_sq = nullptr;
     // fp32 gradient list twin (gradient accumulation only).
     float* grad32 = nullptr;
-    // Hybrid placement: the device buffer holding master, m, v (and grad32)
-    // back to back, its size, and the event after which it is valid (the
-    // copy from the host).  The compute payload of such a chunk never leaves
-    // the accelerator once placed (opt_device != nullptr), so that its
-    // gradient is there when the step runs.
-    void* opt_device = nullptr;
+    // Hybrid placement: opt_device (in chunk::Chunk) holds master, m, v (and
+    // grad32) back to back; its size, and the event after which it is valid
+    // (the copy from the host).
     uint64_t opt_device_bytes = 0;
     memory::EventPtr opt_ready;
-    // world > 1, gathering ahead: the gather slot holding the gathered
-    // chunk (-1: none; such a chunk is never evicted and its bytes are the
-    // slot's), and the all-gather filling it while it runs on the
-    // collective queue (null once waited for).
-    int32_t gather_slot = -1;
+    // world > 1, gathering ahead: the all-gather filling its gather slot
+    // (chunk::Chunk::gather_slot) while it runs on the collective queue (null
+    // once waited for).
     dist::CollectiveQueue::Ticket gathering;
     // Reduce-scatters of its gradients queued and not finished yet.
     uint32_t reducing = 0;
-    // May leave the accelerator (eviction, prefetch's swap): not in use or
-    // exported, its optimizer state not on the device (hybrid), not in a
-    // gather slot.
-    bool evictable() const { return compute_refs == 0 && pins == 0 && opt_device == nullptr && gather_slot < 0; }
     // NVMe tier: the first of the consecutive slots of the data file
     // holding master, m and v back to back (kNoSlot: they are in host
     // memory).  Such a chunk's master,

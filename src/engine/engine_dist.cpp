@@ -276,8 +276,8 @@ void Engine::gather(uint32_t k) {
 // stay).  The memory goes back once queued work that used it is done.
 void Engine::drop_gathered(uint32_t k) {
   ChunkState& c = chunks_[k];
-  if (c.tier == Tier::kNone) return;
-  if (c.compute_refs != 0 || c.pins != 0) internal_error("dropping a gathered chunk in use");
+  if (c.tier == Tier::kNotGathered) return;
+  if (c.compute_refs != 0) internal_error("dropping a gathered chunk in use");
   finish_gather(k, true);  // a failure surfaces at the next collective
   const memory::EventPtr after = c.last_use != nullptr ? c.last_use : c.ready;
   if (c.gather_slot >= 0) {
@@ -295,7 +295,7 @@ void Engine::drop_gathered(uint32_t k) {
     defer_free_host(after, c.host, c.bytes);
     c.host = nullptr;
   }
-  c.tier = Tier::kNone;
+  c.tier = Tier::kNotGathered;
   c.ready = nullptr;
   c.last_use = nullptr;
   c.prefetched = false;

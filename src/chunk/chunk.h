@@ -1,0 +1,46 @@
+// Chunk: what the chunk store and the placement runtime know of one chunk:
+// where its compute-dtype payload is, when that payload is valid, and who
+// uses it.  The engine's per-chunk record extends it with what other
+// modules own (shards, optimizer lists, the NVMe slot); placement sees this
+// part only.
+#pragma once
+
+#include <cstdint>
+
+#include "memory/device.h"
+
+namespace pstar::chunk {
+
+// kNotGathered: a sharded engine's chunk whose full payload does not exist
+// (only this rank's shard does), outside the tiers' chunk accounting.
+enum class Tier { kHost, kDevice, kNotGathered };
+
+struct Chunk {
+  uint64_t bytes = 0;  // compute-dtype payload (the full chunk)
+  Tier tier = Tier::kHost;
+  void* host = nullptr;       // payload when tier == kHost
+  void* device = nullptr;     // payload when tier == kDevice
+  memory::EventPtr ready;     // completes when the payload at its tier is valid
+  memory::EventPtr last_use;  // completes when queued work that uses it is done
+  uint32_t compute_refs = 0;  // tensors in COMPUTE
+  bool prefetched = false;     // fetched ahead of use, not acquired since
+  bool pinned_static = false;  // static policy: never evicted once fetched
+  bool evicted = false;        // left the accelerator at least once
+  // In a step that prefetches for the next iteration: on the host, its CPU
+  // update not done yet, so not to be fetched (prefetch stops at it).
+  bool awaiting_update = false;
+  uint64_t last_acquire = 0;  // 1 + acquires before its latest acquire; 0 = never
+  // Hybrid placement: the device buffer holding its optimizer state (null:
+  // none).  Such a chunk's payload never leaves the accelerator once placed,
+  // so that its gradient is there when the step runs.
+  void* opt_device = nullptr;
+  // Gathering ahead: the gather slot holding the gathered chunk (-1: none).
+  // Such a chunk is never evicted; its bytes are the slot's.
+  int32_t gather_slot = -1;
+
+  // May leave the accelerator (eviction, prefetch's swap): not in use, its
+  // optimizer state not on the device, not in a gather slot.
+  bool evictable() const { return compute_refs == 0 && opt_device == nullptr && gather_slot < 0; }
+};
+
+}  // namespace pstar::chunk
