@@ -45,7 +45,6 @@ Engine::Engine(const EngineOptions& options) : Engine(options, nullptr) {}
 
 Engine::Engine(const EngineOptions& options, std::unique_ptr<dist::Communicator> group)
     : options_(options),
-      follower_(options_.warmup_iterations, placement::TraceFollower::Retrace::kFromDivergence, "placement"),
       scaler_(scaler_config(options_)),
       gather_(dist::GatherAhead::Actions{[this](uint32_t k) { return chunks_[k].tier != Tier::kNotGathered; },
                                          [this](uint32_t k) { return chunks_[k].bytes; },
@@ -76,9 +75,23 @@ Engine::Engine(const EngineOptions& options, std::unique_ptr<dist::Communicator>
   dc.d2h_bytes_per_s = options_.d2h_bytes_per_s;
   device_ = memory::make_device(dc);
   host_ = std::make_unique<memory::HostPool>(device_.get(), options_.host_capacity_bytes);
-  // Placement's limit: the margin stays free for what the caller does not report.
-  device_tier_ = memory::DeviceTier(options_.device_capacity_bytes - options_.device_margin_bytes);
   payloads_ = device_->has_payloads();
+  placement::RuntimeOptions po;
+  // Placement's limit: the margin stays free for what the caller does not report.
+  po.capacity_bytes = options_.device_capacity_bytes - options_.device_margin_bytes;
+  po.placement_policy = options_.placement_policy;
+  po.warmup_iterations = options_.warmup_iterations;
+  po.prefetch = options_.prefetch;
+  po.virtual_clock = options_.virtual_clock;
+  po.payloads = payloads_;
+  po.record_timeline = options_.record_timeline;
+  placement_ = std::make_unique<placement::Runtime>(device_.get(), host_.get(), &stats_, po);
+  placement_->attach(this);
+  placement_->set_release_staging([this] {
+    if (reduces_.empty() || reduces_.front().device_stage == nullptr) return false;
+    reduce_finish_oldest();  // frees its device staging (a local wait)
+    return true;
+  });
   hyper_.lr = options_.lr;
   hyper_.beta1 = options_.beta1;
   hyper_.beta2 = options_.beta2;
@@ -88,8 +101,6 @@ Engine::Engine(const EngineOptions& options, std::unique_ptr<dist::Communicator>
   clip_norm_ = options_.clip_norm;
   adam_isa_ = optim::adam_default_isa();
   pool_ = std::make_unique<ThreadPool>(options_.threads);
-  if (options_.record_timeline) timeline_ = std::make_unique<placement::Timeline>();
-  stats_ = PSTAR_STATS_INIT;
   connect_group();
   log::debug("engine created on " + device_->name());
 }
@@ -101,8 +112,7 @@ Engine::~Engine() {
   device_->synchronize(device_->compute_stream());
   device_->synchronize(device_->h2d_stream());
   device_->synchronize(device_->d2h_stream());
-  while (reclaim_deferred(true)) {
-  }
+  placement_->drain();
   for (auto& p : params_) {
     if (p.grad_acc != nullptr) device_->deallocate(p.grad_acc, p.numel * sizeof(float));
   }
@@ -264,28 +274,14 @@ void Engine::build() {
     throw;
   }
   chunks_ = std::move(chunks);
-  if (options_.placement_policy == PSTAR_POLICY_STATIC && device_tier_.limited()) choose_static_chunks();
-  for (auto& p : params_) p.state = TensorState::kHold;  // the build transition
-  log::info("engine built: " + std::to_string(params_.size()) + " parameters in " + std::to_string(chunks_.size()) +
-            " chunks");
-}
-
-// The static policy's resident set: the longest prefix of chunks (layout
-// order, which is first-use order) that fits the capacity less a reserve
-// through which the other chunks stream.
-void Engine::choose_static_chunks() {
-  uint64_t largest_chunk = 0, largest_grad = 0;
-  for (const ChunkState& c : chunks_) largest_chunk = std::max(largest_chunk, c.bytes);
+  uint64_t largest_grad = 0;
   for (const Param& p : params_) {
     if (!p.frozen()) largest_grad = std::max(largest_grad, p.numel * sizeof(float));
   }
-  const uint64_t reserve = 2 * largest_chunk + 2 * largest_grad;
-  uint64_t used = 0;
-  for (ChunkState& c : chunks_) {
-    if (reserve > device_tier_.capacity() || used + c.bytes > device_tier_.capacity() - reserve) break;
-    used += c.bytes;
-    c.pinned_static = true;
-  }
+  placement_->choose_static_chunks(largest_grad);
+  for (auto& p : params_) p.state = TensorState::kHold;  // the build transition
+  log::info("engine built: " + std::to_string(params_.size()) + " parameters in " + std::to_string(chunks_.size()) +
+            " chunks");
 }
 
 void Engine::require_built(const char* what) const {
@@ -410,7 +406,7 @@ void Engine::write(uint32_t id, const void* src, uint64_t count, pstar_dtype dty
       write_slot_on_device(id, staging.data());
       return;
     }
-    void* payload = host_view(place.chunk);
+    void* payload = placement_->host_view(place.chunk);
     for (uint64_t i = 0; i < count; ++i) {
       store_as(payload, options_.compute_dtype, place.offset_elems + i, load_as(src, dtype, i));
     }
@@ -463,7 +459,7 @@ void Engine::read(uint32_t id, void* dst, uint64_t count, pstar_dtype dtype) {
     for (uint64_t i = 0; i < count; ++i) store_as(dst, dtype, i, load_as(staging.data(), options_.compute_dtype, i));
     return;
   }
-  const void* payload = host_view(place.chunk);
+  const void* payload = placement_->host_view(place.chunk);
   for (uint64_t i = 0; i < count; ++i) {
     store_as(dst, dtype, i, load_as(payload, options_.compute_dtype, place.offset_elems + i));
   }
@@ -496,7 +492,7 @@ void Engine::iteration_begin(pstar_iteration_kind kind) {
   iteration_kind_ = kind;
   ++stats_.iterations;
   if (kind == PSTAR_ITERATION_TRAIN) {
-    trace_iteration_begin();
+    placement_->iteration_begin();
     gather_.iteration_begin(cqueue_ != nullptr);
   }
 }
@@ -599,14 +595,14 @@ void Engine::iteration_abort() {
       --c.compute_refs;
     }
     if (p.grad_acc != nullptr) {
-      defer_free_device(done, p.grad_acc, p.numel * sizeof(float), Use::kGradients);
+      placement_->defer_free_device(done, p.grad_acc, p.numel * sizeof(float), Use::kGradients);
       p.grad_acc = nullptr;
     }
   }
   // The micro-batches' gradients folded so far are discarded, as a step
   // consumes them.
   reset_iteration_state(TensorEvent::kAbort);
-  if (iteration_kind_ == PSTAR_ITERATION_TRAIN) trace_iteration_abort();
+  if (iteration_kind_ == PSTAR_ITERATION_TRAIN) placement_->iteration_abort();
   iteration_active_ = false;
   log::info(std::string("iteration aborted (") + (iteration_kind_ == PSTAR_ITERATION_TRAIN ? "TRAIN" : "EVAL") +
             "): no step, its gradients discarded");
@@ -650,7 +646,7 @@ void* Engine::acquire(uint32_t id, pstar_stage stage, void* stream) {
   const auto& place = layout_->param(id);
   ChunkState& c = chunks_[place.chunk];
   if (iteration_kind_ == PSTAR_ITERATION_TRAIN) {
-    follower_.check(place.chunk);
+    placement_->follower().check(place.chunk);
     gather_.at_acquire(place.chunk);  // may gather this and later chunks
   }
   const bool gathered_now = c.tier == Tier::kNotGathered;
@@ -665,7 +661,7 @@ void* Engine::acquire(uint32_t id, pstar_stage stage, void* stream) {
     finish_gather(place.chunk, false);
     gather_.note_wait(waited, std::chrono::duration<double>(std::chrono::steady_clock::now() - before).count());
   } else if (c.tier == Tier::kHost) {
-    fetch(place.chunk);
+    placement_->fetch(place.chunk);
     stats_.bytes_critical += c.bytes;  // the caller waits for this copy
   } else if (!device_->query(c.ready) && c.prefetched) {
     stats_.bytes_critical += c.bytes;  // a prefetch still in flight
@@ -676,21 +672,21 @@ void* Engine::acquire(uint32_t id, pstar_stage stage, void* stream) {
     ++c.compute_refs;  // keep the chunk in place while room is made
     try {
       p.grad_acc = static_cast<float*>(
-          device_alloc(p.numel * sizeof(float), place.chunk, "gradient buffer of '" + p.name + "'"));
+          placement_->device_alloc(p.numel * sizeof(float), place.chunk, "gradient buffer of '" + p.name + "'"));
     } catch (...) {
       --c.compute_refs;
       throw;
     }
     --c.compute_refs;
-    device_tier_.add(Use::kGradients, p.numel * sizeof(float));
-    note_device_peak();
+    placement_->tier().add(Use::kGradients, p.numel * sizeof(float));
+    placement_->note_device_peak();
     device_->memset_async(s, p.grad_acc, 0, p.numel * sizeof(float));
   }
   device_->stream_wait(s, c.ready);
   if (device_->host_accessible()) {
     // The caller's compute runs on the host: the data must be there now.
-    host_wait(s, c.ready);
-    check_ready(c.ready, "acquired chunk");
+    placement_->host_wait(s, c.ready);
+    placement_->check_ready(c.ready, "acquired chunk");
   }
   p.state = next;
   p.acquired_stage = stage;
@@ -712,14 +708,15 @@ void* Engine::acquire(uint32_t id, pstar_stage stage, void* stream) {
   ++c.compute_refs;
   ++acquires_;
   c.last_acquire = acquires_;
-  lru_.touch(place.chunk);
+  placement_->touch(place.chunk);
   if (iteration_kind_ == PSTAR_ITERATION_TRAIN) {
     if (cqueue_ != nullptr) gather_.after_acquire(place.chunk, gathered_now);
-    trace_note_access(place.chunk);
-    if (follower_.following() && options_.prefetch) prefetch_ahead(follower_.moment());
+    placement_->note_access(place.chunk);
+    if (placement_->follower().following() && options_.prefetch)
+      placement_->prefetch_ahead(placement_->follower().moment());
   }
-  if (device_tier_.over_capacity()) ++stats_.budget_overruns;
-  if (timeline_) sample_memory();
+  if (placement_->tier().over_capacity()) ++stats_.budget_overruns;
+  if (placement_->timeline() != nullptr) placement_->sample_memory(acquires_);
   if (!payloads_) return nullptr;
   return static_cast<char*>(c.device) + place.offset_elems * elem_bytes();
 }
@@ -755,7 +752,7 @@ void Engine::release(uint32_t id, void* stream) {
     void* slot = static_cast<char*>(c.device) + place.offset_elems * elem_bytes();
     device_->grad_finalize(s, p.grad_acc, slot, options_.compute_dtype, p.numel, &p.grad_sumsq, &p.grad_nonfinite);
     memory::EventPtr done = device_->record(s);
-    defer_free_device(done, p.grad_acc, p.numel * sizeof(float), Use::kGradients);
+    placement_->defer_free_device(done, p.grad_acc, p.numel * sizeof(float), Use::kGradients);
     p.grad_acc = nullptr;
     p.slot_is_grad = true;
     p.has_grad = true;
@@ -811,228 +808,31 @@ float* Engine::grad_slot_acquire(uint32_t id, void* stream) {
 
 void Engine::nonmodel_report(uint64_t bytes) {
   require(bytes <= kMaxNumel * 16, PSTAR_ERR_INVALID_ARGUMENT, "nonmodel_report: implausible byte count");
-  device_tier_.set_nonmodel(bytes);
+  placement_->tier().set_nonmodel(bytes);
   // The caller holds this memory now: make room by evicting what may move.
   // Whatever cannot move stays; later requests fail instead.  The peak is
   // taken after eviction, so it exceeds the capacity only when nothing could
   // move.
-  if (built() && device_tier_.over_capacity()) {
+  if (built() && placement_->tier().over_capacity()) {
     try {
-      make_room(0, -1, "non-model memory");
+      placement_->make_room(0, -1, "non-model memory");
     } catch (const Error& e) {
       log::warn(std::string("nonmodel_report: over capacity after evicting all movable chunks: ") + e.what());
     }
   }
-  note_device_peak();
+  placement_->note_device_peak();
 }
 
 // ---------------------------------------------------------------------------
 // Placement
 
-void Engine::note_device_peak() {
-  stats_.peak_device_bytes = std::max(stats_.peak_device_bytes, device_tier_.used());
-  stats_.peak_device_chunk_bytes = std::max(stats_.peak_device_chunk_bytes, device_tier_.bytes(Use::kChunks));
-}
-
-void Engine::host_wait(memory::Stream* stream, const memory::EventPtr& ready) {
-  // Reading the wall clock costs tens of nanoseconds: only when there is
-  // something to wait for (the virtual clock is a field).
-  if (!payloads_ || options_.virtual_clock || !device_->query(ready)) {
-    const double before = device_->clock_seconds();
-    device_->synchronize(stream);
-    stats_.wait_seconds += device_->clock_seconds() - before;
-  } else {
-    device_->synchronize(stream);
-  }
-}
-
 void Engine::clock_advance(double seconds) { device_->advance_clock(seconds); }
-
-void Engine::sample_memory() {
-  timeline_->sample(placement::Timeline::MemorySample{
-      acquires_, device_->clock_seconds(), device_tier_.bytes(Use::kChunks), device_tier_.bytes(Use::kGradients),
-      device_tier_.bytes(Use::kNonModel), device_tier_.bytes(Use::kDeferred), host_->held_bytes(),
-      device_tier_.bytes(Use::kOptimizer)});
-}
-
-void Engine::note_move(bool to_device, uint32_t chunk, const memory::EventPtr& start, const memory::EventPtr& done) {
-  double t0 = device_->completion_time(start);
-  if (std::isnan(t0)) t0 = device_->clock_seconds();  // wall clock: the issue time
-  timeline_->note_move(to_device, chunk, chunks_[chunk].bytes, t0, device_->completion_time(done));
-}
 
 void Engine::trace_export(const char* path) const {
   require(path != nullptr && path[0] != '\0', PSTAR_ERR_INVALID_ARGUMENT, "trace_export: path is NULL or empty");
-  require(timeline_ != nullptr, PSTAR_ERR_INVALID_STATE,
+  require(placement_->timeline() != nullptr, PSTAR_ERR_INVALID_STATE,
           "trace_export: no timeline was kept (set options.record_timeline)");
-  timeline_->write(path, options_.virtual_clock ? "virtual" : "wall");
-}
-
-void Engine::defer_free_device(memory::EventPtr after, void* ptr, size_t bytes, Use from) {
-  device_tier_.move(from, Use::kDeferred, bytes);  // still occupied until the event passes
-  deferred_.push_back(DeferredFree{std::move(after), ptr, bytes, Tier::kDevice});
-  reclaim_deferred(false);
-}
-
-void Engine::defer_free_host(memory::EventPtr after, void* ptr, size_t bytes) {
-  deferred_.push_back(DeferredFree{std::move(after), ptr, bytes, Tier::kHost});
-  reclaim_deferred(false);
-}
-
-bool Engine::reclaim_deferred(bool wait_for_one) {
-  bool freed = false;
-  for (size_t i = 0; i < deferred_.size();) {
-    DeferredFree& d = deferred_[i];
-    if (!device_->query(d.after)) {
-      if (!wait_for_one || freed) {
-        ++i;
-        continue;
-      }
-      device_->synchronize(d.after);
-    }
-    if (d.tier == Tier::kDevice) {
-      device_->deallocate(d.ptr, d.bytes);
-      device_tier_.remove(Use::kDeferred, d.bytes);
-    } else {
-      host_->release(d.ptr, d.bytes);
-    }
-    freed = true;
-    deferred_[i] = std::move(deferred_.back());
-    deferred_.pop_back();
-  }
-  return freed;
-}
-
-void Engine::make_room(uint64_t bytes, int64_t keep_chunk, const std::string& purpose) {
-  reclaim_deferred(false);
-  while (!device_tier_.fits(bytes)) {
-    const double before = device_->clock_seconds();
-    const bool reclaimed = reclaim_deferred(true);
-    stats_.wait_seconds += device_->clock_seconds() - before;
-    if (reclaimed) continue;
-    if (!reduces_.empty() && reduces_.front().device_stage != nullptr) {
-      reduce_finish_oldest();  // frees its device staging (a local wait)
-      continue;
-    }
-    uint32_t victim;
-    auto movable = [&](uint32_t k) { return static_cast<int64_t>(k) != keep_chunk && chunks_[k].evictable(); };
-    bool found;
-    if (follower_.following()) {
-      found = opt_policy_.victim(movable, &victim);
-    } else {
-      // The static policy's resident set goes last, when the streaming
-      // reserve is exhausted (e.g. by non-model memory).
-      found = lru_.victim([&](uint32_t k) { return movable(k) && !chunks_[k].pinned_static; }, &victim) ||
-              lru_.victim(movable, &victim);
-    }
-    if (!found) {
-      throw Error(PSTAR_ERR_OUT_OF_MEMORY, "device tier: " + purpose + " needs " + bytes_str(bytes) + " but only " +
-                                               bytes_str(device_tier_.free_bytes()) + " are free of a capacity of " +
-                                               bytes_str(device_tier_.capacity()) + " (" + device_tier_.describe() +
-                                               "); every resident chunk is in use, so nothing can be evicted");
-    }
-    evict(victim);
-  }
-}
-
-void* Engine::device_alloc(uint64_t bytes, int64_t keep_chunk, const std::string& purpose) {
-  make_room(bytes, keep_chunk, purpose);
-  return device_->allocate(bytes);
-}
-
-void Engine::fetch(uint32_t k) {
-  ChunkState& c = chunks_[k];
-  void* dst = device_alloc(c.bytes, k, "chunk " + std::to_string(k));
-  device_tier_.add(Use::kChunks, c.bytes);
-  note_device_peak();
-  copy_in(k, dst, nullptr);
-}
-
-// Queues chunk k's copy from the host into `dst` on the H2D stream, after
-// `after` (the copy out of a previous occupant of dst, or null).
-void Engine::copy_in(uint32_t k, void* dst, const memory::EventPtr& after) {
-  ChunkState& c = chunks_[k];
-  memory::Stream* s = device_->h2d_stream();
-  device_->stream_wait(s, after);
-  device_->stream_wait(s, c.ready);
-  device_->stream_wait(s, c.last_use);
-  memory::EventPtr start = timeline_ ? device_->record(s) : nullptr;
-  device_->copy_async(s, dst, c.host, c.bytes, memory::CopyKind::kHostToDevice);
-  memory::EventPtr done = device_->record(s);
-  if (timeline_) note_move(true, k, start, done);
-  defer_free_host(done, c.host, c.bytes);
-  c.host = nullptr;
-  c.device = dst;
-  c.tier = Tier::kDevice;
-  c.ready = done;
-  c.last_use = done;
-  lru_.touch(k);  // resident from now on, hence evictable
-  ++stats_.moves_to_device;
-  stats_.bytes_host_to_device += c.bytes;
-}
-
-void Engine::evict(uint32_t k) {
-  ChunkState& c = chunks_[k];
-  void* buffer = c.device;
-  const memory::EventPtr done = copy_out(k);
-  defer_free_device(done, buffer, c.bytes, Use::kChunks);
-}
-
-// Queues chunk k's copy to a new host buffer on the D2H stream and makes the
-// host its tier.  Its device buffer is the caller's to free or reuse once the
-// returned event completes.
-memory::EventPtr Engine::copy_out(uint32_t k) {
-  ChunkState& c = chunks_[k];
-  if (c.compute_refs != 0) internal_error("evicting a chunk in use");
-  if (c.opt_device != nullptr) internal_error("evicting a chunk whose optimizer state is on the device");
-  if (c.gather_slot >= 0) internal_error("evicting a chunk from its gather slot");
-  c.evicted = true;
-  void* dst = host_->acquire(c.bytes);
-  memory::Stream* s = device_->d2h_stream();
-  device_->stream_wait(s, c.ready);
-  device_->stream_wait(s, c.last_use);
-  memory::EventPtr start = timeline_ ? device_->record(s) : nullptr;
-  device_->copy_async(s, dst, c.device, c.bytes, memory::CopyKind::kDeviceToHost);
-  memory::EventPtr done = device_->record(s);
-  if (timeline_) note_move(false, k, start, done);
-  c.device = nullptr;
-  c.host = dst;
-  c.tier = Tier::kHost;
-  c.ready = done;
-  c.last_use = done;
-  lru_.remove(k);
-  // A chunk leaving before a use that prefetch has already passed: scan from
-  // that use again.
-  const uint64_t next = opt_policy_.key(k);
-  if (next < prefetch_frontier_) prefetch_frontier_ = next;
-  opt_policy_.remove(k);
-  ++stats_.evictions;
-  stats_.bytes_device_to_host += c.bytes;
-  return done;
-}
-
-// The chunk's payload for the engine's own host code (the CPU optimizer,
-// value reads and writes of frozen parameters): a chunk on the device is
-// evicted first.  On every device, the emulated and modelled ones included:
-// they pose as a discrete accelerator, so that tests and the planner see the
-// copies (and their bytes and waits) that a GPU needs, not shortcuts through
-// memory the host happens to share with them.
-void* Engine::host_view(uint32_t k) {
-  ChunkState& c = chunks_[k];
-  if (c.tier == Tier::kDevice) {
-    if (c.opt_device != nullptr) internal_error("host view of a chunk that stays on the device");
-    evict(k);
-  }
-  const double before = device_->clock_seconds();
-  device_->synchronize(c.ready);
-  device_->synchronize(c.last_use);
-  stats_.wait_seconds += device_->clock_seconds() - before;
-  check_ready(c.ready, "chunk payload");
-  return c.tier == Tier::kDevice ? c.device : c.host;
-}
-
-void Engine::check_ready(const memory::EventPtr& ev, const char* what) const {
-  if (!device_->query(ev)) internal_error(std::string(what) + " accessed before the event guarding it completed");
+  placement_->timeline()->write(path, options_.virtual_clock ? "virtual" : "wall");
 }
 
 // ---------------------------------------------------------------------------
@@ -1045,128 +845,6 @@ void Engine::check_ready(const memory::EventPtr& ev, const char* what) const {
 // to LRU and is recorded from there on (the matched prefix is the trace's),
 // and at its end that recording becomes the new trace.  EVAL iterations
 // neither record nor check: they use LRU and leave the trace alone.
-
-void Engine::trace_iteration_begin() {
-  follower_.begin(options_.placement_policy == PSTAR_POLICY_OPT);
-  if (follower_.following()) rekey_for_next_iteration();
-}
-
-// Placement as at the start of an iteration that follows the trace: moment
-// 0, nothing prefetched yet, resident chunks keyed by their first use.
-void Engine::rekey_for_next_iteration() {
-  prefetch_frontier_ = 0;
-  opt_policy_.reset(2 * follower_.trace().moments() + 1);
-  for (uint32_t k = 0; k < chunks_.size(); ++k) {
-    if (chunks_[k].tier != Tier::kDevice) continue;
-    const uint64_t first = follower_.trace().first_use(k);
-    opt_policy_.touch(k, first == placement::AccessTrace::kNever ? placement::OptPolicy::kNeverKey : first);
-  }
-}
-
-void Engine::trace_note_access(uint32_t chunk) {
-  if (follower_.following()) opt_policy_.touch(chunk, follower_.trace().next_use(follower_.moment()));
-  follower_.note(chunk, device_tier_.bytes(Use::kNonModel) + device_tier_.bytes(Use::kGradients));
-}
-
-// Fetches the chunks of the next kPrefetchMoments moments ahead of their use,
-// in trace order, stopping at the first that cannot be placed:
-//  - into free room when it fits beside the largest transient (non-model +
-//    gradient buffer) bytes the trace recorded up to that use (the window
-//    budget), counting as room the chunks OPT would evict before it (those
-//    used after it);
-//  - otherwise in place of the resident chunk OPT would evict next (the
-//    furthest next use), if that use comes after the prefetched chunk's and
-//    the two are the same size: the chunk going out is copied to the host and
-//    the one coming in is copied into its buffer once that copy is done,
-//    both on the copy streams, without the host waiting.  Evicting exactly
-//    the chunk on-demand OPT would evict when the prefetched chunk is needed,
-//    for a chunk needed before it, is Cao et al.'s "do no harm" rule: the
-//    bytes moved stay those of on-demand OPT, only earlier.
-void Engine::prefetch_ahead(uint64_t now) {
-  const placement::AccessTrace& trace = follower_.trace();
-  const uint64_t end = std::min<uint64_t>(trace.moments(), now + kPrefetchMoments);
-  // Moments before prefetch_frontier_ were placed by earlier calls (an
-  // eviction moves the frontier back to the evicted chunk's next use), so
-  // each acquire scans about one new moment, not the whole window.
-  const uint64_t begin = std::max(now, prefetch_frontier_);
-  const uint64_t transient_now = device_tier_.bytes(Use::kNonModel) + device_tier_.bytes(Use::kGradients);
-  uint64_t transient_peak = transient_now;
-  auto movable = [&](uint32_t j) { return chunks_[j].evictable() && !chunks_[j].pinned_static; };
-  // True if resident chunks other than `except`, each used after moment t,
-  // hold `bytes`: OPT evicts those before a chunk used at t, so transient
-  // growth before t can take their room and the prefetched chunk stays.
-  auto covered_after = [&](uint64_t bytes, uint64_t t, int64_t except) {
-    uint64_t sum = 0;
-    bool ok = false;
-    uint32_t unused;
-    opt_policy_.victim(
-        [&](uint32_t j) {
-          if (opt_policy_.key(j) <= t) return true;  // nearer uses from here on: stop
-          if (static_cast<int64_t>(j) != except && movable(j)) sum += chunks_[j].bytes;
-          ok = sum >= bytes;
-          return ok;
-        },
-        &unused);
-    return ok;
-  };
-  // Evicting for a prefetch (directly, or through transient growth while it
-  // waits) is harmless only if on-demand OPT would evict at its use too: at
-  // moment t the recorded transient bytes leave no room beside today's
-  // chunks.  Budgets shrink as well as grow (gradient buffers and
-  // activations are freed through backward), and evicting now for room that
-  // is free by then moves bytes on-demand OPT does not.
-  auto demand_would_evict = [&](uint64_t t, uint64_t bytes) {
-    return device_tier_.limited() && device_tier_.bytes(Use::kChunks) + device_tier_.bytes(Use::kOptimizer) +
-                                             device_tier_.bytes(Use::kGatherSlots) + trace.transient_at(t) + bytes >
-                                         device_tier_.capacity();
-  };
-  for (uint64_t t = now; t < begin; ++t) transient_peak = std::max(transient_peak, trace.transient_at(t));
-  for (uint64_t t = begin; t < end; ++t) {
-    prefetch_frontier_ = t;
-    transient_peak = std::max(transient_peak, trace.transient_at(t));
-    const uint32_t k = trace.chunk_at(t);
-    ChunkState& c = chunks_[k];
-    if (c.tier == Tier::kDevice) continue;
-    if (c.tier == Tier::kNotGathered) return;  // world > 1: gathered by its acquire (a collective), never ahead
-    if (c.awaiting_update) return;      // in the step: its new values are not written yet
-    const uint64_t growth = transient_peak - transient_now;
-    reclaim_deferred(false);
-    const uint64_t free = device_tier_.free_bytes();
-    if (c.bytes <= free) {
-      const uint64_t need = c.bytes + growth;
-      if (need > free && (!demand_would_evict(t, c.bytes) || !covered_after(need - free, t, -1))) return;
-      fetch(k);
-    } else {
-      // The victim on-demand OPT would take: the furthest next use among all
-      // resident chunks, in use or not.  If that one is in use now (say the
-      // chunk just acquired), taking the next furthest instead would evict a
-      // chunk on-demand OPT keeps: stop.
-      uint32_t victim;
-      const bool found = opt_policy_.victim([](uint32_t) { return true; }, &victim);
-      // The key of a chunk used again in this iteration is that moment; in
-      // the next one, moments() + its first use; never, kNeverKey.
-      if (!found || !movable(victim) || chunks_[victim].bytes != c.bytes || opt_policy_.key(victim) <= t) return;
-      if (!demand_would_evict(t, c.bytes)) return;
-      if (growth > free && !covered_after(growth - free, t, victim)) return;
-      void* buffer = chunks_[victim].device;
-      const memory::EventPtr out = copy_out(victim);
-      copy_in(k, buffer, out);
-    }
-    c.prefetched = true;
-    stats_.bytes_prefetched += c.bytes;
-    // Keyed by its coming use, so that it is not the next victim.
-    opt_policy_.touch(k, t);
-  }
-  prefetch_frontier_ = end;
-}
-
-void Engine::trace_iteration_end() { follower_.end(static_cast<uint32_t>(chunks_.size())); }
-
-// An aborted TRAIN iteration leaves the trace as it was (TraceFollower::abort).
-void Engine::trace_iteration_abort() {
-  follower_.abort();
-  prefetch_frontier_ = 0;
-}
 
 // ---------------------------------------------------------------------------
 // Optimizer step
@@ -1189,7 +867,7 @@ void Engine::restore_slot(uint32_t id) {
     write_slot_on_device(id, c.master + place.offset_elems);
     return;
   }
-  void* payload = host_view(place.chunk);
+  void* payload = placement_->host_view(place.chunk);
   const float* master = c.master + place.offset_elems;
   for (uint64_t i = 0; i < place.numel; ++i)
     store_as(payload, options_.compute_dtype, place.offset_elems + i, master[i]);
@@ -1209,7 +887,7 @@ void Engine::fold_gradient(uint32_t id, memory::Stream* s) {
     // the accumulator is freed once the addition is done.
     device_->stream_wait(s, c.opt_ready);
     device_->grad_accumulate(s, c.grad32 + place.offset_elems, p.grad_acc, PSTAR_DTYPE_F32, PSTAR_MEM_DEVICE, p.numel);
-    defer_free_device(device_->record(s), p.grad_acc, bytes, Use::kGradients);
+    placement_->defer_free_device(device_->record(s), p.grad_acc, bytes, Use::kGradients);
     p.grad_acc = nullptr;
     p.has_grad = true;
     return;
@@ -1224,7 +902,7 @@ void Engine::fold_gradient(uint32_t id, memory::Stream* s) {
   }
   host_->release(staging, bytes);
   device_->deallocate(p.grad_acc, bytes);
-  device_tier_.remove(Use::kGradients, bytes);
+  placement_->tier().remove(Use::kGradients, bytes);
   p.grad_acc = nullptr;
   p.has_grad = true;
 }
@@ -1333,21 +1011,21 @@ void Engine::step_update_local(pstar_step_result& r) {
       if (chunks_[k].tier != Tier::kDevice) continue;
       bool any = false;
       for (uint32_t id : layout_->chunks()[k].params) any = any || params_[id].has_grad;
-      if (any) evict(k);
+      if (any) placement_->evict(k);
     }
     // When this iteration followed the trace to its end, the next one will
     // too: the CPU updates the chunks in the order of their first use in it,
     // and after each update prefetch runs along the next iteration's trace
     // (it stops at a chunk still waiting for its update), so the chunks the
     // forward needs first come back while the CPU updates the others.
-    const placement::AccessTrace& trace = follower_.trace();
-    const bool ahead =
-        options_.prefetch && follower_.following() && follower_.moment() == trace.moments() && trace.moments() > 0;
+    const placement::AccessTrace& trace = placement_->follower().trace();
+    const bool ahead = options_.prefetch && placement_->follower().following() &&
+                       placement_->follower().moment() == trace.moments() && trace.moments() > 0;
     if (ahead) {
       std::stable_sort(host_chunks.begin(), host_chunks.end(),
                        [&](uint32_t a, uint32_t b) { return trace.first_use(a) < trace.first_use(b); });
       for (uint32_t k : host_chunks) chunks_[k].awaiting_update = chunks_[k].tier != Tier::kDevice;
-      rekey_for_next_iteration();
+      placement_->rekey_for_next_iteration();
     }
     // Chunks whose optimizer state is on the NVMe drive stream through the
     // staging ring (engine_nvme.cpp); the others are updated in place.  An
@@ -1357,7 +1035,7 @@ void Engine::step_update_local(pstar_step_result& r) {
       nvme_update_chunks(host_chunks, [&](uint32_t k) {
         ChunkState& c = chunks_[k];
         if (segments_of(k)) {
-          void* payload = host_view(k);
+          void* payload = placement_->host_view(k);
           if (payloads_) {  // a dry run places chunks; it computes nothing
             // One parallel pass over the chunk: a deterministic split into
             // blocks of whole grains, each updating the segments it overlaps.
@@ -1372,7 +1050,7 @@ void Engine::step_update_local(pstar_step_result& r) {
         }
         if (ahead) {
           c.awaiting_update = false;
-          prefetch_ahead(0);  // from the next iteration's start
+          placement_->prefetch_ahead(0);  // from the next iteration's start
         }
       });
     } catch (const Error&) {
@@ -1449,7 +1127,7 @@ pstar_step_result Engine::step() {
   // The accumulated gradients are consumed (or discarded by a skip).
   reset_iteration_state(TensorEvent::kStep);
   iteration_active_ = false;
-  trace_iteration_end();
+  placement_->iteration_end();
   if (nvme_error) std::rethrow_exception(nvme_error);
   ++train_iterations_;
   if (options_.hybrid_optimizer && !hybrid_placed_ && train_iterations_ >= options_.warmup_iterations) {
@@ -1486,9 +1164,10 @@ void Engine::place_optimizer_state() {
   std::stable_sort(order.begin(), order.end(),
                    [&](uint32_t a, uint32_t b) { return chunks_[a].last_acquire > chunks_[b].last_acquire; });
   uint64_t margin = std::numeric_limits<uint64_t>::max();
-  if (device_tier_.limited()) {
-    margin =
-        device_tier_.capacity() > stats_.peak_device_bytes ? device_tier_.capacity() - stats_.peak_device_bytes : 0;
+  if (placement_->tier().limited()) {
+    margin = placement_->tier().capacity() > stats_.peak_device_bytes
+                 ? placement_->tier().capacity() - stats_.peak_device_bytes
+                 : 0;
   }
   const uint64_t initial_margin = margin;
   for (uint32_t k : order) {
@@ -1503,18 +1182,19 @@ void Engine::place_optimizer_state() {
   }
   log::info("hybrid optimizer placement: " + std::to_string(optimizer_chunks_on_device_) + " of " +
             std::to_string(order.size()) + " optimizer chunks on the device (" +
-            bytes_str(device_tier_.bytes(Use::kOptimizer)) +
-            (device_tier_.limited() ? " of a margin of " + bytes_str(initial_margin) : std::string()) + ")");
+            bytes_str(placement_->tier().bytes(Use::kOptimizer)) +
+            (placement_->tier().limited() ? " of a margin of " + bytes_str(initial_margin) : std::string()) + ")");
 }
 
 void Engine::move_optimizer_state(uint32_t k) {
   ChunkState& c = chunks_[k];
-  if (c.tier != Tier::kDevice) fetch(k);
+  if (c.tier != Tier::kDevice) placement_->fetch(k);
   const uint64_t fp32_bytes = layout_->chunks()[k].capacity_elems * sizeof(float);
   const uint64_t bytes = optimizer_state_bytes(k);
-  float* base = static_cast<float*>(device_alloc(bytes, k, "optimizer state of chunk " + std::to_string(k)));
-  device_tier_.add(Use::kOptimizer, bytes);
-  note_device_peak();
+  float* base =
+      static_cast<float*>(placement_->device_alloc(bytes, k, "optimizer state of chunk " + std::to_string(k)));
+  placement_->tier().add(Use::kOptimizer, bytes);
+  placement_->note_device_peak();
   // The host lists are current: the host update of this step has returned.
   memory::Stream* s = device_->h2d_stream();
   float** lists[] = {&c.master, &c.exp_avg, &c.exp_avg_sq, &c.grad32};
@@ -1529,7 +1209,7 @@ void Engine::move_optimizer_state(uint32_t k) {
   slot = 0;
   for (float** list : lists) {
     if (*list == nullptr) continue;
-    defer_free_host(done, *list, fp32_bytes);
+    placement_->defer_free_host(done, *list, fp32_bytes);
     *list = base + slot * (fp32_bytes / sizeof(float));
     ++slot;
   }
@@ -1545,7 +1225,7 @@ void Engine::sync_optimizer(uint32_t k) {
   device_->synchronize(c.opt_ready);
   device_->synchronize(device_->compute_stream());
   device_->synchronize(c.last_use);
-  check_ready(c.opt_ready, "optimizer state");
+  placement_->check_ready(c.opt_ready, "optimizer state");
 }
 
 void Engine::copy_sync(void* dst, const void* src, size_t bytes, memory::CopyKind kind) {
@@ -1628,11 +1308,11 @@ double Engine::hparam_get(pstar_hparam which) const {
 
 void Engine::fill_stats(pstar_stats* out) const {
   pstar_stats s = stats_;
-  s.device_bytes = device_tier_.used();
+  s.device_bytes = placement_->tier().used();
   s.host_bytes = host_->held_bytes();
   s.peak_host_bytes = host_->peak_bytes();
-  s.trace_moments = follower_.ready() ? follower_.trace().moments() : 0;
-  s.trace_fallbacks = follower_.divergences();
+  s.trace_moments = placement_->follower().ready() ? placement_->follower().trace().moments() : 0;
+  s.trace_fallbacks = placement_->follower().divergences();
   s.clock_seconds = device_->clock_seconds();
   if (built()) {
     s.compute_chunks = static_cast<uint32_t>(layout_->chunks().size());
@@ -1658,7 +1338,7 @@ void Engine::fill_stats(pstar_stats* out) const {
   s.rank = rank_;
   s.world_size = world_;
   s.optimizer_chunks_on_device = optimizer_chunks_on_device_;
-  s.optimizer_device_bytes = device_tier_.bytes(Use::kOptimizer);
+  s.optimizer_device_bytes = placement_->tier().bytes(Use::kOptimizer);
   // Copy no more than the caller's struct holds.
   const size_t n = std::min<size_t>(out->size, sizeof s);
   s.size = out->size;

@@ -40,10 +40,7 @@
 #include "optim/adam_kernel.h"
 #include "optim/loss_scaler.h"
 #include "placement/access_trace.h"
-#include "placement/lru_policy.h"
-#include "placement/opt_policy.h"
-#include "placement/timeline.h"
-#include "placement/trace_follower.h"
+#include "placement/runtime.h"
 #include "pstar/pstar.h"
 #include "util/error.h"
 #include "util/thread_pool.h"
@@ -57,13 +54,6 @@ namespace pstar::engine {
 // Elements per unit of the optimizer's split of a chunk across threads: a
 // multiple of every vector width and of the 128-element parameter alignment.
 constexpr size_t kAdamGrainElems = 1024;
-
-// How many moments ahead of the current one the trace is scanned for chunks
-// to prefetch: about three GPT layers with activation checkpointing (12
-// parameters per layer).  Measured with `pstar-bench placement`: 4 or 8
-// moments left 30-70% of the moved bytes on the critical path, 32 under 10%
-// wherever the link has room, with the same bytes moved.
-constexpr uint64_t kPrefetchMoments = 32;
 
 // Most chunks a sharded engine may gather ahead of their use
 // (pstar_x_engine_set_gather_ahead): each takes a chunk-sized device slot
@@ -79,7 +69,7 @@ constexpr uint32_t kMaxNdim = 16;
 // Largest element count of one parameter (2^48).
 constexpr uint64_t kMaxNumel = uint64_t{1} << 48;
 
-class Engine {
+class Engine : private placement::ChunkTable {
  public:
   explicit Engine(const EngineOptions& options);
   // Internal (tests, embedders that form their own groups): an engine
@@ -274,13 +264,6 @@ class Engine {
   uint64_t nvme_slot_bytes(uint32_t k) const;
   void stage_pointers(ChunkState& c, float* base, uint64_t fp32_elems);
 
-  struct DeferredFree {
-    memory::EventPtr after;
-    void* ptr;
-    size_t bytes;
-    Tier tier;
-  };
-
   // One pair of reduce-scatter buffers; kAsyncReduceBuffers with a
   // collective queue, whose reduce-scatters run while the next ones are
   // laid out.
@@ -316,42 +299,15 @@ class Engine {
   void apply(Param& p, uint32_t id, chunk::TensorEvent ev);
   size_t elem_bytes() const;
 
-  // Placement.
-  void make_room(uint64_t bytes, int64_t keep_chunk, const std::string& purpose);
-  bool reclaim_deferred(bool wait_for_one);
-  // Frees a buffer once `after` completes; a device buffer's bytes move
-  // from `from` to the tier's deferred use until then.
-  void defer_free_device(memory::EventPtr after, void* ptr, size_t bytes, Use from);
-  void defer_free_host(memory::EventPtr after, void* ptr, size_t bytes);
-  void* device_alloc(uint64_t bytes, int64_t keep_chunk, const std::string& purpose);
-  void fetch(uint32_t chunk);
-  void copy_in(uint32_t chunk, void* dst, const memory::EventPtr& after);
-  void evict(uint32_t chunk);
-  memory::EventPtr copy_out(uint32_t chunk);
-  void* host_view(uint32_t chunk);  // payload readable by host code now
-  void check_ready(const memory::EventPtr& ev, const char* what) const;
-  void note_device_peak();
-  // The caller waits on the host for `stream`, which waits for `ready`;
-  // the time it takes counts as waiting.
-  void host_wait(memory::Stream* stream, const memory::EventPtr& ready);
-  // Timeline (options.record_timeline).
-  void sample_memory();
-  void note_move(bool to_device, uint32_t chunk, const memory::EventPtr& start, const memory::EventPtr& done);
+  // placement::ChunkTable: the chunks, as the placement runtime sees them.
+  size_t chunk_count() const override { return chunks_.size(); }
+  chunk::Chunk& chunk_at(uint32_t k) override { return chunks_[k]; }
 
   void restore_slot(uint32_t id);
   void reset_iteration_state(chunk::TensorEvent ev);
   double unscale_and_clip(double sumsq, pstar_step_result* r) const;
   void note_skipped_step(pstar_step_result* r);
 
-  // Trace-guided placement.
-  void trace_iteration_begin();
-  void rekey_for_next_iteration();
-  void trace_note_access(uint32_t chunk);
-  void trace_iteration_end();
-  void trace_iteration_abort();
-  // From moment `now` of the trace (0: the next iteration's start).
-  void prefetch_ahead(uint64_t now);
-  void choose_static_chunks();
   void fold_gradient(uint32_t id, memory::Stream* s);
   void release_optimizer_buffers(ChunkState& c, uint64_t fp32_bytes);
   // Bytes of one of chunk k's fp32 buffers this rank holds (a shard with
@@ -438,17 +394,9 @@ class Engine {
   std::unordered_map<std::string, uint32_t> by_name_;
   std::unique_ptr<chunk::ChunkLayout> layout_;
   std::vector<ChunkState> chunks_;
-  std::vector<DeferredFree> deferred_;
-  placement::LruPolicy lru_;
-  // OPT: keyed by next use; valid while following_.
-  placement::OptPolicy opt_policy_;
-  // The placement trace (OPT and prefetch follow it; warm-up from options).
-  placement::TraceFollower follower_;
-  uint64_t prefetch_frontier_ = 0;  // first moment prefetch_ahead() has not placed
-
-  // The device tier's accounting by use (memory/device_tier.h), against the
-  // capacity less the margin.
-  memory::DeviceTier device_tier_{0};
+  // The placement runtime (placement/runtime.h): tiers, moves, policies,
+  // the trace, the device tier's accounting, the timeline.
+  std::unique_ptr<placement::Runtime> placement_;
 
   // Hybrid placement: TRAIN iterations ended so far, and whether the
   // optimizer state has been placed (once, when warm-up ends).
@@ -467,7 +415,7 @@ class Engine {
   optim::AdamIsa adam_isa_ = optim::AdamIsa::kScalar;
   std::unique_ptr<ThreadPool> pool_;  // the CPU optimizer's threads
 
-  pstar_stats stats_;
+  pstar_stats stats_ = PSTAR_STATS_INIT;
 
   // Data parallelism (world > 1): the group's communicator; whether a
   // collective failed (then every call of the training loop is refused)
@@ -523,9 +471,6 @@ class Engine {
   // written or computed.
   bool payloads_ = true;
 
-  // What placement did, for pstar_trace_export (options.record_timeline;
-  // null otherwise).
-  std::unique_ptr<placement::Timeline> timeline_;
   // Acquires since the engine was created (chunks' last_acquire).
   uint64_t acquires_ = 0;
 };

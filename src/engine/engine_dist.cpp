@@ -164,9 +164,9 @@ void Engine::all_gather_host(const void* mine, void* all, size_t bytes) {
     return;
   }
   const size_t total = bytes * static_cast<size_t>(world_);
-  void* scratch = device_alloc(total, -1, "all-gather scratch");
-  device_tier_.add(Use::kStaging, total);
-  note_device_peak();
+  void* scratch = placement_->device_alloc(total, -1, "all-gather scratch");
+  placement_->tier().add(Use::kStaging, total);
+  placement_->note_device_peak();
   try {
     void* own = static_cast<char*>(scratch) + static_cast<size_t>(rank_) * bytes;
     copy_sync(own, mine, bytes, memory::CopyKind::kHostToDevice);
@@ -174,11 +174,11 @@ void Engine::all_gather_host(const void* mine, void* all, size_t bytes) {
     copy_sync(all, scratch, total, memory::CopyKind::kDeviceToHost);
   } catch (...) {
     device_->deallocate(scratch, total);
-    device_tier_.remove(Use::kStaging, total);
+    placement_->tier().remove(Use::kStaging, total);
     throw;
   }
   device_->deallocate(scratch, total);  // copy_sync waited: nothing uses it
-  device_tier_.remove(Use::kStaging, total);
+  placement_->tier().remove(Use::kStaging, total);
 }
 
 // ---------------------------------------------------------------------------
@@ -209,7 +209,7 @@ void Engine::check_layout_agrees(uint64_t chunk_elems) {
   // Whether this rank's device can hold the gather-ahead slots: exchanged
   // here so that every rank fails the build, not the one short of room.
   const uint64_t slots = static_cast<uint64_t>(gather_.depth()) * chunk_elems * elem_bytes();
-  const uint64_t slots_fit = slots == 0 || device_tier_.fits(slots);
+  const uint64_t slots_fit = slots == 0 || placement_->tier().fits(slots);
   const uint64_t mine[4] = {h, params_.size(), total, slots_fit};
   std::vector<uint64_t> all(4 * static_cast<size_t>(world_));
   collective("engine_build: layout check", kCollLayout, 0, [&] { all_gather_host(mine, all.data(), sizeof mine); });
@@ -248,7 +248,7 @@ void Engine::gather(uint32_t k) {
   ChunkState& c = chunks_[k];
   require_comm_ok("param_acquire");
   reduce_finish_all(k);  // its shard takes the reduced gradient first
-  void* dst = device_alloc(c.bytes, k, "gathered chunk " + std::to_string(k));
+  void* dst = placement_->device_alloc(c.bytes, k, "gathered chunk " + std::to_string(k));
   try {
     // This rank's shard goes to its block of the buffer (a host-to-device
     // copy), then the all-gather fills the other blocks in place: the same
@@ -262,14 +262,14 @@ void Engine::gather(uint32_t k) {
     throw;
   }
   stats_.bytes_all_gathered += c.bytes;
-  device_tier_.add(Use::kChunks, c.bytes);
-  note_device_peak();
+  placement_->tier().add(Use::kChunks, c.bytes);
+  placement_->note_device_peak();
   c.device = dst;
   c.tier = Tier::kDevice;
   c.ready = nullptr;  // written by the host, complete
   c.last_use = nullptr;
   c.prefetched = false;
-  lru_.touch(k);
+  placement_->touch(k);
 }
 
 // Frees chunk k's gathered buffer, wherever placement put it (its shards
@@ -289,20 +289,17 @@ void Engine::drop_gathered(uint32_t k) {
     c.gather_slot = -1;
     c.device = nullptr;
   } else if (c.tier == Tier::kDevice) {
-    defer_free_device(after, c.device, c.bytes, Use::kChunks);
+    placement_->defer_free_device(after, c.device, c.bytes, Use::kChunks);
     c.device = nullptr;
   } else {
-    defer_free_host(after, c.host, c.bytes);
+    placement_->defer_free_host(after, c.host, c.bytes);
     c.host = nullptr;
   }
   c.tier = Tier::kNotGathered;
   c.ready = nullptr;
   c.last_use = nullptr;
   c.prefetched = false;
-  lru_.remove(k);
-  const uint64_t next = opt_policy_.key(k);
-  if (next < prefetch_frontier_) prefetch_frontier_ = next;
-  opt_policy_.remove(k);
+  placement_->forget(k);
 }
 
 void Engine::drop_all_gathered() {
@@ -372,9 +369,10 @@ void Engine::reduce_chunk(uint32_t k) {
     // while it lives), reduce-scattered there, and this rank's block is
     // copied to the host, where the shards live.
     pr.device_stage_bytes = (c.elems + c.shard_elems) * sizeof(float);
-    pr.device_stage = device_alloc(pr.device_stage_bytes, -1, "reduce-scatter staging of chunk " + std::to_string(k));
-    device_tier_.add(Use::kStaging, pr.device_stage_bytes);
-    note_device_peak();
+    pr.device_stage =
+        placement_->device_alloc(pr.device_stage_bytes, -1, "reduce-scatter staging of chunk " + std::to_string(k));
+    placement_->tier().add(Use::kStaging, pr.device_stage_bytes);
+    placement_->note_device_peak();
     data = static_cast<float*>(pr.device_stage);
     out = data + c.elems;
     memory::Stream* s = device_->compute_stream();
@@ -397,7 +395,7 @@ void Engine::reduce_chunk(uint32_t k) {
       Param& p = params_[id];
       if (!p.grad_pending) continue;
       device_->synchronize(p.grad_ready);
-      check_ready(p.grad_ready, "gradient buffer");
+      placement_->check_ready(p.grad_ready, "gradient buffer");
       std::memcpy(data + layout_->param(id).offset_elems, p.grad_acc, p.numel * sizeof(float));
     }
   }
@@ -407,7 +405,7 @@ void Engine::reduce_chunk(uint32_t k) {
     if (!p.grad_pending) continue;
     pr.params.push_back(id);
     device_->deallocate(p.grad_acc, p.numel * sizeof(float));
-    device_tier_.remove(Use::kGradients, p.numel * sizeof(float));
+    placement_->tier().remove(Use::kGradients, p.numel * sizeof(float));
     p.grad_acc = nullptr;
     p.grad_ready = nullptr;
     p.grad_pending = false;
@@ -445,7 +443,7 @@ void Engine::release_reduce_buffers() {
 void Engine::release_device_stage(PendingReduce& pr) {
   if (pr.device_stage == nullptr) return;
   device_->deallocate(pr.device_stage, pr.device_stage_bytes);  // nothing queued uses it any more
-  device_tier_.remove(Use::kStaging, pr.device_stage_bytes);
+  placement_->tier().remove(Use::kStaging, pr.device_stage_bytes);
   pr.device_stage = nullptr;
 }
 
@@ -521,25 +519,25 @@ void Engine::set_gather_ahead(uint32_t chunks) {
 // At build, after the layout check agreed that every rank has room.
 void Engine::reserve_gather_slots() {
   if (gather_.depth() == 0 || !sharded()) return;
-  gather_.reserve_slots(device_.get(), &device_tier_, layout_->chunk_elems() * elem_bytes());
+  gather_.reserve_slots(device_.get(), &placement_->tier(), layout_->chunk_elems() * elem_bytes());
   try {
     cqueue_ = std::make_unique<dist::CollectiveQueue>();
   } catch (...) {
     release_gather_slots();
     throw;
   }
-  note_device_peak();
+  placement_->note_device_peak();
 }
 
 void Engine::release_gather_slots() {
   cqueue_.reset();  // its thread finishes the gathers writing the slots
-  gather_.release_slots(device_.get(), &device_tier_);
+  gather_.release_slots(device_.get(), &placement_->tier());
 }
 
 void Engine::fill_gather_stats(pstar_x_gather_stats* out) const {
   out->depth = gather_.depth();
   out->schedule_ready = gather_.ready() ? 1 : 0;
-  out->slot_bytes = device_tier_.bytes(Use::kGatherSlots);
+  out->slot_bytes = placement_->tier().bytes(Use::kGatherSlots);
   out->gathers_ahead = gather_.gathers_ahead();
   out->gathers_on_demand = gather_.gathers_on_demand();
   out->gathers_waited = gather_.gathers_waited();

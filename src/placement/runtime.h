@@ -1,0 +1,175 @@
+// Runtime: the placement runtime.  It decides where each chunk's payload is
+// (host memory or the device) and moves it: make room, fetch, evict, the
+// copies in and out on the copy streams, prefetch along the recorded trace,
+// the static policy's resident set, and the frees deferred until queued
+// work is done with a buffer.  It keeps the device tier's accounting
+// (memory/device_tier.h) and the timeline (placement/timeline.h).
+//
+// What it knows: the chunks' placement state (chunk::Chunk, through a
+// ChunkTable the engine provides), the device and the host pool.  What it
+// must not know: parameters, tensor states, shards, optimizer state.  The
+// engine tells it what it allocates for those (as DeviceTier uses) and calls
+// it at fixed points: iteration begin and end, each acquire, the step.
+//
+// Policies: LRU always; OPT (Belady's, keyed by next use) while a TRAIN
+// iteration follows the recorded trace (placement::TraceFollower); the
+// static policy pins the longest prefix of chunks that fits beside a
+// streaming reserve.
+//
+// Threading: the engine's thread only, as the engine.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "chunk/chunk.h"
+#include "memory/device.h"
+#include "memory/device_tier.h"
+#include "memory/host_pool.h"
+#include "placement/lru_policy.h"
+#include "placement/opt_policy.h"
+#include "placement/timeline.h"
+#include "placement/trace_follower.h"
+#include "pstar/pstar.h"
+
+namespace pstar::placement {
+
+// How many moments ahead of the current one the trace is scanned for chunks
+// to prefetch: about three GPT layers with activation checkpointing (12
+// parameters per layer).  Measured with `pstar-bench placement`: 4 or 8
+// moments left 30-70% of the moved bytes on the critical path, 32 under 10%
+// wherever the link has room, with the same bytes moved.
+constexpr uint64_t kPrefetchMoments = 32;
+
+// The chunks, as placement sees them (the engine's records extend
+// chunk::Chunk).
+class ChunkTable {
+ public:
+  virtual size_t chunk_count() const = 0;
+  virtual chunk::Chunk& chunk_at(uint32_t k) = 0;
+
+ protected:
+  ~ChunkTable() = default;
+};
+
+struct RuntimeOptions {
+  uint64_t capacity_bytes = 0;  // the placement limit (capacity less margin); 0 = unlimited
+  pstar_policy placement_policy = PSTAR_POLICY_OPT;
+  uint32_t warmup_iterations = 1;
+  bool prefetch = true;
+  bool virtual_clock = false;  // waits are read off the modelled clock
+  bool payloads = true;        // false: a dry run (address space only)
+  bool record_timeline = false;
+};
+
+class Runtime {
+ public:
+  using Use = memory::DeviceTier::Use;
+
+  // `stats` (the engine's, outliving this) takes the moves, bytes, waits
+  // and peaks.
+  Runtime(memory::Device* device, memory::HostPool* host, pstar_stats* stats, const RuntimeOptions& options);
+  ~Runtime();
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  // At build, before any other call that names a chunk.
+  void attach(ChunkTable* chunks) { chunks_ = chunks; }
+  // Called when room is short and nothing deferred can be freed: frees
+  // transient device memory the engine holds (a reduce-scatter's staging),
+  // returning whether it freed any.
+  void set_release_staging(std::function<bool()> f) { release_staging_ = std::move(f); }
+
+  memory::DeviceTier& tier() { return tier_; }
+  const memory::DeviceTier& tier() const { return tier_; }
+  TraceFollower& follower() { return follower_; }
+  const TraceFollower& follower() const { return follower_; }
+  Timeline* timeline() const { return timeline_.get(); }
+
+  // Room and buffers.  make_room evicts (policy order) until `bytes` fit,
+  // never chunk `keep_chunk`; throws PSTAR_ERR_OUT_OF_MEMORY naming
+  // `purpose` and the tier's uses when nothing more can move.
+  void make_room(uint64_t bytes, int64_t keep_chunk, const std::string& purpose);
+  void* device_alloc(uint64_t bytes, int64_t keep_chunk, const std::string& purpose);
+  // Frees a buffer once `after` completes; a device buffer's bytes move from
+  // `from` to the tier's deferred use until then.
+  void defer_free_device(memory::EventPtr after, void* ptr, size_t bytes, Use from);
+  void defer_free_host(memory::EventPtr after, void* ptr, size_t bytes);
+  // Frees the deferred buffers whose events passed; with `wait_for_one`,
+  // waits for one if none has.  Returns whether it freed any.
+  bool reclaim_deferred(bool wait_for_one);
+  // Waits for every deferred free (the engine's destruction).
+  void drain();
+
+  // Moves.  fetch: chunk k to the device (room made, the copy queued).
+  void fetch(uint32_t k);
+  // Queues chunk k's copy from the host into `dst` on the H2D stream after
+  // `after` (the copy out of a previous occupant of dst, or null).
+  void copy_in(uint32_t k, void* dst, const memory::EventPtr& after);
+  void evict(uint32_t k);
+  // Queues chunk k's copy to a new host buffer on the D2H stream and makes
+  // the host its tier; its device buffer is the caller's to free or reuse
+  // once the returned event completes.
+  memory::EventPtr copy_out(uint32_t k);
+  // The payload for host code now (a device chunk is evicted first).
+  void* host_view(uint32_t k);
+  // A chunk whose payload was dropped (world > 1) leaves the policies.
+  void forget(uint32_t k);
+  // Chunk k is resident and was just used.
+  void touch(uint32_t k) { lru_.touch(k); }
+
+  // Waiting and accounting.
+  void note_device_peak();
+  // The caller waits on the host for `stream`, which waits for `ready`;
+  // the time it takes counts as waiting.
+  void host_wait(memory::Stream* stream, const memory::EventPtr& ready);
+  void check_ready(const memory::EventPtr& ev, const char* what) const;
+  // Timeline (when kept): a memory sample at acquire number `moment`.
+  void sample_memory(uint64_t moment);
+
+  // Trace-guided placement, at fixed points of TRAIN iterations.
+  void iteration_begin();
+  // After the acquire of chunk `chunk` (its use is now).
+  void note_access(uint32_t chunk);
+  void iteration_end();
+  // An aborted TRAIN iteration leaves the trace as it was.
+  void iteration_abort();
+  // Placement as at the start of an iteration that follows the trace:
+  // nothing prefetched yet, resident chunks keyed by their first use.
+  void rekey_for_next_iteration();
+  // From moment `now` of the trace (0: the next iteration's start).
+  void prefetch_ahead(uint64_t now);
+  // The static policy's resident set (`largest_grad`: the largest gradient
+  // buffer, part of the streaming reserve).  Does nothing for other
+  // policies or an unlimited device.
+  void choose_static_chunks(uint64_t largest_grad);
+
+ private:
+  struct DeferredFree {
+    memory::EventPtr after;
+    void* ptr;
+    size_t bytes;
+    chunk::Tier tier;
+  };
+  chunk::Chunk& at(uint32_t k) const { return chunks_->chunk_at(k); }
+  void note_move(bool to_device, uint32_t chunk, const memory::EventPtr& start, const memory::EventPtr& done);
+
+  const RuntimeOptions options_;
+  memory::Device* device_;  // not owned
+  memory::HostPool* host_;  // not owned
+  pstar_stats* stats_;      // not owned
+  ChunkTable* chunks_ = nullptr;
+  std::function<bool()> release_staging_;
+  memory::DeviceTier tier_;
+  std::vector<DeferredFree> deferred_;
+  LruPolicy lru_;
+  OptPolicy opt_policy_;  // OPT: keyed by next use; valid while following
+  TraceFollower follower_;
+  uint64_t prefetch_frontier_ = 0;      // first moment prefetch_ahead() has not placed
+  std::unique_ptr<Timeline> timeline_;  // options.record_timeline only
+};
+
+}  // namespace pstar::placement
