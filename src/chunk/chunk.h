@@ -18,11 +18,11 @@ enum class Tier { kHost, kDevice, kNotGathered };
 struct Chunk {
   uint64_t bytes = 0;  // compute-dtype payload (the full chunk)
   Tier tier = Tier::kHost;
-  void* host = nullptr;       // payload when tier == kHost
-  void* device = nullptr;     // payload when tier == kDevice
-  memory::EventPtr ready;     // completes when the payload at its tier is valid
-  memory::EventPtr last_use;  // completes when queued work that uses it is done
-  uint32_t compute_refs = 0;  // tensors in COMPUTE
+  void* host = nullptr;        // payload when tier == kHost
+  void* device = nullptr;      // payload when tier == kDevice
+  memory::EventPtr ready;      // completes when the payload at its tier is valid
+  memory::EventPtr last_use;   // completes when queued work that uses it is done
+  uint32_t compute_refs = 0;   // tensors in COMPUTE
   bool prefetched = false;     // fetched ahead of use, not acquired since
   bool pinned_static = false;  // static policy: never evicted once fetched
   bool evicted = false;        // left the accelerator at least once

@@ -39,13 +39,24 @@ optim::LossScalerConfig scaler_config(const EngineOptions& o) {
   c.min_scale = o.loss_scale_min;
   return c;
 }
+
+optim::AdamHyper adam_hyper(const EngineOptions& o) {
+  optim::AdamHyper h;
+  h.lr = o.lr;
+  h.beta1 = o.beta1;
+  h.beta2 = o.beta2;
+  h.eps = o.eps;
+  h.weight_decay = o.weight_decay;
+  h.adamw = o.adamw != 0;
+  return h;
+}
 }  // namespace
 
 Engine::Engine(const EngineOptions& options) : Engine(options, nullptr) {}
 
 Engine::Engine(const EngineOptions& options, std::unique_ptr<dist::Communicator> group)
     : options_(options),
-      scaler_(scaler_config(options_)),
+      optimizer_(adam_hyper(options_), options_.clip_norm, scaler_config(options_), options_.threads),
       gather_(dist::GatherAhead::Actions{[this](uint32_t k) { return chunks_[k].tier != Tier::kNotGathered; },
                                          [this](uint32_t k) { return chunks_[k].bytes; },
                                          [this](uint32_t k) { gather(k); },
@@ -92,15 +103,6 @@ Engine::Engine(const EngineOptions& options, std::unique_ptr<dist::Communicator>
     reduce_finish_oldest();  // frees its device staging (a local wait)
     return true;
   });
-  hyper_.lr = options_.lr;
-  hyper_.beta1 = options_.beta1;
-  hyper_.beta2 = options_.beta2;
-  hyper_.eps = options_.eps;
-  hyper_.weight_decay = options_.weight_decay;
-  hyper_.adamw = options_.adamw != 0;
-  clip_norm_ = options_.clip_norm;
-  adam_isa_ = optim::adam_default_isa();
-  pool_ = std::make_unique<ThreadPool>(options_.threads);
   connect_group();
   log::debug("engine created on " + device_->name());
 }
@@ -934,7 +936,6 @@ void Engine::step_update_local(pstar_step_result& r) {
     sumsq += p.grad_sumsq;  // parameter order: deterministic
     overflow = overflow || p.grad_nonfinite != 0;
   }
-  const float scale = scaler_.scale();
   const double clip_coef = unscale_and_clip(sumsq, &r);
   if (overflow) {
     for (uint32_t id = 0; id < params_.size(); ++id) {
@@ -942,38 +943,22 @@ void Engine::step_update_local(pstar_step_result& r) {
     }
     note_skipped_step(&r);
   } else {
-    ++adam_step_;
-    const double grad_mul = clip_coef / static_cast<double>(scale);
     // A chunk's parameters with a gradient, each with its own constants
     // (parameter groups).
-    struct Segment {
-      uint64_t begin, end;
-      optim::AdamStepConstants constants;
-    };
-    std::vector<Segment> segments;
+    optim::SegmentList segments = optimizer_.begin_step(clip_coef);
     auto segments_of = [&](uint32_t k) {
       segments.clear();
       for (uint32_t id : layout_->chunks()[k].params) {
         if (!params_[id].has_grad) continue;
         const auto& place = layout_->param(id);
-        optim::AdamHyper h = hyper_;
-        h.lr = hyper_.lr * params_[id].lr_scale;
-        segments.push_back({place.offset_elems, place.offset_elems + place.numel,
-                            optim::adam_constants(h, adam_step_, grad_mul, params_[id].weight_decay)});
+        segments.add(place.offset_elems, place.offset_elems + place.numel, params_[id].lr_scale,
+                     params_[id].weight_decay);
         ++r.params_updated;
       }
       return !segments.empty();
     };
-    auto range_of = [&](const ChunkState& c, void* payload, uint64_t lo, uint64_t hi) {
-      optim::AdamRange range;
-      range.master = c.master + lo;
-      range.exp_avg = c.exp_avg + lo;
-      range.exp_avg_sq = c.exp_avg_sq + lo;
-      range.slot = static_cast<char*>(payload) + lo * elem_bytes();
-      range.dtype = options_.compute_dtype;
-      range.grad_f32 = c.grad32 != nullptr ? c.grad32 + lo : nullptr;
-      range.n = hi - lo;
-      return range;
+    auto lists_of = [&](const ChunkState& c, void* payload) {
+      return optim::ChunkLists{c.master, c.exp_avg, c.exp_avg_sq, c.grad32, payload, options_.compute_dtype};
     };
     // Chunks whose optimizer state is on the device: the update is queued on
     // the compute stream (same kernel code, same constants, same bits), and
@@ -992,8 +977,9 @@ void Engine::step_update_local(pstar_step_result& r) {
       device_->stream_wait(cs, c.opt_ready);
       device_->stream_wait(cs, c.ready);
       device_->stream_wait(cs, c.last_use);
-      for (const Segment& sg : segments)
-        device_->adam_update_async(cs, sg.constants, range_of(c, c.device, sg.begin, sg.end));
+      const optim::ChunkLists lists = lists_of(c, c.device);
+      for (const optim::Segment& sg : segments.segments())
+        device_->adam_update_async(cs, sg.constants, lists.range(sg.begin, sg.end));
       const memory::EventPtr done = device_->record(cs);
       c.ready = done;
       c.last_use = done;
@@ -1037,15 +1023,8 @@ void Engine::step_update_local(pstar_step_result& r) {
         if (segments_of(k)) {
           void* payload = placement_->host_view(k);
           if (payloads_) {  // a dry run places chunks; it computes nothing
-            // One parallel pass over the chunk: a deterministic split into
-            // blocks of whole grains, each updating the segments it overlaps.
-            pool_->parallel_for(layout_->chunks()[k].used_elems, kAdamGrainElems, [&](size_t b, size_t e) {
-              for (const Segment& sg : segments) {
-                const uint64_t lo = std::max<uint64_t>(b, sg.begin), hi = std::min<uint64_t>(e, sg.end);
-                if (lo >= hi) continue;
-                optim::adam_update(adam_isa_, sg.constants, range_of(c, payload, lo, hi));
-              }
-            });
+            // One parallel pass over the chunk (optim/chunk_update.h).
+            optimizer_.update_chunk(layout_->chunks()[k].used_elems, segments.segments(), lists_of(c, payload));
           }
         }
         if (ahead) {
@@ -1058,7 +1037,7 @@ void Engine::step_update_local(pstar_step_result& r) {
       throw;
     }
     ++stats_.steps;
-    scaler_.update(false);
+    optimizer_.end_step(false);
   }
 }
 
@@ -1066,13 +1045,10 @@ void Engine::step_update_local(pstar_step_result& r) {
 // coefficient from the squared norm of the scaled gradients; returns the
 // coefficient.  Shared by the one-process and the sharded step.
 double Engine::unscale_and_clip(double sumsq, pstar_step_result* r) const {
-  const float scale = scaler_.scale();
+  const float scale = optimizer_.scaler().scale();
   r->loss_scale = scale;
   r->grad_norm = std::sqrt(sumsq) / static_cast<double>(scale);
-  double clip_coef = 1.0;
-  if (clip_norm_ > 0.0f && std::isfinite(r->grad_norm) && r->grad_norm > clip_norm_) {
-    clip_coef = static_cast<double>(clip_norm_) / (r->grad_norm + 1e-6);
-  }
+  const double clip_coef = optimizer_.clip_coef(r->grad_norm);
   r->clip_coef = static_cast<float>(clip_coef);
   return clip_coef;
 }
@@ -1082,8 +1058,8 @@ double Engine::unscale_and_clip(double sumsq, pstar_step_result* r) const {
 void Engine::note_skipped_step(pstar_step_result* r) {
   r->skipped = 1;
   ++stats_.skipped_steps;
-  scaler_.update(true);
-  log::info("step skipped: inf or NaN in a gradient; loss scale now " + std::to_string(scaler_.scale()));
+  optimizer_.end_step(true);
+  log::info("step skipped: inf or NaN in a gradient; loss scale now " + std::to_string(optimizer_.scaler().scale()));
 }
 
 pstar_step_result Engine::step() {
@@ -1133,8 +1109,8 @@ pstar_step_result Engine::step() {
   if (options_.hybrid_optimizer && !hybrid_placed_ && train_iterations_ >= options_.warmup_iterations) {
     place_optimizer_state();
   }
-  r.step = adam_step_;
-  r.next_loss_scale = scaler_.scale();
+  r.step = optimizer_.step();
+  r.next_loss_scale = optimizer_.scaler().scale();
   return r;
 }
 
@@ -1255,34 +1231,35 @@ void Engine::hparam_set(pstar_hparam which, double v) {
   switch (which) {
     // Each value is checked as the float it is stored as (pstar.h).
     case PSTAR_HPARAM_LR:
-      hyper_.lr = settings::require_double_as_float(v, 0.0f, settings::kMax, "hparam_set: lr", settings::kRangeLr);
+      optimizer_.hyper().lr =
+          settings::require_double_as_float(v, 0.0f, settings::kMax, "hparam_set: lr", settings::kRangeLr);
       return;
     case PSTAR_HPARAM_BETA1:
-      hyper_.beta1 =
+      optimizer_.hyper().beta1 =
           settings::require_double_as_float(v, 0.0f, settings::kBelowOne, "hparam_set: beta1", settings::kRangeBeta);
       return;
     case PSTAR_HPARAM_BETA2:
-      hyper_.beta2 =
+      optimizer_.hyper().beta2 =
           settings::require_double_as_float(v, 0.0f, settings::kBelowOne, "hparam_set: beta2", settings::kRangeBeta);
       return;
     case PSTAR_HPARAM_EPS:
-      hyper_.eps =
+      optimizer_.hyper().eps =
           settings::require_double_as_float(v, FLT_MIN, settings::kMax, "hparam_set: eps", settings::kRangeEps);
       return;
     case PSTAR_HPARAM_WEIGHT_DECAY:
-      hyper_.weight_decay =
+      optimizer_.hyper().weight_decay =
           settings::require_double_as_float(v, 0.0f, settings::kMax, "hparam_set: weight_decay", settings::kRangeDecay);
       return;
     case PSTAR_HPARAM_CLIP_NORM:
-      clip_norm_ =
-          settings::require_double_as_float(v, 0.0f, settings::kMax, "hparam_set: clip_norm", settings::kRangeClip);
+      optimizer_.set_clip_norm(
+          settings::require_double_as_float(v, 0.0f, settings::kMax, "hparam_set: clip_norm", settings::kRangeClip));
       return;
     case PSTAR_HPARAM_LOSS_SCALE: {
       const float f =
           settings::require_double_as_float(v, FLT_MIN, FLT_MAX, "hparam_set: loss scale", settings::kRangeScale);
-      require(scaler_.enabled(), PSTAR_ERR_INVALID_STATE,
+      require(optimizer_.scaler().enabled(), PSTAR_ERR_INVALID_STATE,
               "hparam_set: loss scaling is used with the F16 compute dtype only");
-      scaler_.set_scale(f);
+      optimizer_.scaler().set_scale(f);
       return;
     }
     case PSTAR_HPARAM_STEP: throw Error(PSTAR_ERR_INVALID_ARGUMENT, "hparam_set: the step count is read-only");
@@ -1293,14 +1270,14 @@ void Engine::hparam_set(pstar_hparam which, double v) {
 
 double Engine::hparam_get(pstar_hparam which) const {
   switch (which) {
-    case PSTAR_HPARAM_LR: return hyper_.lr;
-    case PSTAR_HPARAM_BETA1: return hyper_.beta1;
-    case PSTAR_HPARAM_BETA2: return hyper_.beta2;
-    case PSTAR_HPARAM_EPS: return hyper_.eps;
-    case PSTAR_HPARAM_WEIGHT_DECAY: return hyper_.weight_decay;
-    case PSTAR_HPARAM_CLIP_NORM: return clip_norm_;
-    case PSTAR_HPARAM_LOSS_SCALE: return scaler_.scale();
-    case PSTAR_HPARAM_STEP: return static_cast<double>(adam_step_);
+    case PSTAR_HPARAM_LR: return optimizer_.hyper().lr;
+    case PSTAR_HPARAM_BETA1: return optimizer_.hyper().beta1;
+    case PSTAR_HPARAM_BETA2: return optimizer_.hyper().beta2;
+    case PSTAR_HPARAM_EPS: return optimizer_.hyper().eps;
+    case PSTAR_HPARAM_WEIGHT_DECAY: return optimizer_.hyper().weight_decay;
+    case PSTAR_HPARAM_CLIP_NORM: return optimizer_.clip_norm();
+    case PSTAR_HPARAM_LOSS_SCALE: return optimizer_.scaler().scale();
+    case PSTAR_HPARAM_STEP: return static_cast<double>(optimizer_.step());
     case PSTAR_HPARAM_FORCE_32BIT_: break;
   }
   throw Error(PSTAR_ERR_INVALID_ARGUMENT, "hparam_get: unknown hyperparameter " + std::to_string(which));

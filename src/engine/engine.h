@@ -36,9 +36,7 @@
 #include "memory/device.h"
 #include "memory/device_tier.h"
 #include "memory/host_pool.h"
-#include "optim/adam.h"
-#include "optim/adam_kernel.h"
-#include "optim/loss_scaler.h"
+#include "optim/optimizer.h"
 #include "placement/access_trace.h"
 #include "placement/runtime.h"
 #include "pstar/pstar.h"
@@ -50,10 +48,6 @@ class NvmeStore;
 }
 
 namespace pstar::engine {
-
-// Elements per unit of the optimizer's split of a chunk across threads: a
-// multiple of every vector width and of the 128-element parameter alignment.
-constexpr size_t kAdamGrainElems = 1024;
 
 // Most chunks a sharded engine may gather ahead of their use
 // (pstar_x_engine_set_gather_ahead): each takes a chunk-sized device slot
@@ -407,13 +401,10 @@ class Engine : private placement::ChunkTable {
   bool iteration_active_ = false;
   pstar_iteration_kind iteration_kind_ = PSTAR_ITERATION_TRAIN;
 
-  optim::AdamHyper hyper_;
-  float clip_norm_ = 0.0f;
-  optim::LossScaler scaler_;
-  uint64_t adam_step_ = 0;
+  // Adam's hyperparameters, clipping, the loss scaler, the step count and
+  // the CPU update's threads (optim/optimizer.h).
+  optim::Optimizer optimizer_;
   uint32_t writable_pins_ = 0;  // outstanding writable pins (no iteration may begin)
-  optim::AdamIsa adam_isa_ = optim::AdamIsa::kScalar;
-  std::unique_ptr<ThreadPool> pool_;  // the CPU optimizer's threads
 
   pstar_stats stats_ = PSTAR_STATS_INIT;
 

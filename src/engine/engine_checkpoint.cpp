@@ -115,7 +115,7 @@ std::string Engine::checkpoint_save(const char* dir_c) {
   std::string name, failure;
   if (rank_ == 0) {
     try {
-      name = checkpoint::create_checkpoint_dir(dir, adam_step_);
+      name = checkpoint::create_checkpoint_dir(dir, optimizer_.step());
     } catch (const Error& e) {
       if (!sharded()) throw;
       failure = e.what();
@@ -229,12 +229,12 @@ std::string Engine::checkpoint_save(const char* dir_c) {
       st.chunk_elems = options_.chunk_elems;
       st.world_size = static_cast<uint32_t>(world_);
       st.sharded = sharded();
-      st.step = adam_step_;
-      st.loss_scale = scaler_.scale();
-      st.loss_scale_clean_steps = scaler_.clean_steps();
-      st.loss_scale_hysteresis_left = scaler_.hysteresis_left();
-      st.adam = hyper_;
-      st.clip_norm = static_cast<float>(clip_norm_);
+      st.step = optimizer_.step();
+      st.loss_scale = optimizer_.scaler().scale();
+      st.loss_scale_clean_steps = optimizer_.scaler().clean_steps();
+      st.loss_scale_hysteresis_left = optimizer_.scaler().hysteresis_left();
+      st.adam = optimizer_.hyper();
+      st.clip_norm = static_cast<float>(optimizer_.clip_norm());
       for (uint32_t id = 0; id < params_.size(); ++id) {
         const Param& p = params_[id];
         m.params.push_back(
@@ -449,10 +449,10 @@ void Engine::checkpoint_load(const char* dir_c) {
       params_[id].weight_decay = mp.weight_decay;
     }
     nvme_end_rewrite();
-    adam_step_ = st.step;
-    scaler_.restore(st.loss_scale, st.loss_scale_clean_steps, st.loss_scale_hysteresis_left);
-    hyper_ = st.adam;
-    clip_norm_ = st.clip_norm;
+    optimizer_.set_step(st.step);
+    optimizer_.scaler().restore(st.loss_scale, st.loss_scale_clean_steps, st.loss_scale_hysteresis_left);
+    optimizer_.hyper() = st.adam;
+    optimizer_.set_clip_norm(st.clip_norm);
   } catch (const Error& e) {
     failed = e.status();
     failure = e.what();

@@ -701,7 +701,6 @@ void Engine::step_update_sharded(pstar_step_result& r) {
     if (e.schedule_ready == 0) gather_.invalidate();
   }
 
-  const float scale = scaler_.scale();
   const double clip_coef = unscale_and_clip(sumsq, &r);
   if (overflow) {
     for (uint32_t id = 0; id < params_.size(); ++id) {
@@ -709,13 +708,7 @@ void Engine::step_update_sharded(pstar_step_result& r) {
     }
     note_skipped_step(&r);
   } else {
-    ++adam_step_;
-    const double grad_mul = clip_coef / static_cast<double>(scale);
-    struct Segment {
-      uint64_t begin, end;  // in the shard
-      optim::AdamStepConstants constants;
-    };
-    std::vector<Segment> segments;
+    optim::SegmentList segments = optimizer_.begin_step(clip_coef);  // spans in the shard
     // Shards whose lists live on the NVMe drive stream through the staging
     // ring (engine_nvme.cpp); the others are updated in place.
     std::vector<uint32_t> order;
@@ -732,29 +725,14 @@ void Engine::step_update_sharded(pstar_step_result& r) {
         ++r.params_updated;
         const auto [lo, a, b] = shard_span(id, rank_);
         if (a >= b) continue;
-        optim::AdamHyper h = hyper_;
-        h.lr = hyper_.lr * p.lr_scale;
-        segments.push_back({a - lo, b - lo, optim::adam_constants(h, adam_step_, grad_mul, p.weight_decay)});
+        segments.add(a - lo, b - lo, p.lr_scale, p.weight_decay);
       }
-      if (segments.empty()) return;
-      pool_->parallel_for(c.shard_elems, kAdamGrainElems, [&](size_t bb, size_t ee) {
-        for (const Segment& sg : segments) {
-          const uint64_t x = std::max<uint64_t>(bb, sg.begin), y = std::min<uint64_t>(ee, sg.end);
-          if (x >= y) continue;
-          optim::AdamRange range;
-          range.master = c.master + x;
-          range.exp_avg = c.exp_avg + x;
-          range.exp_avg_sq = c.exp_avg_sq + x;
-          range.slot = static_cast<char*>(c.shard) + x * elem_bytes();
-          range.dtype = options_.compute_dtype;
-          range.grad_f32 = c.grad32 != nullptr ? c.grad32 + x : nullptr;
-          range.n = y - x;
-          optim::adam_update(adam_isa_, sg.constants, range);
-        }
-      });
+      optimizer_.update_chunk(
+          c.shard_elems, segments.segments(),
+          optim::ChunkLists{c.master, c.exp_avg, c.exp_avg_sq, c.grad32, c.shard, options_.compute_dtype});
     });
     ++stats_.steps;
-    scaler_.update(false);
+    optimizer_.end_step(false);
   }
   if (options_.grad_accumulation) {
     // The accumulated gradients are consumed (or discarded by a skip).

@@ -1,0 +1,39 @@
+#include "optim/chunk_update.h"
+
+#include <algorithm>
+
+#include "util/dtype.h"
+
+namespace pstar::optim {
+
+AdamRange ChunkLists::range(uint64_t lo, uint64_t hi) const {
+  AdamRange r;
+  r.master = master + lo;
+  r.exp_avg = exp_avg + lo;
+  r.exp_avg_sq = exp_avg_sq + lo;
+  r.slot = static_cast<char*>(slot) + lo * dtype_size(dtype);
+  r.dtype = dtype;
+  r.grad_f32 = grad_f32 != nullptr ? grad_f32 + lo : nullptr;
+  r.n = hi - lo;
+  return r;
+}
+
+void SegmentList::add(uint64_t begin, uint64_t end, float lr_scale, bool weight_decay) {
+  AdamHyper h = hyper_;
+  h.lr = hyper_.lr * lr_scale;
+  segments_.push_back({begin, end, adam_constants(h, step_, grad_mul_, weight_decay)});
+}
+
+void update_chunk(ThreadPool& pool, AdamIsa isa, uint64_t elems, const std::vector<Segment>& segments,
+                  const ChunkLists& lists) {
+  if (segments.empty()) return;
+  pool.parallel_for(elems, kAdamGrainElems, [&](size_t b, size_t e) {
+    for (const Segment& sg : segments) {
+      const uint64_t lo = std::max<uint64_t>(b, sg.begin), hi = std::min<uint64_t>(e, sg.end);
+      if (lo >= hi) continue;
+      adam_update(isa, sg.constants, lists.range(lo, hi));
+    }
+  });
+}
+
+}  // namespace pstar::optim

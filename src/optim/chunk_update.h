@@ -1,0 +1,78 @@
+// The Adam update of one chunk (or one rank's shard of it): the parameter
+// spans it holds, each with its own constants (parameter groups), and the
+// one loop that runs the kernel over them on the thread pool.  The
+// one-process step, the sharded step and the device update of hybrid
+// placement all build their spans here; the CPU ones run update_chunk().
+//
+// The split across threads is a pure function of the element count, the
+// grain and the pool's size (ThreadPool::partition): blocks of whole
+// grains, each updating the part of every span it overlaps.  Since the
+// kernel is elementwise, the bits do not depend on the split either.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "optim/adam.h"
+#include "optim/adam_kernel.h"
+#include "pstar/pstar.h"
+#include "util/thread_pool.h"
+
+namespace pstar::optim {
+
+// Elements per unit of the optimizer's split of a chunk across threads: a
+// multiple of every vector width and of the 128-element parameter alignment.
+constexpr size_t kAdamGrainElems = 1024;
+
+// One parameter's elements [begin, end) in the coordinates of the lists
+// (the chunk's, or the shard's), with the step's constants for it.
+struct Segment {
+  uint64_t begin, end;
+  AdamStepConstants constants;
+};
+
+// The buffers of one chunk's (or shard's) update, all indexed from the same
+// element 0: the fp32 lists and the compute-dtype payload.
+struct ChunkLists {
+  float* master = nullptr;
+  float* exp_avg = nullptr;
+  float* exp_avg_sq = nullptr;
+  const float* grad_f32 = nullptr;  // separate fp32 gradient list, or null
+  void* slot = nullptr;             // the compute-dtype payload
+  pstar_dtype dtype = PSTAR_DTYPE_BF16;
+
+  // The kernel's range for elements [lo, hi).
+  AdamRange range(uint64_t lo, uint64_t hi) const;
+};
+
+// The segments of one chunk for one step: every parameter's constants come
+// from the step's hyperparameters with the parameter's learning-rate scale
+// and weight-decay choice.
+class SegmentList {
+ public:
+  // `step`: the 1-based step count after this update; `grad_mul` folds the
+  // unscale and the clipping coefficient.
+  SegmentList(const AdamHyper& hyper, uint64_t step, double grad_mul)
+      : hyper_(hyper), step_(step), grad_mul_(grad_mul) {}
+
+  void clear() { segments_.clear(); }
+  void add(uint64_t begin, uint64_t end, float lr_scale, bool weight_decay);
+  bool empty() const { return segments_.empty(); }
+  const std::vector<Segment>& segments() const { return segments_; }
+
+ private:
+  AdamHyper hyper_;
+  uint64_t step_;
+  double grad_mul_;
+  std::vector<Segment> segments_;
+};
+
+// Updates elements [0, elems) of `lists` where the segments cover them: one
+// parallel pass on `pool`, split into blocks of whole kAdamGrainElems
+// grains, each block running optim::adam_update with `isa` on the part of
+// every segment it overlaps.
+void update_chunk(ThreadPool& pool, AdamIsa isa, uint64_t elems, const std::vector<Segment>& segments,
+                  const ChunkLists& lists);
+
+}  // namespace pstar::optim
