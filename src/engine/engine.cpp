@@ -119,7 +119,7 @@ Engine::~Engine() {
     if (p.grad_acc != nullptr) device_->deallocate(p.grad_acc, p.numel * sizeof(float));
   }
   if (layout_) {
-    nvme_release(chunks_);
+    nvme_.release();
     for (size_t i = 0; i < chunks_.size(); ++i) {
       ChunkState& c = chunks_[i];
       if (c.gather_slot >= 0) {
@@ -236,7 +236,7 @@ void Engine::build() {
         const uint64_t fp32_bytes = (sharded() ? c.shard_elems : c.elems) * sizeof(float);
         for (float** b : {&c.master, &c.exp_avg, &c.exp_avg_sq, &c.grad32}) {
           if (b == &c.grad32 && !options_.grad_accumulation) continue;
-          if (b != &c.grad32 && nvme_requested_) continue;  // placed below, host or drive
+          if (b != &c.grad32 && nvme_.requested()) continue;  // placed below, host or drive
           *b = static_cast<float*>(host_->acquire(fp32_bytes));
           if (payloads_) std::memset(*b, 0, fp32_bytes);
         }
@@ -264,7 +264,7 @@ void Engine::build() {
     reserve_gather_slots();
   } catch (...) {
     release_gather_slots();
-    nvme_release(chunks);
+    nvme_.release();
     for (size_t i = 0; i < chunks.size(); ++i) {
       ChunkState& c = chunks[i];
       host_->release(c.host, c.bytes);
@@ -324,7 +324,7 @@ float* Engine::pin(uint32_t id, bool writable) {
   require(c.opt_device == nullptr, PSTAR_ERR_UNSUPPORTED, [&] {
     return "param_pin of '" + p.name + "': its optimizer state lives on the accelerator (hybrid placement)";
   });
-  require(c.nvme_slot == kNoSlot, PSTAR_ERR_UNSUPPORTED, [&] {
+  require(!nvme_.on_drive(place.chunk), PSTAR_ERR_UNSUPPORTED, [&] {
     return "param_pin of '" + p.name +
            "': its optimizer state lives on the NVMe drive (a pinned master must stay in memory)";
   });
@@ -424,7 +424,7 @@ void Engine::write(uint32_t id, const void* src, uint64_t count, pstar_dtype dty
     write_slot_on_device(id, staging.data());
     return;
   }
-  nvme_access(place.chunk, true);
+  nvme_.access(place.chunk, true);
   convert_to_f32(src, dtype, c.master + place.offset_elems, count);
   restore_slot(id);
 }
@@ -437,7 +437,7 @@ void Engine::read(uint32_t id, void* dst, uint64_t count, pstar_dtype dtype) {
   }
   const auto& place = layout_->param(id);
   if (!p.frozen()) {
-    nvme_access(place.chunk, false);
+    nvme_.access(place.chunk, false);
     const ChunkState& c = chunks_[place.chunk];
     const float* master = c.master + place.offset_elems;
     std::vector<float> staging;
@@ -478,7 +478,7 @@ void Engine::iteration_begin(pstar_iteration_kind kind) {
           "iteration_begin: an iteration is in progress (end it with pstar_step or pstar_iteration_end, or "
           "abandon it with pstar_iteration_abort)");
   require_nvme_ok("iteration_begin");
-  nvme_flush_access();  // values written between iterations reach the drive now
+  nvme_.flush_access();  // values written between iterations reach the drive now
   require(writable_pins_ == 0, PSTAR_ERR_INVALID_STATE,
           "iteration_begin: a parameter is pinned writable (pstar_param_pin); unpin it first, which refreshes its "
           "compute copy");
@@ -581,7 +581,7 @@ void Engine::iteration_abort() {
     try {
       restore_slot(id);
     } catch (const Error&) {
-      if (!nvme_failed_) throw;
+      if (!nvme_.failed()) throw;
       if (!nvme_error) nvme_error = std::current_exception();
     }
   }
@@ -863,7 +863,7 @@ void Engine::restore_slot(uint32_t id) {
     write_slot_on_device(id, staging.data());
     return;
   }
-  nvme_access(place.chunk, false);
+  nvme_.access(place.chunk, false);
   if (c.tier == Tier::kDevice) {
     // Written where the chunk is (a skipped step keeps placement as it is).
     write_slot_on_device(id, c.master + place.offset_elems);
@@ -1014,11 +1014,11 @@ void Engine::step_update_local(pstar_step_result& r) {
       placement_->rekey_for_next_iteration();
     }
     // Chunks whose optimizer state is on the NVMe drive stream through the
-    // staging ring (engine_nvme.cpp); the others are updated in place.  An
+    // staging ring (memory/nvme_tier.h); the others are updated in place.  An
     // I/O error ends the update part way (the engine then refuses training
     // until a checkpoint is loaded): the prefetch state is put back first.
     try {
-      nvme_update_chunks(host_chunks, [&](uint32_t k) {
+      nvme_.update_chunks(host_chunks, [&](uint32_t k) {
         ChunkState& c = chunks_[k];
         if (segments_of(k)) {
           void* payload = placement_->host_view(k);
@@ -1097,7 +1097,7 @@ pstar_step_result Engine::step() {
       step_update_local(r);
     }
   } catch (const Error&) {
-    if (!nvme_failed_) throw;
+    if (!nvme_.failed()) throw;
     nvme_error = std::current_exception();
   }
   // The accumulated gradients are consumed (or discarded by a skip).

@@ -36,16 +36,13 @@
 #include "memory/device.h"
 #include "memory/device_tier.h"
 #include "memory/host_pool.h"
+#include "memory/nvme_tier.h"
 #include "optim/optimizer.h"
 #include "placement/access_trace.h"
 #include "placement/runtime.h"
 #include "pstar/pstar.h"
 #include "util/error.h"
 #include "util/thread_pool.h"
-
-namespace pstar::memory {
-class NvmeStore;
-}
 
 namespace pstar::engine {
 
@@ -128,9 +125,9 @@ class Engine : private placement::ChunkTable {
 
   void fill_stats(pstar_stats* out) const;
 
-  // The NVMe tier (experimental; engine_nvme.cpp, docs/nvme.md).
+  // The NVMe tier (experimental; memory/nvme_tier.h, docs/nvme.md).
   void set_nvme(const pstar_x_nvme_options& options);
-  void fill_nvme_stats(pstar_x_nvme_stats* out) const;
+  void fill_nvme_stats(pstar_x_nvme_stats* out) const { nvme_.fill_stats(out); }
 
   // Gathering ahead along the recorded schedule (experimental;
   // engine_dist.cpp, docs/distributed.md).
@@ -198,7 +195,9 @@ class Engine : private placement::ChunkTable {
     uint32_t grads_pending = 0;
     uint32_t master_pins = 0;  // pinned masters of its parameters (pstar_param_pin)
     // fp32 optimizer twins (trainable chunks only): on the host, or with
-    // hybrid placement in one device buffer (opt_device), for good.
+    // hybrid placement in one device buffer (opt_device), for good.  With
+    // the NVMe tier, lists on the drive: in a staging buffer while staged
+    // in (nvme_.access or the step's ring), null otherwise.
     float* master = nullptr;
     float* exp_avg = nullptr;
     float* exp_avg_sq = nullptr;
@@ -215,48 +214,20 @@ class Engine : private placement::ChunkTable {
     dist::CollectiveQueue::Ticket gathering;
     // Reduce-scatters of its gradients queued and not finished yet.
     uint32_t reducing = 0;
-    // NVMe tier: the first of the consecutive slots of the data file
-    // holding master, m and v back to back (kNoSlot: they are in host
-    // memory).  Such a chunk's master,
-    // exp_avg and exp_avg_sq point into a staging buffer while it is staged
-    // in (nvme_access or the step's ring), and are null otherwise.
-    uint32_t nvme_slot = kNoSlot;
   };
-  static constexpr uint32_t kNoSlot = UINT32_MAX;
 
-  // NVMe tier (engine_nvme.cpp).
-  struct StagingBuffer {
-    void* raw = nullptr;    // from the host pool (pinned on CUDA)
-    float* data = nullptr;  // raw aligned up to NvmeStore::kAlignBytes
-  };
-  struct NvmeDeleter {
-    void operator()(memory::NvmeStore* s) const;
-  };
-  // At build: optimizer lists of trainable chunks on the host while they fit
-  // host_capacity_bytes less the staging buffers, the others in slots.
+  // NVMe tier (engine_nvme.cpp: glue; memory/nvme_tier.h).  At build: the
+  // optimizer lists of trainable chunks on the host while they fit
+  // host_capacity_bytes less the staging buffers, the others on the drive.
   void nvme_place_lists(std::vector<ChunkState>& chunks, uint64_t largest_trainable_elems);
-  void nvme_release(std::vector<ChunkState>& chunks);
-  // Host code about to read (or write) the fp32 lists of chunk k: stages
-  // them in through the access buffer (one chunk at a time; a write-back
-  // follows when another chunk is staged in or at nvme_flush_access()).
-  void nvme_access(uint32_t k, bool write);
-  void nvme_flush_access();
-  // The CPU update of `chunks` in order: those on the drive stream through
-  // the ring (reads ahead, write-backs behind); `update(k)` runs with the
-  // chunk's lists staged in.
-  void nvme_update_chunks(const std::vector<uint32_t>& chunks, const std::function<void(uint32_t)>& update);
-  // checkpoint_load is about to rewrite every state: drops the access
-  // buffer and writes zeros to every slot (valid again after an error).
-  void nvme_begin_rewrite();
-  void nvme_end_rewrite();
-  [[noreturn]] void nvme_fail(const Error& e, const char* what);
   // Refuses (PSTAR_ERR_IO) while the stored state is not trusted: after an
   // NVMe I/O error, or after a checkpoint load that failed once it had
   // begun writing (load_incomplete_; engine_checkpoint.cpp).  Both end with
   // a load that completes.
-  void require_nvme_ok(const char* what) const;
-  uint64_t nvme_slot_bytes(uint32_t k) const;
-  void stage_pointers(ChunkState& c, float* base, uint64_t fp32_elems);
+  void require_nvme_ok(const char* what) const {
+    nvme_.require_ok(what);
+    require_load_complete(what);
+  }
 
   // One pair of reduce-scatter buffers; kAsyncReduceBuffers with a
   // collective queue, whose reduce-scatters run while the next ones are
@@ -431,27 +402,11 @@ class Engine : private placement::ChunkTable {
   // (its thread finished) first.
   std::unique_ptr<dist::CollectiveQueue> cqueue_;
 
-  // NVMe tier: its options (set before build), the data file, the step's
-  // ring of staging buffers and the access buffer (allocated when some
-  // chunk's lists live on the drive; each holds one chunk's master, m, v),
-  // the chunk staged in the access buffer (-1: none) and whether host code
-  // changed it, and the failure that stops training until a checkpoint is
-  // loaded.
-  bool nvme_requested_ = false;
-  pstar_x_nvme_options nvme_opts_{};
-  std::string nvme_dir_;
-  std::unique_ptr<memory::NvmeStore, NvmeDeleter> nvme_;
-  std::vector<StagingBuffer> nvme_ring_;
-  StagingBuffer nvme_access_buf_;
-  uint64_t nvme_buffer_bytes_ = 0;  // bytes of each staging buffer's data
-  int64_t nvme_access_chunk_ = -1;
-  bool nvme_access_dirty_ = false;
-  bool nvme_failed_ = false;
-  std::string nvme_failure_;
-  double nvme_wait_seconds_ = 0.0;
-  uint64_t nvme_step_read_ = 0;  // bytes the steps moved (padded)
-  uint64_t nvme_step_written_ = 0;
-  uint32_t nvme_dry_slots_ = 0;  // a dry run's slot numbers (no file)
+  // NVMe tier: its options (set before build), the data file, the staging
+  // buffers, which chunks' lists live on the drive, and the failure that
+  // stops training until a checkpoint is loaded (memory/nvme_tier.h).  It
+  // points chunks_' fp32 lists at its staging buffers while they are staged.
+  memory::NvmeTier nvme_;
 
   // A checkpoint load that failed after its first write into the engine
   // (an I/O error once every check had passed): why, empty otherwise.

@@ -64,7 +64,7 @@ void Engine::read_state(uint32_t id, int list, float* out) {
   const Param& p = params_[id];
   if (p.numel == 0) return;  // `out` may be NULL (an empty vector's data())
   ChunkState& c = chunks_[place.chunk];
-  nvme_access(place.chunk, false);
+  nvme_.access(place.chunk, false);
   float* base = list == 0 ? c.master : list == 1 ? c.exp_avg : c.exp_avg_sq;
   if (c.opt_device != nullptr) {
     sync_optimizer(place.chunk);
@@ -79,7 +79,7 @@ void Engine::write_state(uint32_t id, int list, const float* in) {
   const Param& p = params_[id];
   if (p.numel == 0) return;  // `in` may be NULL
   ChunkState& c = chunks_[place.chunk];
-  nvme_access(place.chunk, true);
+  nvme_.access(place.chunk, true);
   float* base = list == 0 ? c.master : list == 1 ? c.exp_avg : c.exp_avg_sq;
   if (c.opt_device != nullptr) {
     sync_optimizer(place.chunk);
@@ -185,7 +185,7 @@ std::string Engine::checkpoint_save(const char* dir_c) {
           // This rank's shard of the chunk: the fp32 list, or the compute
           // payload of a frozen parameter.
           const auto& place = layout_->param(id);
-          if (list != 3) nvme_access(place.chunk, false);
+          if (list != 3) nvme_.access(place.chunk, false);
           const ChunkState& c = chunks_[place.chunk];
           const uint64_t lo = shard_lo(place.chunk);
           const float* src = list == 0 ? c.master : list == 1 ? c.exp_avg : c.exp_avg_sq;
@@ -280,7 +280,7 @@ std::string Engine::checkpoint_save(const char* dir_c) {
 
 void Engine::write_state_sharded(uint32_t id, int list, const float* in) {
   const auto& place = layout_->param(id);
-  nvme_access(place.chunk, true);
+  nvme_.access(place.chunk, true);
   ChunkState& c = chunks_[place.chunk];
   float* dst = list == 1 ? c.exp_avg : c.exp_avg_sq;
   const auto [lo, a, b] = shard_span(id, rank_);
@@ -418,7 +418,7 @@ void Engine::checkpoint_load(const char* dir_c) {
   pstar_status failed = PSTAR_OK;
   std::string failure;
   try {
-    nvme_begin_rewrite();
+    nvme_.begin_rewrite();
     for (uint32_t id = 0; id < params_.size(); ++id) {
       const Param& p = params_[id];
       const ManifestParam& mp = *match[id];
@@ -448,7 +448,7 @@ void Engine::checkpoint_load(const char* dir_c) {
       params_[id].lr_scale = mp.lr_scale;
       params_[id].weight_decay = mp.weight_decay;
     }
-    nvme_end_rewrite();
+    nvme_.end_rewrite();
     optimizer_.set_step(st.step);
     optimizer_.scaler().restore(st.loss_scale, st.loss_scale_clean_steps, st.loss_scale_hysteresis_left);
     optimizer_.hyper() = st.adam;

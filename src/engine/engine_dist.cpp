@@ -592,7 +592,7 @@ void Engine::write_sharded(uint32_t id, const void* src, pstar_dtype dtype) {
   const Param& p = params_[id];
   const auto& place = layout_->param(id);
   reduce_finish_all(place.chunk);
-  if (!p.frozen()) nvme_access(place.chunk, true);  // the master shard may live on the drive
+  if (!p.frozen()) nvme_.access(place.chunk, true);  // the master shard may live on the drive
   ChunkState& c = chunks_[place.chunk];
   const auto [lo, a, b] = shard_span(id, rank_);
   for (uint64_t i = a; i < b; ++i) {
@@ -610,7 +610,7 @@ void Engine::read_sharded(uint32_t id, void* dst, pstar_dtype dtype) {
   const auto& place = layout_->param(id);
   ChunkState& c = chunks_[place.chunk];
   if (!p.frozen()) {
-    nvme_access(place.chunk, false);
+    nvme_.access(place.chunk, false);
     std::vector<float> full(c.elems);
     collective("param_read: all-gather", kCollRead, place.chunk,
                [&] { all_gather_host(c.master, full.data(), c.shard_elems * sizeof(float)); });
@@ -630,7 +630,7 @@ void Engine::read_sharded(uint32_t id, void* dst, pstar_dtype dtype) {
 // The weight back into this rank's part of the compute shard (a skipped
 // step), from the master shard.
 void Engine::restore_slot_sharded(uint32_t id) {
-  nvme_access(layout_->param(id).chunk, false);
+  nvme_.access(layout_->param(id).chunk, false);
   ChunkState& c = chunks_[layout_->param(id).chunk];
   const auto [lo, a, b] = shard_span(id, rank_);
   for (uint64_t i = a; i < b; ++i) store_as(c.shard, options_.compute_dtype, i - lo, c.master[i - lo]);
@@ -710,12 +710,12 @@ void Engine::step_update_sharded(pstar_step_result& r) {
   } else {
     optim::SegmentList segments = optimizer_.begin_step(clip_coef);  // spans in the shard
     // Shards whose lists live on the NVMe drive stream through the staging
-    // ring (engine_nvme.cpp); the others are updated in place.
+    // ring (memory/nvme_tier.h); the others are updated in place.
     std::vector<uint32_t> order;
     for (uint32_t k = 0; k < chunks_.size(); ++k) {
       if (!layout_->chunks()[k].frozen) order.push_back(k);
     }
-    nvme_update_chunks(order, [&](uint32_t k) {
+    nvme_.update_chunks(order, [&](uint32_t k) {
       const auto& info = layout_->chunks()[k];
       ChunkState& c = chunks_[k];
       segments.clear();
