@@ -190,6 +190,7 @@ Test(threads, an_overlapping_call_is_busy_and_names_both_calls) {
 typedef struct reader {
   pstar_engine *e;
   volatile int stop;
+  long rounds; /* loops done, read atomically by the trainer */
   long ok, busy, other;
   pstar_status other_status;
 } reader;
@@ -216,6 +217,7 @@ static void *reader_main(void *arg) {
         r->other_status = s[i];
       }
     }
+    __atomic_add_fetch(&r->rounds, 1, __ATOMIC_RELEASE);
   }
   return NULL;
 }
@@ -228,6 +230,9 @@ Test(threads, a_trainer_and_a_reader_on_one_engine_get_ok_or_busy_only, .timeout
   r.e = e;
   pthread_t t;
   cr_assert_eq(pthread_create(&t, NULL, reader_main, &r), 0);
+  /* The reader runs before training starts: on a loaded machine it could
+   * otherwise first be scheduled after the last step and test nothing. */
+  while (__atomic_load_n(&r.rounds, __ATOMIC_ACQUIRE) == 0) sched_yield();
   long trainer_busy = 0;
   for (uint64_t s = 0; s < STEPS; ++s) {
     const pstar_status st = train_step(e, s, &trainer_busy);
