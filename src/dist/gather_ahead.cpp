@@ -32,9 +32,7 @@ void GatherAhead::iteration_begin(bool enabled) {
   if (follower_.following()) issue(false);
 }
 
-void GatherAhead::at_acquire(uint32_t chunk) {
-  follower_.check(chunk);
-  if (!follower_.following()) return;
+void GatherAhead::issue_at_acquire(uint32_t chunk) {
   issue(true);
   if (follower_.following() && !actions_.gathered(chunk)) follower_.diverge("a gather the schedule does not have");
 }

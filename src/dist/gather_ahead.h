@@ -66,7 +66,10 @@ class GatherAhead {
   // only (no collective queue).
   void iteration_begin(bool enabled);
   // Before the acquire of `chunk`: may issue it and later gathers.
-  void at_acquire(uint32_t chunk);
+  void at_acquire(uint32_t chunk) {  // inline: on every acquire, mostly not following
+    follower_.check(chunk);
+    if (follower_.following()) issue_at_acquire(chunk);
+  }
   // After a successful acquire of `chunk`; `gathered_now`: it gathered it.
   void after_acquire(uint32_t chunk, bool gathered_now);
   // After a release that dropped a chunk (its slot, or its turn, is free).
@@ -100,6 +103,7 @@ class GatherAhead {
   // entries are due now (else only earlier ones are, and none should be
   // left).
   void issue(bool at_acquire);
+  void issue_at_acquire(uint32_t chunk);
 
   Actions actions_;
   uint32_t depth_ = 0;

@@ -18,18 +18,8 @@ void TraceFollower::begin(bool enabled) {
   following_ = true;
 }
 
-void TraceFollower::check(uint32_t chunk) {
-  if (!following_) return;
-  if (moment_ >= trace_.moments()) {
-    diverge("more acquires than the trace has");
-  } else if (trace_.chunk_at(moment_) != chunk) {
-    diverge("another chunk than the trace's");
-  }
-}
-
-void TraceFollower::note(uint32_t chunk, uint64_t transient_bytes) {
-  if (recording_now_) recording_.record(chunk, transient_bytes);
-  ++moment_;
+void TraceFollower::diverge_at_check() {
+  diverge(moment_ >= trace_.moments() ? "more acquires than the trace has" : "another chunk than the trace's");
 }
 
 void TraceFollower::diverge(const char* why) {

@@ -43,11 +43,16 @@ class TraceFollower {
   void begin(bool enabled);
   // Before the acquire of `chunk`: when following, checks it against the
   // trace and diverges on a mismatch.
-  void check(uint32_t chunk);
+  void check(uint32_t chunk) {  // inline: on every acquire
+    if (following_ && (moment_ >= trace_.moments() || trace_.chunk_at(moment_) != chunk)) diverge_at_check();
+  }
   // After the acquire of `chunk` (`transient_bytes`: the device bytes other
   // than chunks at this moment, kept with the recording): records it when
   // recording, and advances the moment.
-  void note(uint32_t chunk, uint64_t transient_bytes);
+  void note(uint32_t chunk, uint64_t transient_bytes) {  // inline: on every acquire
+    if (recording_now_) recording_.record(chunk, transient_bytes);
+    ++moment_;
+  }
   // The iteration ends: fewer acquires than the trace diverges; a completed
   // recording past warm-up becomes the trace over `chunk_count` chunks.
   // Returns whether it did (the user adopts what it recorded beside it).
@@ -72,6 +77,8 @@ class TraceFollower {
   uint64_t divergences() const { return divergences_; }
 
  private:
+  void diverge_at_check();
+
   AccessTrace trace_;      // valid once ready_
   AccessTrace recording_;  // the iteration being recorded
   bool ready_ = false;
