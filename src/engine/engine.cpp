@@ -27,36 +27,11 @@ namespace {
 std::string bytes_str(uint64_t b) { return std::to_string(b) + " bytes"; }
 }  // namespace
 
-namespace {
-optim::LossScalerConfig scaler_config(const EngineOptions& o) {
-  optim::LossScalerConfig c;
-  c.enabled = o.compute_dtype == PSTAR_DTYPE_F16;
-  c.initial = o.loss_scale_initial;
-  c.growth_factor = o.loss_scale_growth_factor;
-  c.backoff_factor = o.loss_scale_backoff_factor;
-  c.growth_interval = o.loss_scale_growth_interval;
-  c.hysteresis = o.loss_scale_hysteresis;
-  c.min_scale = o.loss_scale_min;
-  return c;
-}
-
-optim::AdamHyper adam_hyper(const EngineOptions& o) {
-  optim::AdamHyper h;
-  h.lr = o.lr;
-  h.beta1 = o.beta1;
-  h.beta2 = o.beta2;
-  h.eps = o.eps;
-  h.weight_decay = o.weight_decay;
-  h.adamw = o.adamw != 0;
-  return h;
-}
-}  // namespace
-
 Engine::Engine(const EngineOptions& options) : Engine(options, nullptr) {}
 
 Engine::Engine(const EngineOptions& options, std::unique_ptr<dist::Communicator> group)
     : options_(options),
-      optimizer_(adam_hyper(options_), options_.clip_norm, scaler_config(options_), options_.threads),
+      optimizer_(options_.adam, options_.clip_norm, options_.loss_scale, options_.threads),
       gather_(dist::GatherAhead::Actions{[this](uint32_t k) { return chunks_[k].tier != Tier::kNotGathered; },
                                          [this](uint32_t k) { return chunks_[k].bytes; },
                                          [this](uint32_t k) { gather(k); },

@@ -3,11 +3,14 @@
 // pstar_engine_options: capi/options.cpp checks the ABI struct's size and
 // version, the ranges and the combinations, and makes one of these (so a
 // new ABI version changes capi/, not the engine).  Field meanings are those
-// of pstar_engine_options in pstar.h; only the types differ (flags are bool).
+// of pstar_engine_options in pstar.h; only the types differ (flags are bool; Adam's and the
+// loss scaler's settings are the optimizer's structs).
 #pragma once
 
 #include <cstdint>
 
+#include "optim/adam.h"
+#include "optim/loss_scaler.h"
 #include "pstar/pstar.h"
 
 namespace pstar::engine {
@@ -24,13 +27,10 @@ struct EngineOptions {
   bool strict = false;                 // emulated device: checked stream semantics
   uint64_t strict_seed = 0;
   pstar_dtype compute_dtype = PSTAR_DTYPE_BF16;
-  // Adam and the loss scaler.
-  float lr = 0.0f, beta1 = 0.0f, beta2 = 0.0f, eps = 0.0f, weight_decay = 0.0f;
-  bool adamw = true;
-  float clip_norm = 0.0f;  // 0 = off
-  float loss_scale_initial = 0.0f, loss_scale_growth_factor = 0.0f, loss_scale_backoff_factor = 0.0f;
-  uint32_t loss_scale_growth_interval = 0, loss_scale_hysteresis = 0;
-  float loss_scale_min = 0.0f;
+  // Adam and the loss scaler, in the optimizer's own types.
+  optim::AdamHyper adam;
+  float clip_norm = 0.0f;              // 0 = off
+  optim::LossScalerConfig loss_scale;  // enabled for an f16 compute dtype
   bool grad_accumulation = false;
   // Placement.
   pstar_policy placement_policy = PSTAR_POLICY_OPT;
