@@ -44,9 +44,7 @@ Engine::Engine(const EngineOptions& options, std::unique_ptr<dist::Communicator>
     // the device-buffer code paths there).
     require(options_.device != PSTAR_DEVICE_CUDA || group->device_buffers(), PSTAR_ERR_INVALID_ARGUMENT,
             [&] { return std::string("engine: a ") + group->backend() + " group takes host memory, not CUDA memory"; });
-    rank_ = group->rank();
-    world_ = group->size();
-    comm_ = std::move(group);
+    group_.adopt(std::move(group));
   } else {
     resolve_world();
   }
@@ -85,7 +83,7 @@ Engine::Engine(const EngineOptions& options, std::unique_ptr<dist::Communicator>
 Engine::~Engine() {
   // Let every queued item finish before memory goes away: ahead gathers
   // first (they write the slots), then the device's streams.
-  cqueue_.reset();
+  group_.stop_queue();
   device_->synchronize(device_->compute_stream());
   device_->synchronize(device_->h2d_stream());
   device_->synchronize(device_->d2h_stream());
@@ -182,7 +180,7 @@ void Engine::build() {
   // With world > 1 every chunk is split into world equal shards whose
   // boundaries keep the 128-element alignment: capacities are padded to a
   // multiple of world * 128 elements.
-  const uint64_t shard_unit = chunk::kAlignElems * static_cast<uint64_t>(world_);
+  const uint64_t shard_unit = chunk::kAlignElems * static_cast<uint64_t>(group_.world());
   const uint64_t chunk_elems = sharded() ? chunk::align_up(options_.chunk_elems, shard_unit) : options_.chunk_elems;
   if (sharded()) check_layout_agrees(chunk_elems);
   auto layout = std::make_unique<chunk::ChunkLayout>(numels, frozen, chunk_elems);
@@ -195,7 +193,7 @@ void Engine::build() {
       const auto& info = layout->chunks()[i];
       ChunkState& c = chunks[i];
       c.elems = sharded() ? chunk::align_up(info.capacity_elems, shard_unit) : info.capacity_elems;
-      c.shard_elems = c.elems / static_cast<uint64_t>(world_);
+      c.shard_elems = c.elems / static_cast<uint64_t>(group_.world());
       c.bytes = c.elems * elem_bytes();
       if (sharded()) {
         c.tier = Tier::kNotGathered;
@@ -225,9 +223,9 @@ void Engine::build() {
       // pairs, so that a reduce-scatter on the queue overlaps the next.
       rs_bufs_.resize(gather_.depth() > 0 ? kAsyncReduceBuffers : 1);
       for (ReduceBuffers& b : rs_bufs_) {
-        b.out_bytes = largest_trainable / static_cast<uint64_t>(world_) * sizeof(float);
+        b.out_bytes = largest_trainable / static_cast<uint64_t>(group_.world()) * sizeof(float);
         b.out = static_cast<float*>(host_->acquire(b.out_bytes));
-        if (!comm_->device_buffers()) {
+        if (!group_.comm().device_buffers()) {
           b.staging_bytes = largest_trainable * sizeof(float);
           b.staging = static_cast<float*>(host_->acquire(b.staging_bytes));
         }
@@ -235,7 +233,7 @@ void Engine::build() {
     }
     layout_ = std::move(layout);  // nvme_place_lists reads the layout
     // With world > 1 the fp32 lists are shards: the staging buffers hold one.
-    nvme_place_lists(chunks, sharded() ? largest_trainable / static_cast<uint64_t>(world_) : largest_trainable);
+    nvme_place_lists(chunks, sharded() ? largest_trainable / static_cast<uint64_t>(group_.world()) : largest_trainable);
     reserve_gather_slots();
   } catch (...) {
     release_gather_slots();
@@ -457,7 +455,7 @@ void Engine::iteration_begin(pstar_iteration_kind kind) {
   require(writable_pins_ == 0, PSTAR_ERR_INVALID_STATE,
           "iteration_begin: a parameter is pinned writable (pstar_param_pin); unpin it first, which refreshes its "
           "compute copy");
-  require_comm_ok("iteration_begin");
+  group_.require_ok("iteration_begin");
   if (sharded()) {
     for (Param& p : params_) p.used_marks = 0;
     for (uint32_t k = 0; k < chunks_.size(); ++k) {
@@ -470,7 +468,7 @@ void Engine::iteration_begin(pstar_iteration_kind kind) {
   ++stats_.iterations;
   if (kind == PSTAR_ITERATION_TRAIN) {
     placement_->iteration_begin();
-    gather_.iteration_begin(cqueue_ != nullptr);
+    gather_.iteration_begin(group_.has_queue());
   }
 }
 
@@ -592,7 +590,7 @@ void* Engine::acquire(uint32_t id, pstar_stage stage, void* stream) {
   require(stage == PSTAR_STAGE_FORWARD || stage == PSTAR_STAGE_BACKWARD || stage == PSTAR_STAGE_RECOMPUTE,
           PSTAR_ERR_INVALID_ARGUMENT, "param_acquire: unknown stage");
   require(iteration_active_, PSTAR_ERR_INVALID_STATE, "param_acquire: no iteration in progress");
-  require_comm_ok("param_acquire");
+  group_.require_ok("param_acquire");
   memory::Stream* s = device_->caller_stream(stream);
 
   TensorEvent ev;
@@ -629,10 +627,10 @@ void* Engine::acquire(uint32_t id, pstar_stage stage, void* stream) {
   const bool gathered_now = c.tier == Tier::kNotGathered;
   if (gathered_now) {
     gather(place.chunk);  // world > 1: not gathered
-    if (cqueue_ != nullptr) gather_.note_on_demand();
+    if (group_.has_queue()) gather_.note_on_demand();
   } else if (c.gathering != nullptr) {
     // Gathered ahead (engine_dist.cpp): wait for the all-gather.
-    const bool waited = !cqueue_->done(c.gathering);
+    const bool waited = !group_.done(c.gathering);
     if (waited) stats_.bytes_critical += c.bytes;
     const auto before = std::chrono::steady_clock::now();
     finish_gather(place.chunk, false);
@@ -687,7 +685,7 @@ void* Engine::acquire(uint32_t id, pstar_stage stage, void* stream) {
   c.last_acquire = acquires_;
   placement_->touch(place.chunk);
   if (iteration_kind_ == PSTAR_ITERATION_TRAIN) {
-    if (cqueue_ != nullptr) gather_.after_acquire(place.chunk, gathered_now);
+    if (group_.has_queue()) gather_.after_acquire(place.chunk, gathered_now);
     placement_->note_access(place.chunk);
     if (placement_->follower().following() && options_.prefetch)
       placement_->prefetch_ahead(placement_->follower().moment());
@@ -703,7 +701,7 @@ void Engine::release(uint32_t id, void* stream) {
   Param& p = param_checked(id);
   require(p.state == TensorState::kCompute, PSTAR_ERR_INVALID_STATE,
           [&] { return "param_release of '" + p.name + "': not acquired (state " + chunk::state_name(p.state) + ")"; });
-  require_comm_ok("param_release");
+  group_.require_ok("param_release");
   memory::Stream* s = device_->caller_stream(stream);
   TensorEvent ev;
   if (iteration_kind_ == PSTAR_ITERATION_EVAL) {
@@ -758,7 +756,7 @@ Engine::Param& Engine::backward_param(const char* what, uint32_t id) {
 void Engine::grad_write(uint32_t id, const void* grad, uint64_t count, pstar_dtype dtype, pstar_mem_space space,
                         void* stream) {
   Param& p = backward_param("grad_write", id);
-  require_comm_ok("grad_write");
+  group_.require_ok("grad_write");
   require(dtype_valid(dtype), PSTAR_ERR_INVALID_ARGUMENT, "grad_write: unknown dtype");
   require(space == PSTAR_MEM_HOST || space == PSTAR_MEM_DEVICE, PSTAR_ERR_INVALID_ARGUMENT,
           "grad_write: unknown memory space");
@@ -1041,7 +1039,7 @@ pstar_step_result Engine::step() {
   require_built("step");
   require(iteration_active_ && iteration_kind_ == PSTAR_ITERATION_TRAIN, PSTAR_ERR_INVALID_STATE,
           "step: no TRAIN iteration in progress");
-  require_comm_ok("step");
+  group_.require_ok("step");
   require_nvme_ok("step");
   for (uint32_t id = 0; id < params_.size(); ++id) {
     const Param& p = params_[id];
@@ -1287,8 +1285,9 @@ void Engine::fill_stats(pstar_stats* out) const {
       s.fill_ratio = all == 0 ? 0.0 : static_cast<double>(used) / static_cast<double>(all);
     }
   }
-  s.rank = rank_;
-  s.world_size = world_;
+  s.rank = group_.rank();
+  s.collectives = group_.collectives();
+  s.world_size = group_.world();
   s.optimizer_chunks_on_device = optimizer_chunks_on_device_;
   s.optimizer_device_bytes = placement_->tier().bytes(Use::kOptimizer);
   // Copy no more than the caller's struct holds.

@@ -30,7 +30,7 @@
 #include "dist/collective_queue.h"
 #include "dist/comm/communicator.h"
 #include "dist/gather_ahead.h"
-#include "dist/launch_env.h"
+#include "dist/process_group.h"
 #include "engine/options.h"
 #include "chunk/tensor_state.h"
 #include "memory/device.h"
@@ -137,9 +137,9 @@ class Engine : private placement::ChunkTable {
   // Data parallelism (docs/distributed.md): this engine's rank and the
   // number of ranks; sharded() when it has a group (more than one rank, or
   // a group handed to the constructor).
-  int rank() const { return rank_; }
-  int world() const { return world_; }
-  bool sharded() const { return comm_ != nullptr; }
+  int rank() const { return group_.rank(); }
+  int world() const { return group_.world(); }
+  bool sharded() const { return group_.sharded(); }
 
  private:
   using Tier = chunk::Tier;
@@ -286,17 +286,8 @@ class Engine : private placement::ChunkTable {
   void resolve_world();
   void connect_group();
   void check_layout_agrees(uint64_t chunk_elems);
-  // Runs a collective: refused after a failure; a PSTAR_ERR_COMM marks the
-  // engine failed for good.  Counts it and folds (kind, chunk) into the
-  // iteration's collective hash.
-  template <class F>
-  void collective(const char* what, uint32_t kind, uint64_t chunk, F&& f);
-  void require_comm_ok(const char* what) const {
-    if (comm_failed_) throw_comm_refused(what);
-  }
-  [[noreturn]] void throw_comm_refused(const char* what) const;
   // The owned range of chunk k: [lo, lo + shard_elems).
-  uint64_t shard_lo(uint32_t k) const { return static_cast<uint64_t>(rank_) * chunks_[k].shard_elems; }
+  uint64_t shard_lo(uint32_t k) const { return static_cast<uint64_t>(group_.rank()) * chunks_[k].shard_elems; }
   // The elements of parameter `id` in rank `rank`'s shard of its chunk:
   // [a, b) in chunk coordinates, none when a >= b; the shard begins at lo.
   struct ShardSpan {
@@ -308,14 +299,6 @@ class Engine : private placement::ChunkTable {
     return {lo, std::max(place.offset_elems, lo), std::min(place.offset_elems + place.numel, lo + n)};
   }
   void gather(uint32_t k);
-  [[noreturn]] void fail_collective(const char* what, const std::string& failure);
-  // Counts a collective and folds (kind, chunk) into the step's hash.
-  void note_collective(uint32_t kind, uint64_t chunk);
-  // Queues a collective on the collective queue, counted and hashed now
-  // (issue order); refused after a failure.
-  dist::CollectiveQueue::Ticket collective_async(const char* what, uint32_t kind, uint64_t chunk,
-                                                 std::function<void()> op);
-  void drain_collectives(const char* what);
   // Gathering ahead (engine_dist.cpp).
   void reserve_gather_slots();
   void release_gather_slots();
@@ -379,28 +362,18 @@ class Engine : private placement::ChunkTable {
 
   pstar_stats stats_ = PSTAR_STATS_INIT;
 
-  // Data parallelism (world > 1): the group's communicator; whether a
-  // collective failed (then every call of the training loop is refused)
-  // and why; the reduce-scatter's staging (fp32, the largest trainable
-  // chunk) and output (its shard), host-pool buffers held from build on;
-  // a hash of the collectives issued since the last step, compared across
-  // ranks at the step.
-  int rank_ = 0;
-  int world_ = 1;
-  dist::LaunchInfo launch_;
-  std::unique_ptr<dist::Communicator> comm_;
-  bool comm_failed_ = false;
-  std::string comm_failure_;
+  // Data parallelism: the group (one process: no communicator), its
+  // failure state and collective hash, the collective queue
+  // (dist/process_group.h).  The reduce-scatter's staging (fp32, the
+  // largest trainable chunk) and output (its shard), host-pool buffers held
+  // from build on, and the reduce-scatters queued.
+  dist::ProcessGroup group_;
   std::vector<ReduceBuffers> rs_bufs_;  // kAsyncReduceBuffers with a collective queue, else 1
   std::deque<PendingReduce> reduces_;   // queued reduce-scatters, oldest first
-  uint64_t collective_hash_ = 0;
 
   // Gathering ahead (world > 1, depth > 0; docs/distributed.md): the
   // schedule and its device slots.
   dist::GatherAhead gather_;
-  // Runs the ahead gathers; declared after comm_ so that it is destroyed
-  // (its thread finished) first.
-  std::unique_ptr<dist::CollectiveQueue> cqueue_;
 
   // NVMe tier: its options (set before build), the data file, the staging
   // buffers, which chunks' lists live on the drive, and the failure that

@@ -113,7 +113,7 @@ std::string Engine::checkpoint_save(const char* dir_c) {
   const std::string dir = dir_c;
   // Rank 0 creates a new subdirectory for every save.
   std::string name, failure;
-  if (rank_ == 0) {
+  if (group_.rank() == 0) {
     try {
       name = checkpoint::create_checkpoint_dir(dir, optimizer_.step());
     } catch (const Error& e) {
@@ -126,7 +126,7 @@ std::string Engine::checkpoint_save(const char* dir_c) {
     constexpr size_t kNameBytes = 64;
     char mine[kNameBytes] = {0};
     std::snprintf(mine, sizeof mine, "%s", name.c_str());
-    std::vector<char> all(kNameBytes * static_cast<size_t>(world_));
+    std::vector<char> all(kNameBytes * static_cast<size_t>(group_.world()));
     checkpoint_all_gather(mine, all.data(), kNameBytes);
     name.assign(all.data(), strnlen(all.data(), kNameBytes));
     if (name.empty()) {
@@ -165,14 +165,14 @@ std::string Engine::checkpoint_save(const char* dir_c) {
   std::vector<float> staging;
   try {
     for (int list = 0; list < 4; ++list) {
-      const std::string fname = list_file(list, sharded(), rank_);
+      const std::string fname = list_file(list, sharded(), group_.rank());
       CheckedWriter w(join_path(sub, fname));
       uint64_t at = 0;
       for (uint32_t id = 0; id < params_.size(); ++id) {
         const Param& p = params_[id];
         if (p.frozen() != (list == 3)) continue;
         uint64_t a = 0, b = 0;
-        if (!piece_of(id, rank_, &a, &b)) continue;
+        if (!piece_of(id, group_.rank(), &a, &b)) continue;
         if (!sharded()) {
           offsets[id] = at;
           staging.resize(p.numel);
@@ -206,28 +206,28 @@ std::string Engine::checkpoint_save(const char* dir_c) {
     mine.ok = 0;
     failure = e.what();
   }
-  std::vector<Record> records(static_cast<size_t>(world_));
+  std::vector<Record> records(static_cast<size_t>(group_.world()));
   if (sharded()) {
     checkpoint_all_gather(&mine, records.data(), sizeof mine);
-    for (int r = 0; r < world_; ++r) {
+    for (int r = 0; r < group_.world(); ++r) {
       if (records[static_cast<size_t>(r)].ok) continue;
-      throw Error(PSTAR_ERR_IO, r == rank_ ? failure
-                                           : "checkpoint_save: rank " + std::to_string(r) +
-                                                 " could not write its shard (its own error says why)");
+      throw Error(PSTAR_ERR_IO, r == group_.rank() ? failure
+                                                   : "checkpoint_save: rank " + std::to_string(r) +
+                                                         " could not write its shard (its own error says why)");
     }
   } else {
     records[0] = mine;
   }
 
   // Rank 0: the manifest, written last, then LATEST, replaced atomically.
-  if (rank_ == 0) {
+  if (group_.rank() == 0) {
     try {
       checkpoint::Manifest m;
       checkpoint::Settings& st = m.settings;
       st.library = PSTAR_VERSION_STRING;
       st.compute_dtype = dtype_text(options_.compute_dtype);
       st.chunk_elems = options_.chunk_elems;
-      st.world_size = static_cast<uint32_t>(world_);
+      st.world_size = static_cast<uint32_t>(group_.world());
       st.sharded = sharded();
       st.step = optimizer_.step();
       st.loss_scale = optimizer_.scaler().scale();
@@ -240,7 +240,7 @@ std::string Engine::checkpoint_save(const char* dir_c) {
         m.params.push_back(
             ManifestParam{p.name, p.shape, p.numel, p.frozen(), offsets[id], p.lr_scale, p.weight_decay});
       }
-      for (int r = 0; r < world_; ++r) {
+      for (int r = 0; r < group_.world(); ++r) {
         for (int list = 0; list < 4; ++list) {
           const Record& rec = records[static_cast<size_t>(r)];
           m.files[list_file(list, sharded(), r)] = {rec.bytes[list], rec.xxh3[list]};
@@ -264,13 +264,14 @@ std::string Engine::checkpoint_save(const char* dir_c) {
   }
   if (sharded()) {
     // Whether rank 0 published the checkpoint.
-    int32_t done = rank_ == 0 && failure.empty() ? 1 : 0;
-    std::vector<int32_t> all(static_cast<size_t>(world_));
+    int32_t done = group_.rank() == 0 && failure.empty() ? 1 : 0;
+    std::vector<int32_t> all(static_cast<size_t>(group_.world()));
     checkpoint_all_gather(&done, all.data(), sizeof done);
     if (!all[0]) {
-      throw Error(PSTAR_ERR_IO, rank_ == 0 ? failure
-                                           : "checkpoint_save: rank 0 could not write the manifest or LATEST of '" +
-                                                 sub + "' (its own error says why); the previous checkpoint stays");
+      throw Error(PSTAR_ERR_IO, group_.rank() == 0
+                                    ? failure
+                                    : "checkpoint_save: rank 0 could not write the manifest or LATEST of '" + sub +
+                                          "' (its own error says why); the previous checkpoint stays");
     }
   }
   log::info("checkpoint saved: " + sub);
@@ -283,7 +284,7 @@ void Engine::write_state_sharded(uint32_t id, int list, const float* in) {
   nvme_.access(place.chunk, true);
   ChunkState& c = chunks_[place.chunk];
   float* dst = list == 1 ? c.exp_avg : c.exp_avg_sq;
-  const auto [lo, a, b] = shard_span(id, rank_);
+  const auto [lo, a, b] = shard_span(id, group_.rank());
   for (uint64_t i = a; i < b; ++i) dst[i - lo] = in[i - place.offset_elems];
 }
 
@@ -399,9 +400,9 @@ void Engine::checkpoint_load(const char* dir_c) {
   // status and message; the others answer with the lowest such rank's).
   auto agree = [&](pstar_status mine, const std::string& own, const std::string& what, const std::string& tail) {
     const int32_t vote = mine;
-    std::vector<int32_t> all(static_cast<size_t>(world_));
+    std::vector<int32_t> all(static_cast<size_t>(group_.world()));
     checkpoint_all_gather(&vote, all.data(), sizeof vote);
-    for (int r = 0; r < world_; ++r) {
+    for (int r = 0; r < group_.world(); ++r) {
       const auto st = static_cast<pstar_status>(all[static_cast<size_t>(r)]);
       if (st == PSTAR_OK) continue;
       if (mine != PSTAR_OK) throw Error(mine, own + tail);

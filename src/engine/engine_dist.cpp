@@ -28,17 +28,7 @@ namespace pstar::engine {
 
 using chunk::TensorState;
 
-namespace {
-// Kinds of collectives, folded into the iteration's collective hash.
-enum : uint32_t {
-  kCollLayout = 1,
-  kCollGather = 2,
-  kCollReduce = 3,
-  kCollRead = 4,
-  kCollStep = 5,
-  kCollCheckpoint = 6
-};
-}  // namespace
+using Kind = dist::CollectiveKind;
 
 // Resolves rank and world size: explicit options, else the launcher's
 // environment, else one process.  Runs before the device is made, so that
@@ -49,15 +39,16 @@ void Engine::resolve_world() {
     request.rank = options_.rank;
     request.world_size = options_.world_size;
   }
-  launch_ = dist::resolve_launch(request);
-  if (launch_.world_size == 1) return;
+  const dist::LaunchInfo launch = dist::resolve_launch(request);
+  group_.set_launch(launch);
+  if (launch.world_size == 1) return;
   if (options_.device == PSTAR_DEVICE_CUDA) {
     require(dist::cuda_groups_available(), PSTAR_ERR_UNSUPPORTED,
             "options: data parallelism on CUDA devices needs NCCL and libuv, and this libpstar was built without "
             "one or both (install the CUDA toolkit with NCCL and libuv1-dev, then rebuild)");
     // One GPU per rank: the node-local rank picks it unless the caller chose
     // another ordinal than the default.
-    if (options_.device_ordinal == 0) options_.device_ordinal = launch_.local_rank;
+    if (options_.device_ordinal == 0) options_.device_ordinal = launch.local_rank;
   }
   require(!options_.dry_run, PSTAR_ERR_UNSUPPORTED,
           "options: a dry run has no payloads to exchange; it models one rank (set world_size to 1)");
@@ -67,110 +58,37 @@ void Engine::resolve_world() {
   require(options_.device == PSTAR_DEVICE_CUDA || dist::cpu_groups_available(), PSTAR_ERR_UNSUPPORTED,
           "options: data parallelism on the emulated device needs Gloo and libuv, and this libpstar was built "
           "without them (install libgloo-dev and libuv1-dev and rebuild)");
-  rank_ = launch_.rank;
-  world_ = launch_.world_size;
 }
 
-// With more than one rank, forms the group: the rendezvous store and the
-// communicator (dist/group.h): NCCL for CUDA ranks, Gloo for emulated ones.
+// With more than one rank, forms the group (dist/group.h): NCCL for CUDA
+// ranks, Gloo for emulated ones.
 void Engine::connect_group() {
-  if (world_ < 2 || comm_ != nullptr) return;
-  dist::GroupOptions go;
-  go.launch = launch_;
-  go.timeout = std::chrono::milliseconds(options_.comm_timeout_ms);
-  try {
-    comm_ = options_.device == PSTAR_DEVICE_CUDA ? dist::form_cuda_group(go, options_.device_ordinal)
-                                                 : dist::form_cpu_group(go);
-  } catch (const Error& e) {
-    throw Error(e.status(),
-                "engine_create: forming the data-parallel group failed (" + dist::describe(launch_) + "): " + e.what());
-  }
-  ++stats_.collectives;  // the group's barrier
-}
-
-void Engine::throw_comm_refused(const char* what) const {
-  throw Error(PSTAR_ERR_COMM, std::string(what) + ": refused: a collective of this engine failed earlier (" +
-                                  comm_failure_ +
-                                  "); the group is broken: destroy the engine and start the ranks again");
-}
-
-namespace {
-// The message of a collective's failure; a non-COMM pstar::Error is not one.
-template <class F>
-bool collective_failed(F&& f, std::string* failure) {
-  try {
-    f();
-    return false;
-  } catch (const Error& e) {
-    if (e.status() != PSTAR_ERR_COMM) throw;
-    *failure = e.what();
-  } catch (const std::exception& e) {
-    *failure = e.what();
-  }
-  return true;
-}
-}  // namespace
-
-// Marks the engine failed for good and throws PSTAR_ERR_COMM.
-void Engine::fail_collective(const char* what, const std::string& failure) {
-  comm_failed_ = true;
-  comm_failure_ =
-      std::string(what) + " on rank " + std::to_string(rank_) + " of " + std::to_string(world_) + ": " + failure;
-  log::error(comm_failure_);
-  throw Error(PSTAR_ERR_COMM, comm_failure_);
-}
-
-// Waits for the collective queue's gathers (issued before, so first in
-// every rank's order) so that this thread may use the communicator.
-void Engine::drain_collectives(const char* what) {
-  if (cqueue_ == nullptr) return;
-  std::string failure;
-  if (collective_failed([&] { cqueue_->drain(); }, &failure)) fail_collective(what, failure);
-}
-
-void Engine::note_collective(uint32_t kind, uint64_t chunk) {
-  collective_hash_ = (collective_hash_ ^ (kind * 0x9E3779B97F4A7C15ull + chunk)) * 0x100000001B3ull;
-  ++stats_.collectives;
-}
-
-dist::CollectiveQueue::Ticket Engine::collective_async(const char* what, uint32_t kind, uint64_t chunk,
-                                                       std::function<void()> op) {
-  require_comm_ok(what);
-  note_collective(kind, chunk);
-  return cqueue_->submit(std::move(op));
-}
-
-template <class F>
-void Engine::collective(const char* what, uint32_t kind, uint64_t chunk, F&& f) {
-  require_comm_ok(what);
-  drain_collectives(what);
-  note_collective(kind, chunk);
-  std::string failure;
-  if (collective_failed(f, &failure)) fail_collective(what, failure);
+  group_.connect(options_.device == PSTAR_DEVICE_CUDA ? static_cast<int>(options_.device_ordinal) : -1,
+                 std::chrono::milliseconds(options_.comm_timeout_ms));
 }
 
 // The sharded checkpoint's exchanges (engine_checkpoint.cpp): an all-gather
 // of a few host bytes per rank.
 void Engine::checkpoint_all_gather(const void* mine, void* all, size_t bytes) {
-  collective("checkpoint: all-gather", kCollCheckpoint, 0, [&] { all_gather_host(mine, all, bytes); });
+  group_.run("checkpoint: all-gather", Kind::kCheckpoint, 0, [&] { all_gather_host(mine, all, bytes); });
 }
 
 // An all-gather of host memory: directly where the communicator takes host
 // buffers (Gloo); through a device scratch buffer where it takes device
 // memory (NCCL), made room for and counted like a chunk while it lives.
 void Engine::all_gather_host(const void* mine, void* all, size_t bytes) {
-  if (!comm_->device_buffers()) {
-    comm_->all_gather(mine, all, bytes);
+  if (!group_.comm().device_buffers()) {
+    group_.comm().all_gather(mine, all, bytes);
     return;
   }
-  const size_t total = bytes * static_cast<size_t>(world_);
+  const size_t total = bytes * static_cast<size_t>(group_.world());
   void* scratch = placement_->device_alloc(total, -1, "all-gather scratch");
   placement_->tier().add(Use::kStaging, total);
   placement_->note_device_peak();
   try {
-    void* own = static_cast<char*>(scratch) + static_cast<size_t>(rank_) * bytes;
+    void* own = static_cast<char*>(scratch) + static_cast<size_t>(group_.rank()) * bytes;
     copy_sync(own, mine, bytes, memory::CopyKind::kHostToDevice);
-    comm_->all_gather(own, scratch, bytes);
+    group_.comm().all_gather(own, scratch, bytes);
     copy_sync(all, scratch, total, memory::CopyKind::kDeviceToHost);
   } catch (...) {
     device_->deallocate(scratch, total);
@@ -211,13 +129,13 @@ void Engine::check_layout_agrees(uint64_t chunk_elems) {
   const uint64_t slots = static_cast<uint64_t>(gather_.depth()) * chunk_elems * elem_bytes();
   const uint64_t slots_fit = slots == 0 || placement_->tier().fits(slots);
   const uint64_t mine[4] = {h, params_.size(), total, slots_fit};
-  std::vector<uint64_t> all(4 * static_cast<size_t>(world_));
-  collective("engine_build: layout check", kCollLayout, 0, [&] { all_gather_host(mine, all.data(), sizeof mine); });
+  std::vector<uint64_t> all(4 * static_cast<size_t>(group_.world()));
+  group_.run("engine_build: layout check", Kind::kLayout, 0, [&] { all_gather_host(mine, all.data(), sizeof mine); });
   std::string short_ranks;
-  for (int r = 0; r < world_; ++r) {
+  for (int r = 0; r < group_.world(); ++r) {
     if (all[4 * static_cast<size_t>(r) + 3] == 0) short_ranks += (short_ranks.empty() ? "" : ", ") + std::to_string(r);
   }
-  for (int r = 1; r < world_; ++r) {
+  for (int r = 1; r < group_.world(); ++r) {
     const uint64_t* o = &all[4 * static_cast<size_t>(r)];
     if (o[0] == all[0]) continue;
     throw Error(PSTAR_ERR_INVALID_ARGUMENT,
@@ -246,7 +164,7 @@ void Engine::check_layout_agrees(uint64_t chunk_elems) {
 // accelerator tier (room made by the placement policy, as for a fetch).
 void Engine::gather(uint32_t k) {
   ChunkState& c = chunks_[k];
-  require_comm_ok("param_acquire");
+  group_.require_ok("param_acquire");
   reduce_finish_all(k);  // its shard takes the reduced gradient first
   void* dst = placement_->device_alloc(c.bytes, k, "gathered chunk " + std::to_string(k));
   try {
@@ -254,9 +172,10 @@ void Engine::gather(uint32_t k) {
     // copy), then the all-gather fills the other blocks in place: the same
     // steps for Gloo on the emulated device and NCCL on a GPU.
     const size_t shard_bytes = c.shard_elems * elem_bytes();
-    void* mine = static_cast<char*>(dst) + static_cast<size_t>(rank_) * shard_bytes;
+    void* mine = static_cast<char*>(dst) + static_cast<size_t>(group_.rank()) * shard_bytes;
     copy_sync(mine, c.shard, shard_bytes, memory::CopyKind::kHostToDevice);
-    collective("param_acquire: all-gather", kCollGather, k, [&] { comm_->all_gather(mine, dst, shard_bytes); });
+    group_.run("param_acquire: all-gather", Kind::kGather, k,
+               [&] { group_.comm().all_gather(mine, dst, shard_bytes); });
   } catch (...) {
     device_->deallocate(dst, c.bytes);
     throw;
@@ -363,7 +282,7 @@ void Engine::reduce_chunk(uint32_t k) {
   pr.buffer = b;
   float* data = nullptr;
   float* out = nullptr;
-  if (comm_->device_buffers()) {
+  if (group_.comm().device_buffers()) {
     // NCCL reduces device memory: the gradient buffers are laid out as the
     // chunk in a device staging buffer (made room for like a chunk, counted
     // while it lives), reduce-scattered there, and this rank's block is
@@ -414,10 +333,10 @@ void Engine::reduce_chunk(uint32_t k) {
   c.grads_pending = 0;
   stats_.bytes_reduce_scattered += c.elems * sizeof(float);
   const size_t shard_elems = c.shard_elems;
-  if (cqueue_ == nullptr) {
+  if (!group_.has_queue()) {
     try {
-      collective("reduce-scatter of gradients", kCollReduce, k,
-                 [&] { comm_->reduce_scatter_sum(data, out, shard_elems); });
+      group_.run("reduce-scatter of gradients", Kind::kReduce, k,
+                 [&] { group_.comm().reduce_scatter_sum(data, out, shard_elems); });
     } catch (...) {
       release_device_stage(pr);
       throw;
@@ -425,9 +344,9 @@ void Engine::reduce_chunk(uint32_t k) {
     reduce_finish(pr);
     return;
   }
-  dist::Communicator* comm = comm_.get();
-  pr.ticket = collective_async("reduce-scatter of gradients", kCollReduce, k,
-                               [comm, data, out, shard_elems] { comm->reduce_scatter_sum(data, out, shard_elems); });
+  dist::Communicator* comm = &group_.comm();
+  pr.ticket = group_.submit("reduce-scatter of gradients", Kind::kReduce, k,
+                            [comm, data, out, shard_elems] { comm->reduce_scatter_sum(data, out, shard_elems); });
   ++c.reducing;
   reduces_.push_back(std::move(pr));
 }
@@ -462,10 +381,10 @@ void Engine::reduce_finish(PendingReduce& pr) {
     }
     release_device_stage(pr);
   }
-  const float n = static_cast<float>(world_);
+  const float n = static_cast<float>(group_.world());
   for (uint32_t id : pr.params) {
     Param& p = params_[id];
-    const auto [lo, a, b] = shard_span(id, rank_);
+    const auto [lo, a, b] = shard_span(id, group_.rank());
     if (a < b) {
       float* avg = avg_all + (a - lo);
       for (uint64_t i = 0; i < b - a; ++i) avg[i] = avg[i] / n;
@@ -487,10 +406,10 @@ void Engine::reduce_finish_oldest() {
   reduces_.pop_front();
   --chunks_[pr.chunk].reducing;
   std::string failure;
-  const bool failed = collective_failed([&] { cqueue_->wait(pr.ticket); }, &failure);
+  const bool failed = group_.wait_failed(pr.ticket, &failure);
   if (failed) {
     release_device_stage(pr);
-    fail_collective("reduce-scatter of gradients", failure);
+    group_.fail("reduce-scatter of gradients", failure);
   }
   reduce_finish(pr);
 }
@@ -521,7 +440,7 @@ void Engine::reserve_gather_slots() {
   if (gather_.depth() == 0 || !sharded()) return;
   gather_.reserve_slots(device_.get(), &placement_->tier(), layout_->chunk_elems() * elem_bytes());
   try {
-    cqueue_ = std::make_unique<dist::CollectiveQueue>();
+    group_.start_queue();
   } catch (...) {
     release_gather_slots();
     throw;
@@ -530,7 +449,7 @@ void Engine::reserve_gather_slots() {
 }
 
 void Engine::release_gather_slots() {
-  cqueue_.reset();  // its thread finishes the gathers writing the slots
+  group_.stop_queue();  // its thread finishes the gathers writing the slots
   gather_.release_slots(device_.get(), &placement_->tier());
 }
 
@@ -550,17 +469,17 @@ void Engine::fill_gather_stats(pstar_x_gather_stats* out) const {
 void Engine::gather_into_slot(uint32_t k, uint32_t s) {
   ChunkState& c = chunks_[k];
   dist::GatherAhead::Slot& slot = gather_.slot(s);
-  require_comm_ok("param_acquire");
+  group_.require_ok("param_acquire");
   reduce_finish_all(k);                   // its shard takes the reduced gradient first
   device_->synchronize(slot.free_after);  // the slot's last chunk is unused
   slot.free_after = nullptr;
   const size_t shard_bytes = c.shard_elems * elem_bytes();
   void* dst = slot.buffer;
-  void* mine = static_cast<char*>(dst) + static_cast<size_t>(rank_) * shard_bytes;
+  void* mine = static_cast<char*>(dst) + static_cast<size_t>(group_.rank()) * shard_bytes;
   copy_sync(mine, c.shard, shard_bytes, memory::CopyKind::kHostToDevice);
-  dist::Communicator* comm = comm_.get();
-  c.gathering = collective_async("param_acquire: all-gather ahead", kCollGather, k,
-                                 [comm, mine, dst, shard_bytes] { comm->all_gather(mine, dst, shard_bytes); });
+  dist::Communicator* comm = &group_.comm();
+  c.gathering = group_.submit("param_acquire: all-gather ahead", Kind::kGather, k,
+                              [comm, mine, dst, shard_bytes] { comm->all_gather(mine, dst, shard_bytes); });
   slot.chunk = k;
   stats_.bytes_all_gathered += c.bytes;
   c.gather_slot = static_cast<int32_t>(s);
@@ -580,8 +499,8 @@ void Engine::finish_gather(uint32_t k, bool quiet) {
   dist::CollectiveQueue::Ticket t = std::move(c.gathering);
   c.gathering = nullptr;
   std::string failure;
-  const bool failed = collective_failed([&] { cqueue_->wait(t); }, &failure);
-  if (failed && !quiet) fail_collective("param_acquire: all-gather ahead", failure);
+  const bool failed = group_.wait_failed(t, &failure);
+  if (failed && !quiet) group_.fail("param_acquire: all-gather ahead", failure);
 }
 
 // ---------------------------------------------------------------------------
@@ -594,7 +513,7 @@ void Engine::write_sharded(uint32_t id, const void* src, pstar_dtype dtype) {
   reduce_finish_all(place.chunk);
   if (!p.frozen()) nvme_.access(place.chunk, true);  // the master shard may live on the drive
   ChunkState& c = chunks_[place.chunk];
-  const auto [lo, a, b] = shard_span(id, rank_);
+  const auto [lo, a, b] = shard_span(id, group_.rank());
   for (uint64_t i = a; i < b; ++i) {
     const float v = load_as(src, dtype, i - place.offset_elems);
     if (!p.frozen()) c.master[i - lo] = v;
@@ -605,21 +524,21 @@ void Engine::write_sharded(uint32_t id, const void* src, pstar_dtype dtype) {
 // Collective: all-gathers the chunk's fp32 masters (a frozen parameter: its
 // compute payload) and copies the parameter out.
 void Engine::read_sharded(uint32_t id, void* dst, pstar_dtype dtype) {
-  require_comm_ok("param_read");
+  group_.require_ok("param_read");
   const Param& p = params_[id];
   const auto& place = layout_->param(id);
   ChunkState& c = chunks_[place.chunk];
   if (!p.frozen()) {
     nvme_.access(place.chunk, false);
     std::vector<float> full(c.elems);
-    collective("param_read: all-gather", kCollRead, place.chunk,
+    group_.run("param_read: all-gather", Kind::kRead, place.chunk,
                [&] { all_gather_host(c.master, full.data(), c.shard_elems * sizeof(float)); });
     stats_.bytes_all_gathered += c.elems * sizeof(float);
     convert_from_f32(full.data() + place.offset_elems, dst, dtype, place.numel);
     return;
   }
   std::vector<unsigned char> full(c.bytes);
-  collective("param_read: all-gather", kCollRead, place.chunk,
+  group_.run("param_read: all-gather", Kind::kRead, place.chunk,
              [&] { all_gather_host(c.shard, full.data(), c.shard_elems * elem_bytes()); });
   stats_.bytes_all_gathered += c.bytes;
   for (uint64_t i = 0; i < place.numel; ++i) {
@@ -632,7 +551,7 @@ void Engine::read_sharded(uint32_t id, void* dst, pstar_dtype dtype) {
 void Engine::restore_slot_sharded(uint32_t id) {
   nvme_.access(layout_->param(id).chunk, false);
   ChunkState& c = chunks_[layout_->param(id).chunk];
-  const auto [lo, a, b] = shard_span(id, rank_);
+  const auto [lo, a, b] = shard_span(id, group_.rank());
   for (uint64_t i = a; i < b; ++i) store_as(c.shard, options_.compute_dtype, i - lo, c.master[i - lo]);
 }
 
@@ -659,7 +578,7 @@ void Engine::step_update_sharded(pstar_step_result& r) {
     if (!p.has_grad) continue;
     if (options_.grad_accumulation) {
       const ChunkState& c = chunks_[layout_->param(id).chunk];
-      const auto [lo, a, b] = shard_span(id, rank_);
+      const auto [lo, a, b] = shard_span(id, group_.rank());
       p.grad_sumsq = 0.0;
       p.grad_nonfinite = 0;
       if (a < b) memory::host_grad_norm(c.grad32 + (a - lo), b - a, &p.grad_sumsq, &p.grad_nonfinite);
@@ -672,29 +591,26 @@ void Engine::step_update_sharded(pstar_step_result& r) {
   // whether the next TRAIN iteration follows the gather schedule (each
   // rank's own decision, taken from the same calls, is confirmed here
   // before any rank acts on it: one rank recording anew makes all do so).
-  if (cqueue_ != nullptr) gather_.iteration_end(static_cast<uint32_t>(chunks_.size()));
+  if (group_.has_queue()) gather_.iteration_end(static_cast<uint32_t>(chunks_.size()));
   struct Exchange {
     double sumsq;
     uint64_t overflow;
     uint64_t hash;
     uint64_t schedule_ready;
   };
-  const Exchange mine{sumsq_local, overflow_local ? 1u : 0u, collective_hash_, gather_.ready() ? 1u : 0u};
-  std::vector<Exchange> all(static_cast<size_t>(world_));
-  collective("step: norm and overflow exchange", kCollStep, 0,
+  const Exchange mine{sumsq_local, overflow_local ? 1u : 0u, group_.take_hash(), gather_.ready() ? 1u : 0u};
+  std::vector<Exchange> all(static_cast<size_t>(group_.world()));
+  group_.run("step: norm and overflow exchange", Kind::kStep, 0,
              [&] { all_gather_host(&mine, all.data(), sizeof mine); });
-  collective_hash_ = 0;
   double sumsq = 0.0;
   bool overflow = false;
-  for (int q = 0; q < world_; ++q) {
+  for (int q = 0; q < group_.world(); ++q) {
     const Exchange& e = all[static_cast<size_t>(q)];
     if (e.hash != all[0].hash) {
-      comm_failed_ = true;
-      comm_failure_ = "step: the ranks issued different collectives since the last step (rank 0 and rank " +
+      group_.fail_all("step: the ranks issued different collectives since the last step (rank 0 and rank " +
                       std::to_string(q) +
-                      " differ): their acquires, releases, reads or builds were not the same calls in the same order";
-      log::error(comm_failure_);
-      throw Error(PSTAR_ERR_COMM, comm_failure_);
+                      " differ): their acquires, releases, reads or builds were not the same calls in the same "
+                      "order");
     }
     sumsq += e.sumsq;  // rank order: the same bits on every rank
     overflow = overflow || e.overflow != 0;
@@ -723,7 +639,7 @@ void Engine::step_update_sharded(pstar_step_result& r) {
         const Param& p = params_[id];
         if (!p.has_grad) continue;
         ++r.params_updated;
-        const auto [lo, a, b] = shard_span(id, rank_);
+        const auto [lo, a, b] = shard_span(id, group_.rank());
         if (a >= b) continue;
         segments.add(a - lo, b - lo, p.lr_scale, p.weight_decay);
       }
