@@ -32,6 +32,19 @@ Engine::Engine(const EngineOptions& options) : Engine(options, nullptr) {}
 Engine::Engine(const EngineOptions& options, std::unique_ptr<dist::Communicator> group)
     : options_(options),
       optimizer_(options_.adam, options_.clip_norm, options_.loss_scale, options_.threads),
+      reduce_(
+          &group_,
+          dist::ReduceScatter::Actions{
+              [this](uint32_t k, float* data, uint64_t elems) { return lay_out_gradients(k, data, elems); },
+              [this](uint32_t k, const std::vector<uint32_t>& params, float* avg) { apply_reduced(k, params, avg); },
+              [this](uint64_t bytes, uint32_t k) { return stage_alloc(bytes, k); },
+              [this](void* p, uint64_t bytes) {
+                device_->deallocate(p, bytes);  // nothing queued uses it any more
+                placement_->tier().remove(Use::kStaging, bytes);
+              },
+              [this](void* dst, const void* src, size_t bytes) {
+                copy_sync(dst, src, bytes, memory::CopyKind::kDeviceToHost);
+              }}),
       gather_(dist::GatherAhead::Actions{[this](uint32_t k) { return chunks_[k].tier != Tier::kNotGathered; },
                                          [this](uint32_t k) { return chunks_[k].bytes; },
                                          [this](uint32_t k) { gather(k); },
@@ -71,11 +84,7 @@ Engine::Engine(const EngineOptions& options, std::unique_ptr<dist::Communicator>
   po.record_timeline = options_.record_timeline;
   placement_ = std::make_unique<placement::Runtime>(device_.get(), host_.get(), &stats_, po);
   placement_->attach(this);
-  placement_->set_release_staging([this] {
-    if (reduces_.empty() || reduces_.front().device_stage == nullptr) return false;
-    reduce_finish_oldest();  // frees its device staging (a local wait)
-    return true;
-  });
+  placement_->set_release_staging([this] { return reduce_.release_oldest_stage(); });
   connect_group();
   log::debug("engine created on " + device_->name());
 }
@@ -106,10 +115,8 @@ Engine::~Engine() {
       release_optimizer_buffers(c, fp32_bytes_held(static_cast<uint32_t>(i)));
     }
   }
-  for (PendingReduce& pr : reduces_) release_device_stage(pr);  // the queue is gone: unused
-  reduces_.clear();
+  reduce_.release();  // the queue is gone: nothing uses its buffers
   release_gather_slots();
-  release_reduce_buffers();
   host_.reset();
 }
 
@@ -216,20 +223,10 @@ void Engine::build() {
       }
     }
     if (sharded() && largest_trainable != 0) {
-      // The reduce-scatter's fp32 staging (one whole chunk of gradients) and
-      // its output (one shard), held for the engine's life.
-      // (NCCL stages on the device: only the output is on the host.)
-      // With a collective queue (gathering ahead), kAsyncReduceBuffers
-      // pairs, so that a reduce-scatter on the queue overlaps the next.
-      rs_bufs_.resize(gather_.depth() > 0 ? kAsyncReduceBuffers : 1);
-      for (ReduceBuffers& b : rs_bufs_) {
-        b.out_bytes = largest_trainable / static_cast<uint64_t>(group_.world()) * sizeof(float);
-        b.out = static_cast<float*>(host_->acquire(b.out_bytes));
-        if (!group_.comm().device_buffers()) {
-          b.staging_bytes = largest_trainable * sizeof(float);
-          b.staging = static_cast<float*>(host_->acquire(b.staging_bytes));
-        }
-      }
+      // The reduce-scatter's buffers, held for the engine's life; with a
+      // collective queue (gathering ahead) two pairs, so that a
+      // reduce-scatter on the queue overlaps the next.
+      reduce_.reserve(host_.get(), largest_trainable, gather_.depth() > 0);
     }
     layout_ = std::move(layout);  // nvme_place_lists reads the layout
     // With world > 1 the fp32 lists are shards: the staging buffers hold one.
@@ -244,7 +241,7 @@ void Engine::build() {
       host_->release(c.shard, c.shard_elems * elem_bytes());
       release_optimizer_buffers(c, (sharded() ? c.shard_elems : c.elems) * sizeof(float));
     }
-    release_reduce_buffers();
+    reduce_.release();
     layout_.reset();
     throw;
   }

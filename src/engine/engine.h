@@ -17,7 +17,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -31,6 +30,7 @@
 #include "dist/comm/communicator.h"
 #include "dist/gather_ahead.h"
 #include "dist/process_group.h"
+#include "dist/reduce_scatter.h"
 #include "engine/options.h"
 #include "chunk/tensor_state.h"
 #include "memory/device.h"
@@ -50,11 +50,6 @@ namespace pstar::engine {
 // (pstar_x_engine_set_gather_ahead): each takes a chunk-sized device slot
 // for the engine's life.
 constexpr uint32_t kMaxGatherAhead = PSTAR_X_MAX_GATHER_AHEAD;
-// Reduce-scatter buffer pairs (a host fp32 chunk and shard) of an engine
-// with a collective queue: one reduce-scatter runs on the queue while the
-// next chunk's gradients are laid out in the other.
-constexpr size_t kAsyncReduceBuffers = 2;
-
 // Most dimensions a parameter may have.
 constexpr uint32_t kMaxNdim = 16;
 // Largest element count of one parameter (2^48).
@@ -212,8 +207,6 @@ class Engine : private placement::ChunkTable {
     // (chunk::Chunk::gather_slot) while it runs on the collective queue (null
     // once waited for).
     dist::CollectiveQueue::Ticket gathering;
-    // Reduce-scatters of its gradients queued and not finished yet.
-    uint32_t reducing = 0;
   };
 
   // NVMe tier (engine_nvme.cpp: glue; memory/nvme_tier.h).  At build: the
@@ -228,26 +221,6 @@ class Engine : private placement::ChunkTable {
     nvme_.require_ok(what);
     require_load_complete(what);
   }
-
-  // One pair of reduce-scatter buffers; kAsyncReduceBuffers with a
-  // collective queue, whose reduce-scatters run while the next ones are
-  // laid out.
-  struct ReduceBuffers {
-    float* staging = nullptr;  // host fp32 chunk (Gloo; NCCL stages on the device)
-    uint64_t staging_bytes = 0;
-    float* out = nullptr;  // host fp32 shard
-    uint64_t out_bytes = 0;
-  };
-  // Reduce-scatters queued on the collective queue, oldest first, whose
-  // results are not applied yet (reduce_finish).
-  struct PendingReduce {
-    uint32_t chunk = 0;
-    size_t buffer = 0;             // index into rs_bufs_
-    std::vector<uint32_t> params;  // whose gradients it carries
-    void* device_stage = nullptr;  // NCCL: the device staging buffer, counted
-    uint64_t device_stage_bytes = 0;
-    dist::CollectiveQueue::Ticket ticket;
-  };
 
   Param& param_checked(uint32_t id);
   const Param& param_checked(uint32_t id) const;
@@ -309,13 +282,10 @@ class Engine : private placement::ChunkTable {
   void drop_all_gathered();
   void after_release_sharded(uint32_t id, uint32_t k, pstar_stage stage);
   void reduce_chunk(uint32_t k);
-  void reduce_finish(PendingReduce& pr);
-  void reduce_finish_oldest();
-  // Finishes the queued reduce-scatters up to the last one of `chunk`
-  // (all of them when chunk < 0).
-  void reduce_finish_all(int64_t chunk);
-  void release_device_stage(PendingReduce& pr);
-  void release_reduce_buffers();
+  // The reduce-scatter's actions (dist/reduce_scatter.h).
+  std::vector<uint32_t> lay_out_gradients(uint32_t k, float* data, uint64_t elems);
+  void apply_reduced(uint32_t k, const std::vector<uint32_t>& params, float* avg);
+  void* stage_alloc(uint64_t bytes, uint32_t k);
   void write_sharded(uint32_t id, const void* src, pstar_dtype dtype);
   void read_sharded(uint32_t id, void* dst, pstar_dtype dtype);
   void restore_slot_sharded(uint32_t id);
@@ -364,12 +334,10 @@ class Engine : private placement::ChunkTable {
 
   // Data parallelism: the group (one process: no communicator), its
   // failure state and collective hash, the collective queue
-  // (dist/process_group.h).  The reduce-scatter's staging (fp32, the
-  // largest trainable chunk) and output (its shard), host-pool buffers held
-  // from build on, and the reduce-scatters queued.
+  // (dist/process_group.h); the gradients' reduce-scatters, their buffers
+  // and those in flight (dist/reduce_scatter.h).
   dist::ProcessGroup group_;
-  std::vector<ReduceBuffers> rs_bufs_;  // kAsyncReduceBuffers with a collective queue, else 1
-  std::deque<PendingReduce> reduces_;   // queued reduce-scatters, oldest first
+  dist::ReduceScatter reduce_;
 
   // Gathering ahead (world > 1, depth > 0; docs/distributed.md): the
   // schedule and its device slots.

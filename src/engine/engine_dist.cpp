@@ -165,7 +165,7 @@ void Engine::check_layout_agrees(uint64_t chunk_elems) {
 void Engine::gather(uint32_t k) {
   ChunkState& c = chunks_[k];
   group_.require_ok("param_acquire");
-  reduce_finish_all(k);  // its shard takes the reduced gradient first
+  reduce_.finish_through(k);  // its shard takes the reduced gradient first
   void* dst = placement_->device_alloc(c.bytes, k, "gathered chunk " + std::to_string(k));
   try {
     // This rank's shard goes to its block of the buffer (a host-to-device
@@ -254,48 +254,32 @@ void Engine::after_release_sharded(uint32_t id, uint32_t k, pstar_stage stage) {
   }
 }
 
-// Reduce-scatters the pending gradients of chunk k: their fp32 buffers are
-// laid out as the chunk in the staging buffer (zero elsewhere), summed over
-// the ranks by the reduce-scatter, and this rank's shard of the sum is
-// divided by the world size (the average, as PyTorch's DDP).  Without
+// Reduce-scatters the pending gradients of chunk k (dist/reduce_scatter.h):
+// their fp32 buffers are laid out as the chunk (zero elsewhere), summed over
+// the ranks, and this rank's shard of the average is applied.  Without
 // gradient accumulation the average, rounded to the compute dtype, goes to
 // the compute shard (flagged GRAD, as a gradient replaces the weight in one
 // process) with its squared norm and overflow flag over the rounded values;
 // with accumulation it is added to the fp32 gradient shard.
 //
 // With a collective queue (gathering ahead) the reduce-scatter runs there
-// and the rest (reduce_finish) waits until its buffer is needed, the chunk
-// is gathered or written, room is short, or the step: the release that
-// completed the chunk's backward returns to the caller's compute at once.
+// and its result is applied later (reduce_.finish_through): the release
+// that completed the chunk's backward returns to the caller's compute at
+// once.
 void Engine::reduce_chunk(uint32_t k) {
+  const ChunkState& c = chunks_[k];
+  reduce_.reduce(k, c.elems, c.shard_elems);
+}
+
+// ReduceScatter::Actions::lay_out: chunk k's pending gradients into `data`
+// (the device with NCCL, which reduces device memory; the host with Gloo),
+// then their device buffers go.
+std::vector<uint32_t> Engine::lay_out_gradients(uint32_t k, float* data, uint64_t elems) {
   ChunkState& c = chunks_[k];
   const auto& info = layout_->chunks()[k];
-  // A free buffer pair; with all in use by queued reduces, the oldest is
-  // finished first.
-  if (reduces_.size() >= rs_bufs_.size()) reduce_finish_oldest();
-  size_t b = 0;
-  while (std::any_of(reduces_.begin(), reduces_.end(), [&](const PendingReduce& r) { return r.buffer == b; })) ++b;
-  ReduceBuffers& buf = rs_bufs_.at(b);
-  if (buf.out == nullptr || c.shard_elems * sizeof(float) > buf.out_bytes) internal_error("no reduce-scatter output");
-  PendingReduce pr;
-  pr.chunk = k;
-  pr.buffer = b;
-  float* data = nullptr;
-  float* out = nullptr;
-  if (group_.comm().device_buffers()) {
-    // NCCL reduces device memory: the gradient buffers are laid out as the
-    // chunk in a device staging buffer (made room for like a chunk, counted
-    // while it lives), reduce-scattered there, and this rank's block is
-    // copied to the host, where the shards live.
-    pr.device_stage_bytes = (c.elems + c.shard_elems) * sizeof(float);
-    pr.device_stage =
-        placement_->device_alloc(pr.device_stage_bytes, -1, "reduce-scatter staging of chunk " + std::to_string(k));
-    placement_->tier().add(Use::kStaging, pr.device_stage_bytes);
-    placement_->note_device_peak();
-    data = static_cast<float*>(pr.device_stage);
-    out = data + c.elems;
+  if (group_.device_buffers()) {
     memory::Stream* s = device_->compute_stream();
-    device_->memset_async(s, data, 0, c.elems * sizeof(float));
+    device_->memset_async(s, data, 0, elems * sizeof(float));
     for (uint32_t id : info.params) {
       const Param& p = params_[id];
       if (!p.grad_pending) continue;
@@ -305,11 +289,7 @@ void Engine::reduce_chunk(uint32_t k) {
     }
     device_->synchronize(s);
   } else {
-    if (buf.staging == nullptr || c.elems * sizeof(float) > buf.staging_bytes)
-      internal_error("no reduce-scatter staging");
-    data = buf.staging;
-    out = buf.out;
-    std::memset(data, 0, c.elems * sizeof(float));
+    std::memset(data, 0, elems * sizeof(float));
     for (uint32_t id : info.params) {
       Param& p = params_[id];
       if (!p.grad_pending) continue;
@@ -318,11 +298,11 @@ void Engine::reduce_chunk(uint32_t k) {
       std::memcpy(data + layout_->param(id).offset_elems, p.grad_acc, p.numel * sizeof(float));
     }
   }
-  // The gradients are in the staging buffer: their device buffers go now.
+  std::vector<uint32_t> carried;
   for (uint32_t id : info.params) {
     Param& p = params_[id];
     if (!p.grad_pending) continue;
-    pr.params.push_back(id);
+    carried.push_back(id);
     device_->deallocate(p.grad_acc, p.numel * sizeof(float));
     placement_->tier().remove(Use::kGradients, p.numel * sizeof(float));
     p.grad_acc = nullptr;
@@ -331,63 +311,28 @@ void Engine::reduce_chunk(uint32_t k) {
     p.has_grad = true;
   }
   c.grads_pending = 0;
-  stats_.bytes_reduce_scattered += c.elems * sizeof(float);
-  const size_t shard_elems = c.shard_elems;
-  if (!group_.has_queue()) {
-    try {
-      group_.run("reduce-scatter of gradients", Kind::kReduce, k,
-                 [&] { group_.comm().reduce_scatter_sum(data, out, shard_elems); });
-    } catch (...) {
-      release_device_stage(pr);
-      throw;
-    }
-    reduce_finish(pr);
-    return;
-  }
-  dist::Communicator* comm = &group_.comm();
-  pr.ticket = group_.submit("reduce-scatter of gradients", Kind::kReduce, k,
-                            [comm, data, out, shard_elems] { comm->reduce_scatter_sum(data, out, shard_elems); });
-  ++c.reducing;
-  reduces_.push_back(std::move(pr));
+  stats_.bytes_reduce_scattered += elems * sizeof(float);
+  return carried;
 }
 
-void Engine::release_reduce_buffers() {
-  for (ReduceBuffers& b : rs_bufs_) {
-    host_->release(b.staging, b.staging_bytes);
-    host_->release(b.out, b.out_bytes);
-  }
-  rs_bufs_.clear();
+// ReduceScatter::Actions::stage_alloc: a device staging buffer, made room
+// for like a chunk and counted while it lives.
+void* Engine::stage_alloc(uint64_t bytes, uint32_t k) {
+  void* p = placement_->device_alloc(bytes, -1, "reduce-scatter staging of chunk " + std::to_string(k));
+  placement_->tier().add(Use::kStaging, bytes);
+  placement_->note_device_peak();
+  return p;
 }
 
-void Engine::release_device_stage(PendingReduce& pr) {
-  if (pr.device_stage == nullptr) return;
-  device_->deallocate(pr.device_stage, pr.device_stage_bytes);  // nothing queued uses it any more
-  placement_->tier().remove(Use::kStaging, pr.device_stage_bytes);
-  pr.device_stage = nullptr;
-}
-
-// The reduce-scatter of `pr` is done: this rank's shard of the sum (copied
-// from the device stage with NCCL) is averaged and applied.
-void Engine::reduce_finish(PendingReduce& pr) {
-  ChunkState& c = chunks_[pr.chunk];
-  float* avg_all = rs_bufs_[pr.buffer].out;
-  if (pr.device_stage != nullptr) {
-    const float* out = static_cast<const float*>(pr.device_stage) + c.elems;
-    try {
-      copy_sync(avg_all, out, c.shard_elems * sizeof(float), memory::CopyKind::kDeviceToHost);
-    } catch (...) {
-      release_device_stage(pr);
-      throw;
-    }
-    release_device_stage(pr);
-  }
-  const float n = static_cast<float>(group_.world());
-  for (uint32_t id : pr.params) {
+// ReduceScatter::Actions::apply: this rank's shard of the average into the
+// compute shard or the fp32 gradient shard of each parameter.
+void Engine::apply_reduced(uint32_t k, const std::vector<uint32_t>& params, float* avg_all) {
+  ChunkState& c = chunks_[k];
+  for (uint32_t id : params) {
     Param& p = params_[id];
     const auto [lo, a, b] = shard_span(id, group_.rank());
     if (a < b) {
-      float* avg = avg_all + (a - lo);
-      for (uint64_t i = 0; i < b - a; ++i) avg[i] = avg[i] / n;
+      const float* avg = avg_all + (a - lo);
       if (options_.grad_accumulation) {
         float* g = c.grad32 + (a - lo);
         for (uint64_t i = 0; i < b - a; ++i) g[i] += avg[i];
@@ -398,29 +343,6 @@ void Engine::reduce_finish(PendingReduce& pr) {
     }
     if (!options_.grad_accumulation) p.slot_is_grad = true;
   }
-}
-
-// Finishes the oldest queued reduce-scatter (waits for it).
-void Engine::reduce_finish_oldest() {
-  PendingReduce pr = std::move(reduces_.front());
-  reduces_.pop_front();
-  --chunks_[pr.chunk].reducing;
-  std::string failure;
-  const bool failed = group_.wait_failed(pr.ticket, &failure);
-  if (failed) {
-    release_device_stage(pr);
-    group_.fail("reduce-scatter of gradients", failure);
-  }
-  reduce_finish(pr);
-}
-
-void Engine::reduce_finish_all(int64_t chunk) {
-  size_t n = reduces_.size();
-  if (chunk >= 0) {
-    if (chunks_[static_cast<size_t>(chunk)].reducing == 0) return;
-    while (n > 0 && reduces_[n - 1].chunk != static_cast<uint32_t>(chunk)) --n;
-  }
-  for (size_t i = 0; i < n; ++i) reduce_finish_oldest();
 }
 
 // ---------------------------------------------------------------------------
@@ -470,7 +392,7 @@ void Engine::gather_into_slot(uint32_t k, uint32_t s) {
   ChunkState& c = chunks_[k];
   dist::GatherAhead::Slot& slot = gather_.slot(s);
   group_.require_ok("param_acquire");
-  reduce_finish_all(k);                   // its shard takes the reduced gradient first
+  reduce_.finish_through(k);              // its shard takes the reduced gradient first
   device_->synchronize(slot.free_after);  // the slot's last chunk is unused
   slot.free_after = nullptr;
   const size_t shard_bytes = c.shard_elems * elem_bytes();
@@ -510,7 +432,7 @@ void Engine::finish_gather(uint32_t k, bool quiet) {
 void Engine::write_sharded(uint32_t id, const void* src, pstar_dtype dtype) {
   const Param& p = params_[id];
   const auto& place = layout_->param(id);
-  reduce_finish_all(place.chunk);
+  reduce_.finish_through(place.chunk);
   if (!p.frozen()) nvme_.access(place.chunk, true);  // the master shard may live on the drive
   ChunkState& c = chunks_[place.chunk];
   const auto [lo, a, b] = shard_span(id, group_.rank());
@@ -568,7 +490,7 @@ void Engine::step_update_sharded(pstar_step_result& r) {
   for (uint32_t k = 0; k < chunks_.size(); ++k) {
     if (chunks_[k].grads_pending != 0) reduce_chunk(k);
   }
-  reduce_finish_all(-1);
+  reduce_.finish_through(-1);
   drop_all_gathered();
 
   double sumsq_local = 0.0;
