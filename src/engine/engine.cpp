@@ -1,7 +1,6 @@
 #include "engine/engine.h"
 
 #include <algorithm>
-#include <cfloat>
 #include <chrono>
 #include <cmath>
 #include <cstddef>
@@ -1198,60 +1197,10 @@ void Engine::write_slot_on_device(uint32_t id, const float* values) {
 void Engine::hparam_set(pstar_hparam which, double v) {
   require(!(iteration_active_ && iteration_kind_ == PSTAR_ITERATION_TRAIN), PSTAR_ERR_INVALID_STATE,
           "hparam_set: not legal inside a TRAIN iteration (set it between steps)");
-  switch (which) {
-    // Each value is checked as the float it is stored as (pstar.h).
-    case PSTAR_HPARAM_LR:
-      optimizer_.hyper().lr =
-          settings::require_double_as_float(v, 0.0f, settings::kMax, "hparam_set: lr", settings::kRangeLr);
-      return;
-    case PSTAR_HPARAM_BETA1:
-      optimizer_.hyper().beta1 =
-          settings::require_double_as_float(v, 0.0f, settings::kBelowOne, "hparam_set: beta1", settings::kRangeBeta);
-      return;
-    case PSTAR_HPARAM_BETA2:
-      optimizer_.hyper().beta2 =
-          settings::require_double_as_float(v, 0.0f, settings::kBelowOne, "hparam_set: beta2", settings::kRangeBeta);
-      return;
-    case PSTAR_HPARAM_EPS:
-      optimizer_.hyper().eps =
-          settings::require_double_as_float(v, FLT_MIN, settings::kMax, "hparam_set: eps", settings::kRangeEps);
-      return;
-    case PSTAR_HPARAM_WEIGHT_DECAY:
-      optimizer_.hyper().weight_decay =
-          settings::require_double_as_float(v, 0.0f, settings::kMax, "hparam_set: weight_decay", settings::kRangeDecay);
-      return;
-    case PSTAR_HPARAM_CLIP_NORM:
-      optimizer_.set_clip_norm(
-          settings::require_double_as_float(v, 0.0f, settings::kMax, "hparam_set: clip_norm", settings::kRangeClip));
-      return;
-    case PSTAR_HPARAM_LOSS_SCALE: {
-      const float f =
-          settings::require_double_as_float(v, FLT_MIN, FLT_MAX, "hparam_set: loss scale", settings::kRangeScale);
-      require(optimizer_.scaler().enabled(), PSTAR_ERR_INVALID_STATE,
-              "hparam_set: loss scaling is used with the F16 compute dtype only");
-      optimizer_.scaler().set_scale(f);
-      return;
-    }
-    case PSTAR_HPARAM_STEP: throw Error(PSTAR_ERR_INVALID_ARGUMENT, "hparam_set: the step count is read-only");
-    case PSTAR_HPARAM_FORCE_32BIT_: break;
-  }
-  throw Error(PSTAR_ERR_INVALID_ARGUMENT, "hparam_set: unknown hyperparameter " + std::to_string(which));
+  optimizer_.set_hparam(which, v);
 }
 
-double Engine::hparam_get(pstar_hparam which) const {
-  switch (which) {
-    case PSTAR_HPARAM_LR: return optimizer_.hyper().lr;
-    case PSTAR_HPARAM_BETA1: return optimizer_.hyper().beta1;
-    case PSTAR_HPARAM_BETA2: return optimizer_.hyper().beta2;
-    case PSTAR_HPARAM_EPS: return optimizer_.hyper().eps;
-    case PSTAR_HPARAM_WEIGHT_DECAY: return optimizer_.hyper().weight_decay;
-    case PSTAR_HPARAM_CLIP_NORM: return optimizer_.clip_norm();
-    case PSTAR_HPARAM_LOSS_SCALE: return optimizer_.scaler().scale();
-    case PSTAR_HPARAM_STEP: return static_cast<double>(optimizer_.step());
-    case PSTAR_HPARAM_FORCE_32BIT_: break;
-  }
-  throw Error(PSTAR_ERR_INVALID_ARGUMENT, "hparam_get: unknown hyperparameter " + std::to_string(which));
-}
+double Engine::hparam_get(pstar_hparam which) const { return optimizer_.hparam(which); }
 
 void Engine::fill_stats(pstar_stats* out) const {
   pstar_stats s = stats_;

@@ -12,6 +12,7 @@
 #include "optim/adam_kernel.h"
 #include "optim/chunk_update.h"
 #include "optim/loss_scaler.h"
+#include "pstar/pstar.h"
 #include "util/thread_pool.h"
 
 namespace pstar::optim {
@@ -26,6 +27,11 @@ class Optimizer {
   const AdamHyper& hyper() const { return hyper_; }
   float clip_norm() const { return clip_norm_; }
   void set_clip_norm(float c) { clip_norm_ = c; }
+  // pstar_hparam_set and pstar_hparam_get: one setting, checked as the
+  // float it is stored as; throws PSTAR_ERR_INVALID_ARGUMENT out of range,
+  // PSTAR_ERR_INVALID_STATE for a loss scale without loss scaling.
+  void set_hparam(pstar_hparam which, double value);
+  double hparam(pstar_hparam which) const;
   LossScaler& scaler() { return scaler_; }
   const LossScaler& scaler() const { return scaler_; }
   // Applied steps so far (a checkpoint restores it).
