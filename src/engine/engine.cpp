@@ -44,10 +44,7 @@ Engine::Engine(const EngineOptions& options, std::unique_ptr<dist::Communicator>
               [this](void* dst, const void* src, size_t bytes) {
                 copy_sync(dst, src, bytes, memory::CopyKind::kDeviceToHost);
               }}),
-      gather_(dist::GatherAhead::Actions{[this](uint32_t k) { return chunks_[k].tier != Tier::kNotGathered; },
-                                         [this](uint32_t k) { return chunks_[k].bytes; },
-                                         [this](uint32_t k) { gather(k); },
-                                         [this](uint32_t k, uint32_t slot) { gather_into_slot(k, slot); }}) {
+      gathering_(&group_, &reduce_) {
   if (group != nullptr) {
     require(!options_.dry_run && !options_.hybrid_optimizer, PSTAR_ERR_UNSUPPORTED,
             "engine: a sharded engine has no dry run and no hybrid optimizer placement yet");
@@ -83,6 +80,9 @@ Engine::Engine(const EngineOptions& options, std::unique_ptr<dist::Communicator>
   po.record_timeline = options_.record_timeline;
   placement_ = std::make_unique<placement::Runtime>(device_.get(), host_.get(), &stats_, po);
   placement_->attach(this);
+  gathering_.attach(device_.get(), placement_.get(), this,
+                    dist::ChunkGathering::Shards{[this](uint32_t k) -> const void* { return chunks_[k].shard; },
+                                                 [this](uint32_t k) { return chunks_[k].shard_elems * elem_bytes(); }});
   placement_->set_release_staging([this] { return reduce_.release_oldest_stage(); });
   connect_group();
   log::debug("engine created on " + device_->name());
@@ -115,7 +115,7 @@ Engine::~Engine() {
     }
   }
   reduce_.release();  // the queue is gone: nothing uses its buffers
-  release_gather_slots();
+  gathering_.release();
   host_.reset();
 }
 
@@ -225,14 +225,14 @@ void Engine::build() {
       // The reduce-scatter's buffers, held for the engine's life; with a
       // collective queue (gathering ahead) two pairs, so that a
       // reduce-scatter on the queue overlaps the next.
-      reduce_.reserve(host_.get(), largest_trainable, gather_.depth() > 0);
+      reduce_.reserve(host_.get(), largest_trainable, gathering_.depth() > 0);
     }
     layout_ = std::move(layout);  // nvme_place_lists reads the layout
     // With world > 1 the fp32 lists are shards: the staging buffers hold one.
     nvme_place_lists(chunks, sharded() ? largest_trainable / static_cast<uint64_t>(group_.world()) : largest_trainable);
-    reserve_gather_slots();
+    gathering_.reserve(static_cast<uint32_t>(chunks.size()), layout_->chunk_elems() * elem_bytes());
   } catch (...) {
-    release_gather_slots();
+    gathering_.release();
     nvme_.release();
     for (size_t i = 0; i < chunks.size(); ++i) {
       ChunkState& c = chunks[i];
@@ -464,7 +464,7 @@ void Engine::iteration_begin(pstar_iteration_kind kind) {
   ++stats_.iterations;
   if (kind == PSTAR_ITERATION_TRAIN) {
     placement_->iteration_begin();
-    gather_.iteration_begin(group_.has_queue());
+    gathering_.iteration_begin();
   }
 }
 
@@ -478,7 +478,7 @@ void Engine::iteration_end() {
       return "iteration_end: parameter " + std::to_string(id) + " ('" + params_[id].name + "') is still acquired";
     });
   }
-  if (sharded()) drop_all_gathered();
+  gathering_.drop_all();  // world > 1: the gathered chunks go
   iteration_active_ = false;
 }
 
@@ -616,22 +616,11 @@ void* Engine::acquire(uint32_t id, pstar_stage stage, void* stream) {
 
   const auto& place = layout_->param(id);
   ChunkState& c = chunks_[place.chunk];
-  if (iteration_kind_ == PSTAR_ITERATION_TRAIN) {
-    placement_->follower().check(place.chunk);
-    gather_.at_acquire(place.chunk);  // may gather this and later chunks
-  }
-  const bool gathered_now = c.tier == Tier::kNotGathered;
-  if (gathered_now) {
-    gather(place.chunk);  // world > 1: not gathered
-    if (group_.has_queue()) gather_.note_on_demand();
-  } else if (c.gathering != nullptr) {
-    // Gathered ahead (engine_dist.cpp): wait for the all-gather.
-    const bool waited = !group_.done(c.gathering);
-    if (waited) stats_.bytes_critical += c.bytes;
-    const auto before = std::chrono::steady_clock::now();
-    finish_gather(place.chunk, false);
-    gather_.note_wait(waited, std::chrono::duration<double>(std::chrono::steady_clock::now() - before).count());
-  } else if (c.tier == Tier::kHost) {
+  const bool train = iteration_kind_ == PSTAR_ITERATION_TRAIN;
+  if (train) placement_->follower().check(place.chunk);
+  // world > 1: gathers the chunk, or waits for its gather ahead.
+  const bool gathered_now = gathering_.before_acquire(place.chunk, train, &stats_.bytes_critical);
+  if (c.tier == Tier::kHost) {
     placement_->fetch(place.chunk);
     stats_.bytes_critical += c.bytes;  // the caller waits for this copy
   } else if (!device_->query(c.ready) && c.prefetched) {
@@ -681,7 +670,7 @@ void* Engine::acquire(uint32_t id, pstar_stage stage, void* stream) {
   c.last_acquire = acquires_;
   placement_->touch(place.chunk);
   if (iteration_kind_ == PSTAR_ITERATION_TRAIN) {
-    if (group_.has_queue()) gather_.after_acquire(place.chunk, gathered_now);
+    gathering_.after_acquire(place.chunk, gathered_now);
     placement_->note_access(place.chunk);
     if (placement_->follower().following() && options_.prefetch)
       placement_->prefetch_ahead(placement_->follower().moment());
@@ -1233,6 +1222,7 @@ void Engine::fill_stats(pstar_stats* out) const {
   }
   s.rank = group_.rank();
   s.collectives = group_.collectives();
+  s.bytes_all_gathered += gathering_.bytes_gathered();
   s.world_size = group_.world();
   s.optimizer_chunks_on_device = optimizer_chunks_on_device_;
   s.optimizer_device_bytes = placement_->tier().bytes(Use::kOptimizer);

@@ -28,7 +28,7 @@
 #include "chunk/layout.h"
 #include "dist/collective_queue.h"
 #include "dist/comm/communicator.h"
-#include "dist/gather_ahead.h"
+#include "dist/chunk_gathering.h"
 #include "dist/process_group.h"
 #include "dist/reduce_scatter.h"
 #include "engine/options.h"
@@ -203,10 +203,6 @@ class Engine : private placement::ChunkTable {
     // (the copy from the host).
     uint64_t opt_device_bytes = 0;
     memory::EventPtr opt_ready;
-    // world > 1, gathering ahead: the all-gather filling its gather slot
-    // (chunk::Chunk::gather_slot) while it runs on the collective queue (null
-    // once waited for).
-    dist::CollectiveQueue::Ticket gathering;
   };
 
   // NVMe tier (engine_nvme.cpp: glue; memory/nvme_tier.h).  At build: the
@@ -271,15 +267,8 @@ class Engine : private placement::ChunkTable {
     const uint64_t n = chunks_[place.chunk].shard_elems, lo = static_cast<uint64_t>(rank) * n;
     return {lo, std::max(place.offset_elems, lo), std::min(place.offset_elems + place.numel, lo + n)};
   }
-  void gather(uint32_t k);
   // Gathering ahead (engine_dist.cpp).
-  void reserve_gather_slots();
-  void release_gather_slots();
-  void gather_into_slot(uint32_t k, uint32_t slot);
-  void finish_gather(uint32_t k, bool quiet);
   void all_gather_host(const void* mine, void* all, size_t bytes);
-  void drop_gathered(uint32_t k);
-  void drop_all_gathered();
   void after_release_sharded(uint32_t id, uint32_t k, pstar_stage stage);
   void reduce_chunk(uint32_t k);
   // The reduce-scatter's actions (dist/reduce_scatter.h).
@@ -339,9 +328,9 @@ class Engine : private placement::ChunkTable {
   dist::ProcessGroup group_;
   dist::ReduceScatter reduce_;
 
-  // Gathering ahead (world > 1, depth > 0; docs/distributed.md): the
-  // schedule and its device slots.
-  dist::GatherAhead gather_;
+  // world > 1: the gathered chunks, gathering ahead along the schedule
+  // into its device slots, and dropping (dist/chunk_gathering.h).
+  dist::ChunkGathering gathering_;
 
   // NVMe tier: its options (set before build), the data file, the staging
   // buffers, which chunks' lists live on the drive, and the failure that

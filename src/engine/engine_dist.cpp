@@ -115,7 +115,7 @@ void Engine::check_layout_agrees(uint64_t chunk_elems) {
   mix64(chunk_elems);
   mix64(static_cast<uint64_t>(options_.compute_dtype));
   mix64(options_.grad_accumulation != 0);
-  mix64(gather_.depth());
+  mix64(gathering_.depth());
   uint64_t total = 0;
   for (const Param& p : params_) {
     mix(p.name.c_str(), p.name.size() + 1);
@@ -126,7 +126,7 @@ void Engine::check_layout_agrees(uint64_t chunk_elems) {
   }
   // Whether this rank's device can hold the gather-ahead slots: exchanged
   // here so that every rank fails the build, not the one short of room.
-  const uint64_t slots = static_cast<uint64_t>(gather_.depth()) * chunk_elems * elem_bytes();
+  const uint64_t slots = static_cast<uint64_t>(gathering_.depth()) * chunk_elems * elem_bytes();
   const uint64_t slots_fit = slots == 0 || placement_->tier().fits(slots);
   const uint64_t mine[4] = {h, params_.size(), total, slots_fit};
   std::vector<uint64_t> all(4 * static_cast<size_t>(group_.world()));
@@ -150,79 +150,12 @@ void Engine::check_layout_agrees(uint64_t chunk_elems) {
   }
   if (!short_ranks.empty()) {
     throw Error(PSTAR_ERR_OUT_OF_MEMORY,
-                "engine_build: gathering " + std::to_string(gather_.depth()) + " chunks ahead needs " +
-                    std::to_string(gather_.depth()) + " device slots of " + std::to_string(chunk_elems * elem_bytes()) +
+                "engine_build: gathering " + std::to_string(gathering_.depth()) + " chunks ahead needs " +
+                    std::to_string(gathering_.depth()) + " device slots of " +
+                    std::to_string(chunk_elems * elem_bytes()) +
                     " bytes, more than the free device capacity of rank(s) " + short_ranks +
                     "; lower the depth (pstar_x_engine_set_gather_ahead) or raise device_capacity_bytes");
   }
-}
-
-// ---------------------------------------------------------------------------
-// Gathered chunks
-
-// All-gathers the compute-dtype shards of chunk k into a full buffer on the
-// accelerator tier (room made by the placement policy, as for a fetch).
-void Engine::gather(uint32_t k) {
-  ChunkState& c = chunks_[k];
-  group_.require_ok("param_acquire");
-  reduce_.finish_through(k);  // its shard takes the reduced gradient first
-  void* dst = placement_->device_alloc(c.bytes, k, "gathered chunk " + std::to_string(k));
-  try {
-    // This rank's shard goes to its block of the buffer (a host-to-device
-    // copy), then the all-gather fills the other blocks in place: the same
-    // steps for Gloo on the emulated device and NCCL on a GPU.
-    const size_t shard_bytes = c.shard_elems * elem_bytes();
-    void* mine = static_cast<char*>(dst) + static_cast<size_t>(group_.rank()) * shard_bytes;
-    copy_sync(mine, c.shard, shard_bytes, memory::CopyKind::kHostToDevice);
-    group_.run("param_acquire: all-gather", Kind::kGather, k,
-               [&] { group_.comm().all_gather(mine, dst, shard_bytes); });
-  } catch (...) {
-    device_->deallocate(dst, c.bytes);
-    throw;
-  }
-  stats_.bytes_all_gathered += c.bytes;
-  placement_->tier().add(Use::kChunks, c.bytes);
-  placement_->note_device_peak();
-  c.device = dst;
-  c.tier = Tier::kDevice;
-  c.ready = nullptr;  // written by the host, complete
-  c.last_use = nullptr;
-  c.prefetched = false;
-  placement_->touch(k);
-}
-
-// Frees chunk k's gathered buffer, wherever placement put it (its shards
-// stay).  The memory goes back once queued work that used it is done.
-void Engine::drop_gathered(uint32_t k) {
-  ChunkState& c = chunks_[k];
-  if (c.tier == Tier::kNotGathered) return;
-  if (c.compute_refs != 0) internal_error("dropping a gathered chunk in use");
-  finish_gather(k, true);  // a failure surfaces at the next collective
-  const memory::EventPtr after = c.last_use != nullptr ? c.last_use : c.ready;
-  if (c.gather_slot >= 0) {
-    // The slot is free for the next ahead gather once the queued work that
-    // used this chunk is done.
-    dist::GatherAhead::Slot& slot = gather_.slot(static_cast<size_t>(c.gather_slot));
-    slot.chunk = -1;
-    slot.free_after = after;
-    c.gather_slot = -1;
-    c.device = nullptr;
-  } else if (c.tier == Tier::kDevice) {
-    placement_->defer_free_device(after, c.device, c.bytes, Use::kChunks);
-    c.device = nullptr;
-  } else {
-    placement_->defer_free_host(after, c.host, c.bytes);
-    c.host = nullptr;
-  }
-  c.tier = Tier::kNotGathered;
-  c.ready = nullptr;
-  c.last_use = nullptr;
-  c.prefetched = false;
-  placement_->forget(k);
-}
-
-void Engine::drop_all_gathered() {
-  for (uint32_t k = 0; k < chunks_.size(); ++k) drop_gathered(k);
 }
 
 // The drop rule, applied after every release (DESIGN.md section 2, after
@@ -238,8 +171,7 @@ void Engine::after_release_sharded(uint32_t id, uint32_t k, pstar_stage stage) {
   if (stage == PSTAR_STAGE_BACKWARD) {
     if (c.compute_refs != 0 || c.bwd_open != 0) return;
     if (c.grads_pending != 0) reduce_chunk(k);
-    drop_gathered(k);
-    gather_.after_drop();
+    gathering_.drop(k, true);
     return;
   }
   const int b = stage == PSTAR_STAGE_RECOMPUTE ? 1 : 0;
@@ -249,8 +181,7 @@ void Engine::after_release_sharded(uint32_t id, uint32_t k, pstar_stage stage) {
     --c.unmarked[b];
   }
   if (c.compute_refs == 0 && c.unmarked[b] == 0) {
-    drop_gathered(k);
-    gather_.after_drop();
+    gathering_.drop(k, true);
   }
 }
 
@@ -354,75 +285,19 @@ void Engine::set_gather_ahead(uint32_t chunks) {
   require(chunks <= kMaxGatherAhead, PSTAR_ERR_INVALID_ARGUMENT, [&] {
     return "set_gather_ahead: " + std::to_string(chunks) + " chunks; at most " + std::to_string(kMaxGatherAhead);
   });
-  gather_.set_depth(sharded() ? chunks : 0);
-}
-
-// At build, after the layout check agreed that every rank has room.
-void Engine::reserve_gather_slots() {
-  if (gather_.depth() == 0 || !sharded()) return;
-  gather_.reserve_slots(device_.get(), &placement_->tier(), layout_->chunk_elems() * elem_bytes());
-  try {
-    group_.start_queue();
-  } catch (...) {
-    release_gather_slots();
-    throw;
-  }
-  placement_->note_device_peak();
-}
-
-void Engine::release_gather_slots() {
-  group_.stop_queue();  // its thread finishes the gathers writing the slots
-  gather_.release_slots(device_.get(), &placement_->tier());
+  gathering_.set_depth(chunks);
 }
 
 void Engine::fill_gather_stats(pstar_x_gather_stats* out) const {
-  out->depth = gather_.depth();
-  out->schedule_ready = gather_.ready() ? 1 : 0;
+  const dist::GatherAhead& g = gathering_.schedule();
+  out->depth = g.depth();
+  out->schedule_ready = g.ready() ? 1 : 0;
   out->slot_bytes = placement_->tier().bytes(Use::kGatherSlots);
-  out->gathers_ahead = gather_.gathers_ahead();
-  out->gathers_on_demand = gather_.gathers_on_demand();
-  out->gathers_waited = gather_.gathers_waited();
-  out->schedule_fallbacks = gather_.fallbacks();
-  out->wait_seconds = gather_.wait_seconds();
-}
-
-// Starts chunk k's all-gather into a slot on the collective queue: this
-// rank's shard is copied into its block first, on this thread.
-void Engine::gather_into_slot(uint32_t k, uint32_t s) {
-  ChunkState& c = chunks_[k];
-  dist::GatherAhead::Slot& slot = gather_.slot(s);
-  group_.require_ok("param_acquire");
-  reduce_.finish_through(k);              // its shard takes the reduced gradient first
-  device_->synchronize(slot.free_after);  // the slot's last chunk is unused
-  slot.free_after = nullptr;
-  const size_t shard_bytes = c.shard_elems * elem_bytes();
-  void* dst = slot.buffer;
-  void* mine = static_cast<char*>(dst) + static_cast<size_t>(group_.rank()) * shard_bytes;
-  copy_sync(mine, c.shard, shard_bytes, memory::CopyKind::kHostToDevice);
-  dist::Communicator* comm = &group_.comm();
-  c.gathering = group_.submit("param_acquire: all-gather ahead", Kind::kGather, k,
-                              [comm, mine, dst, shard_bytes] { comm->all_gather(mine, dst, shard_bytes); });
-  slot.chunk = k;
-  stats_.bytes_all_gathered += c.bytes;
-  c.gather_slot = static_cast<int32_t>(s);
-  c.device = dst;
-  c.tier = Tier::kDevice;
-  c.ready = nullptr;  // valid once `gathering` is waited for
-  c.last_use = nullptr;
-  c.prefetched = false;
-}
-
-// Waits for chunk k's ahead gather, if one is running.  A failure marks the
-// engine failed and throws PSTAR_ERR_COMM, unless `quiet` (the chunk is
-// being dropped; the next collective reports the failure).
-void Engine::finish_gather(uint32_t k, bool quiet) {
-  ChunkState& c = chunks_[k];
-  if (c.gathering == nullptr) return;
-  dist::CollectiveQueue::Ticket t = std::move(c.gathering);
-  c.gathering = nullptr;
-  std::string failure;
-  const bool failed = group_.wait_failed(t, &failure);
-  if (failed && !quiet) group_.fail("param_acquire: all-gather ahead", failure);
+  out->gathers_ahead = g.gathers_ahead();
+  out->gathers_on_demand = g.gathers_on_demand();
+  out->gathers_waited = g.gathers_waited();
+  out->schedule_fallbacks = g.fallbacks();
+  out->wait_seconds = g.wait_seconds();
 }
 
 // ---------------------------------------------------------------------------
@@ -491,7 +366,7 @@ void Engine::step_update_sharded(pstar_step_result& r) {
     if (chunks_[k].grads_pending != 0) reduce_chunk(k);
   }
   reduce_.finish_through(-1);
-  drop_all_gathered();
+  gathering_.drop_all();
 
   double sumsq_local = 0.0;
   bool overflow_local = false;
@@ -513,14 +388,14 @@ void Engine::step_update_sharded(pstar_step_result& r) {
   // whether the next TRAIN iteration follows the gather schedule (each
   // rank's own decision, taken from the same calls, is confirmed here
   // before any rank acts on it: one rank recording anew makes all do so).
-  if (group_.has_queue()) gather_.iteration_end(static_cast<uint32_t>(chunks_.size()));
+  gathering_.iteration_end(static_cast<uint32_t>(chunks_.size()));
   struct Exchange {
     double sumsq;
     uint64_t overflow;
     uint64_t hash;
     uint64_t schedule_ready;
   };
-  const Exchange mine{sumsq_local, overflow_local ? 1u : 0u, group_.take_hash(), gather_.ready() ? 1u : 0u};
+  const Exchange mine{sumsq_local, overflow_local ? 1u : 0u, group_.take_hash(), gathering_.schedule_ready() ? 1u : 0u};
   std::vector<Exchange> all(static_cast<size_t>(group_.world()));
   group_.run("step: norm and overflow exchange", Kind::kStep, 0,
              [&] { all_gather_host(&mine, all.data(), sizeof mine); });
@@ -536,7 +411,7 @@ void Engine::step_update_sharded(pstar_step_result& r) {
     }
     sumsq += e.sumsq;  // rank order: the same bits on every rank
     overflow = overflow || e.overflow != 0;
-    if (e.schedule_ready == 0) gather_.invalidate();
+    if (e.schedule_ready == 0) gathering_.invalidate_schedule();
   }
 
   const double clip_coef = unscale_and_clip(sumsq, &r);
