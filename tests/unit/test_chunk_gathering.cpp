@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "dist/chunk_gathering.h"
+#include "fakes.h"
 #include "memory/emulated_device.h"
 #include "memory/host_pool.h"
 #include "util/error.h"
@@ -21,7 +22,6 @@
 using pstar::Error;
 using pstar::chunk::Tier;
 using pstar::dist::ChunkGathering;
-using pstar::dist::Communicator;
 using pstar::dist::ProcessGroup;
 using pstar::dist::ReduceScatter;
 using pstar::memory::DeviceTier;
@@ -31,54 +31,32 @@ namespace {
 constexpr uint64_t kShardBytes = 2048, kChunkBytes = 2 * kShardBytes;
 constexpr uint32_t kChunks = 3;
 
-class ScriptedComm final : public Communicator {
- public:
-  int rank() const override { return 1; }
-  int size() const override { return 2; }
-  const char* backend() const override { return "scripted"; }
-  bool failed() const override { return false; }
-  // Block 0 is the peer's: the pattern of the chunk being gathered.
-  void all_gather(const void*, void* out, size_t shard_bytes) override {
-    if (fail_next) {
-      fail_next = false;
-      throw Error(PSTAR_ERR_COMM, "peer 0 gone");
-    }
-    std::memset(out, 0xA0 + chunk, shard_bytes);
-    ++gathers;
-  }
-  void reduce_scatter_sum(float*, float*, size_t) override {}
-  void all_reduce_sum(double*, size_t) override {}
-  void all_reduce_max(int64_t*, size_t) override {}
-  void broadcast(void*, size_t, int) override {}
-  void barrier() override {}
-
-  int chunk = 0;  // set by the test before each gather
-  bool fail_next = false;
-  int gathers = 0;
-};
-
-struct Chunks final : pstar::placement::ChunkTable {
-  std::vector<pstar::chunk::Chunk> v;
-  size_t chunk_count() const override { return v.size(); }
-  pstar::chunk::Chunk& chunk_at(uint32_t k) override { return v[k]; }
-};
-
 struct Fixture {
   pstar::memory::EmulatedDevice dev{true, 7};
   pstar::memory::HostPool host{&dev, 0};
   pstar_stats stats = PSTAR_STATS_INIT;
-  Chunks chunks;
+  pstar::testing::VectorChunkTable chunks;
   std::vector<std::vector<unsigned char>> shards;  // this rank's: 0x10 + k
   ProcessGroup group;
-  ScriptedComm* comm = nullptr;
+  int gathering_chunk = 0;  // set before each gather: the peer's block is 0xA0 + it
+  bool fail_next = false;   // the next all-gather fails
+  int gathers = 0;
   ReduceScatter reduce{&group, ReduceScatter::Actions{}};
   ChunkGathering gathering{&group, &reduce};
   std::unique_ptr<pstar::placement::Runtime> rt;
 
   explicit Fixture(bool sharded) {
     if (sharded) {
-      auto c = std::make_unique<ScriptedComm>();
-      comm = c.get();
+      auto c = std::make_unique<pstar::testing::ScriptedComm>(1, 2);
+      // Block 0 is the peer's: the pattern of the chunk being gathered.
+      c->on_all_gather = [this](const void*, void* out, size_t shard_bytes) {
+        if (fail_next) {
+          fail_next = false;
+          throw Error(PSTAR_ERR_COMM, "peer 0 gone");
+        }
+        std::memset(out, 0xA0 + gathering_chunk, shard_bytes);
+        ++gathers;
+      };
       group.adopt(std::move(c));
     }
     pstar::placement::RuntimeOptions o;
@@ -115,7 +93,7 @@ struct Fixture {
     }
   }
   bool acquire(uint32_t k) {
-    if (comm != nullptr) comm->chunk = static_cast<int>(k);
+    gathering_chunk = static_cast<int>(k);
     uint64_t critical = 0;
     const bool now = gathering.before_acquire(k, false, &critical);
     cr_assert_eq(critical, 0u);  // no gather ahead: nothing to wait for
@@ -142,7 +120,7 @@ Test(chunk_gathering, an_acquire_gathers_the_chunk_from_the_shards) {
   cr_assert_eq(f.gathering.bytes_gathered(), kChunkBytes);
   cr_assert_eq(f.rt->tier().bytes(DeviceTier::Use::kChunks), kChunkBytes);
   cr_assert(!f.acquire(1));  // resident: not gathered again
-  cr_assert_eq(f.comm->gathers, 1);
+  cr_assert_eq(f.gathers, 1);
   cr_assert_eq(f.group.collectives(), 1u);
 }
 
@@ -156,13 +134,13 @@ Test(chunk_gathering, a_dropped_chunk_frees_its_payload_and_is_gathered_anew) {
   cr_assert_eq(f.rt->tier().bytes(DeviceTier::Use::kChunks), 0u);
   cr_assert(f.acquire(0));
   f.check_payload(0);
-  cr_assert_eq(f.comm->gathers, 2);
+  cr_assert_eq(f.gathers, 2);
   cr_assert_eq(f.gathering.bytes_gathered(), 2 * kChunkBytes);
 }
 
 Test(chunk_gathering, a_failed_all_gather_frees_its_buffer_and_breaks_the_group) {
   Fixture f(true);
-  f.comm->fail_next = true;
+  f.fail_next = true;
   try {
     f.acquire(2);
     cr_assert_fail("no error");

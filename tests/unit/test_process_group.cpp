@@ -17,34 +17,18 @@
 #include <vector>
 
 #include "dist/process_group.h"
+#include "fakes.h"
 #include "util/error.h"
 
 using pstar::Error;
 using pstar::dist::CollectiveKind;
-using pstar::dist::Communicator;
 using pstar::dist::ProcessGroup;
 
 namespace {
 
-// Rank 1 of 3; no collective is ever called on it (the operations under
-// test are the test's own lambdas).
-class ScriptedComm final : public Communicator {
- public:
-  int rank() const override { return 1; }
-  int size() const override { return 3; }
-  const char* backend() const override { return "scripted"; }
-  bool failed() const override { return false; }
-  void all_gather(const void*, void*, size_t) override {}
-  void reduce_scatter_sum(float*, float*, size_t) override {}
-  void all_reduce_sum(double*, size_t) override {}
-  void all_reduce_max(int64_t*, size_t) override {}
-  void broadcast(void*, size_t, int) override {}
-  void barrier() override {}
-};
-
 std::unique_ptr<ProcessGroup> adopted() {
   auto g = std::make_unique<ProcessGroup>();
-  g->adopt(std::make_unique<ScriptedComm>());
+  g->adopt(std::make_unique<pstar::testing::ScriptedComm>(1, 3));
   return g;
 }
 

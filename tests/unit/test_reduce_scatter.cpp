@@ -16,12 +16,12 @@
 #include <vector>
 
 #include "dist/reduce_scatter.h"
+#include "fakes.h"
 #include "memory/emulated_device.h"
 #include "memory/host_pool.h"
 #include "util/error.h"
 
 using pstar::Error;
-using pstar::dist::Communicator;
 using pstar::dist::ProcessGroup;
 using pstar::dist::ReduceScatter;
 
@@ -29,41 +29,20 @@ namespace {
 
 constexpr int kRank = 1, kWorld = 3;
 
-class ScriptedComm final : public Communicator {
- public:
-  explicit ScriptedComm(bool device_buffers) : device_buffers_(device_buffers) {}
-  int rank() const override { return kRank; }
-  int size() const override { return kWorld; }
-  const char* backend() const override { return "scripted"; }
-  bool failed() const override { return false; }
-  bool device_buffers() const override { return device_buffers_; }
-  void all_gather(const void*, void*, size_t) override {}
-  void reduce_scatter_sum(float* data, float* out, size_t block) override {
-    if (fail_next) {
-      fail_next = false;
-      throw Error(PSTAR_ERR_COMM, "peer 0 gone");
-    }
-    for (size_t i = 0; i < block; ++i) out[i] = kWorld * data[kRank * block + i];
-    ++calls;
-  }
-  void all_reduce_sum(double*, size_t) override {}
-  void all_reduce_max(int64_t*, size_t) override {}
-  void broadcast(void*, size_t, int) override {}
-  void barrier() override {}
-
-  bool fail_next = false;
-  int calls = 0;
-
- private:
-  bool device_buffers_;
-};
-
 // An engine stand-in: chunk k's gradient element i is k * 1000 + i; it
 // records what was applied, and the staging bytes alive.
 struct Harness {
   explicit Harness(bool device_buffers, bool queue) {
-    auto c = std::make_unique<ScriptedComm>(device_buffers);
-    comm = c.get();
+    auto c = std::make_unique<pstar::testing::ScriptedComm>(kRank, kWorld, device_buffers);
+    // The peers hold the same gradients: the sum is kWorld times this
+    // rank's block.
+    c->on_reduce_scatter = [this](float* data, float* out, size_t block) {
+      if (fail_next) {
+        fail_next = false;
+        throw Error(PSTAR_ERR_COMM, "peer 0 gone");
+      }
+      for (size_t i = 0; i < block; ++i) out[i] = kWorld * data[kRank * block + i];
+    };
     group.adopt(std::move(c));
     if (queue) group.start_queue();
     host = std::make_unique<pstar::memory::HostPool>(&dev, 0);
@@ -100,7 +79,7 @@ struct Harness {
   static constexpr uint64_t kElems = 12, shard = kElems / kWorld;
   pstar::memory::EmulatedDevice dev{true, 7};
   ProcessGroup group;
-  ScriptedComm* comm = nullptr;
+  bool fail_next = false;  // the next reduce-scatter fails
   std::unique_ptr<pstar::memory::HostPool> host;
   std::unique_ptr<ReduceScatter> rs;
   bool fail_lay_out = false;
@@ -194,7 +173,7 @@ Test(reduce_scatter, a_failed_lay_out_frees_its_stage_and_issues_nothing) {
 Test(reduce_scatter, a_failure_inline_or_queued_breaks_the_group_and_frees_the_stage) {
   for (bool queue : {false, true}) {
     Harness h(true, queue);
-    h.comm->fail_next = true;
+    h.fail_next = true;
     try {
       h.rs->reduce(2, Harness::kElems, Harness::shard);  // inline: fails here
       cr_assert(queue, "no error inline");
