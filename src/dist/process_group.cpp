@@ -4,6 +4,7 @@
 
 #include <exception>
 #include <utility>
+#include <vector>
 
 #include "dist/group.h"
 #include "util/error.h"
@@ -69,6 +70,55 @@ void ProcessGroup::fail_all(const std::string& message) {
 void ProcessGroup::note(CollectiveKind kind, uint64_t chunk) {
   hash_ = (hash_ ^ (static_cast<uint64_t>(kind) * 0x9E3779B97F4A7C15ull + chunk)) * 0x100000001B3ull;
   ++collectives_;
+}
+
+void ProcessGroup::all_gather_host(const char* what, CollectiveKind kind, uint64_t chunk, const void* mine, void* all,
+                                   size_t bytes) {
+  run(what, kind, chunk, [&] {
+    if (!comm_->device_buffers()) {
+      comm_->all_gather(mine, all, bytes);
+      return;
+    }
+    const size_t total = bytes * static_cast<size_t>(world_);
+    void* scratch = scratch_.alloc(total);
+    try {
+      void* own = static_cast<char*>(scratch) + static_cast<size_t>(rank_) * bytes;
+      scratch_.copy(own, mine, bytes, true);
+      comm_->all_gather(own, scratch, bytes);
+      scratch_.copy(all, scratch, total, false);
+    } catch (...) {
+      scratch_.free(scratch, total);
+      throw;
+    }
+    scratch_.free(scratch, total);  // the copies waited: nothing uses it
+  });
+}
+
+ProcessGroup::StepVote ProcessGroup::agree_on_step(const StepVote& mine) {
+  // Fixed-size fields, the same layout on every rank.
+  struct Exchange {
+    double sumsq;
+    uint64_t overflow;
+    uint64_t hash;
+    uint64_t schedule_ready;
+  };
+  const Exchange own{mine.sumsq, mine.overflow ? 1u : 0u, take_hash(), mine.schedule_ready ? 1u : 0u};
+  std::vector<Exchange> all(static_cast<size_t>(world_));
+  all_gather_host("step: norm and overflow exchange", CollectiveKind::kStep, 0, &own, all.data(), sizeof own);
+  StepVote agreed;
+  agreed.schedule_ready = true;
+  for (int q = 0; q < world_; ++q) {
+    const Exchange& e = all[static_cast<size_t>(q)];
+    if (e.hash != all[0].hash) {
+      fail_all("step: the ranks issued different collectives since the last step (rank 0 and rank " +
+               std::to_string(q) +
+               " differ): their acquires, releases, reads or builds were not the same calls in the same order");
+    }
+    agreed.sumsq += e.sumsq;  // rank order: the same bits on every rank
+    agreed.overflow = agreed.overflow || e.overflow != 0;
+    agreed.schedule_ready = agreed.schedule_ready && e.schedule_ready != 0;
+  }
+  return agreed;
 }
 
 void ProcessGroup::start_queue() { queue_ = std::make_unique<CollectiveQueue>(); }

@@ -90,6 +90,35 @@ class ProcessGroup {
     if (failed_call(std::function<void()>(std::forward<F>(f)), &failure)) fail(what, failure);
   }
 
+  // Scratch in device memory for collectives of host memory over a
+  // communicator that takes device memory (NCCL): allocated where room is
+  // made and counted while it lives, and copies that wait.
+  struct DeviceScratch {
+    std::function<void*(uint64_t bytes)> alloc;
+    std::function<void(void* p, uint64_t bytes)> free;
+    std::function<void(void* dst, const void* src, size_t bytes, bool to_device)> copy;
+  };
+  void set_device_scratch(DeviceScratch scratch) { scratch_ = std::move(scratch); }
+  // A collective (as run()): all-gathers `bytes` of host memory from every
+  // rank into `all` (world * bytes, rank order); through the device scratch
+  // when the communicator takes device memory.
+  void all_gather_host(const char* what, CollectiveKind kind, uint64_t chunk, const void* mine, void* all,
+                       size_t bytes);
+
+  // The step's agreement (one collective): every rank's squared gradient
+  // norm, overflow flag and gather-schedule readiness, exchanged with the
+  // hash of the collectives each issued since the last step.  The sum is
+  // taken in rank order (the same bits on every rank), overflow if any rank
+  // overflowed, the schedule ready only if ready on every rank.  Ranks
+  // whose hashes differ made different calls: the group fails for good on
+  // every rank (PSTAR_ERR_COMM).
+  struct StepVote {
+    double sumsq = 0.0;
+    bool overflow = false;
+    bool schedule_ready = false;
+  };
+  StepVote agree_on_step(const StepVote& mine);
+
   // The collective queue (gathering ahead): started at build, stopped
   // before the buffers its operations use are freed.
   void start_queue();
@@ -141,6 +170,7 @@ class ProcessGroup {
   std::string failure_;  // the first failure, said of its collective and rank
   uint64_t hash_ = 0;    // collectives since the last take_hash()
   uint64_t collectives_ = 0;
+  DeviceScratch scratch_;
   // Declared after comm_, so that it is destroyed (its thread joined) first.
   std::unique_ptr<CollectiveQueue> queue_;
 };

@@ -80,6 +80,20 @@ Engine::Engine(const EngineOptions& options, std::unique_ptr<dist::Communicator>
   po.record_timeline = options_.record_timeline;
   placement_ = std::make_unique<placement::Runtime>(device_.get(), host_.get(), &stats_, po);
   placement_->attach(this);
+  group_.set_device_scratch(dist::ProcessGroup::DeviceScratch{
+      [this](uint64_t bytes) {
+        void* p = placement_->device_alloc(bytes, -1, "all-gather scratch");
+        placement_->tier().add(Use::kStaging, bytes);
+        placement_->note_device_peak();
+        return p;
+      },
+      [this](void* p, uint64_t bytes) {
+        device_->deallocate(p, bytes);
+        placement_->tier().remove(Use::kStaging, bytes);
+      },
+      [this](void* dst, const void* src, size_t bytes, bool to_device) {
+        copy_sync(dst, src, bytes, to_device ? memory::CopyKind::kHostToDevice : memory::CopyKind::kDeviceToHost);
+      }});
   gathering_.attach(device_.get(), placement_.get(), this,
                     dist::ChunkGathering::Shards{[this](uint32_t k) -> const void* { return chunks_[k].shard; },
                                                  [this](uint32_t k) { return chunks_[k].shard_elems * elem_bytes(); }});
@@ -205,7 +219,6 @@ void Engine::build() {
         c.tier = Tier::kNotGathered;
         c.shard = host_->acquire(c.shard_elems * elem_bytes());
         std::memset(c.shard, 0, c.shard_elems * elem_bytes());
-        c.unmarked[0] = c.unmarked[1] = static_cast<uint32_t>(info.params.size());
       } else {
         c.host = host_->acquire(c.bytes);
         if (payloads_) std::memset(c.host, 0, c.bytes);
@@ -245,6 +258,11 @@ void Engine::build() {
     throw;
   }
   chunks_ = std::move(chunks);
+  if (sharded()) {
+    std::vector<uint32_t> params_per_chunk;
+    for (const auto& info : layout_->chunks()) params_per_chunk.push_back(static_cast<uint32_t>(info.params.size()));
+    drop_rule_.build(params_per_chunk, params_.size());
+  }
   uint64_t largest_grad = 0;
   for (const Param& p : params_) {
     if (!p.frozen()) largest_grad = std::max(largest_grad, p.numel * sizeof(float));
@@ -452,13 +470,7 @@ void Engine::iteration_begin(pstar_iteration_kind kind) {
           "iteration_begin: a parameter is pinned writable (pstar_param_pin); unpin it first, which refreshes its "
           "compute copy");
   group_.require_ok("iteration_begin");
-  if (sharded()) {
-    for (Param& p : params_) p.used_marks = 0;
-    for (uint32_t k = 0; k < chunks_.size(); ++k) {
-      ChunkState& c = chunks_[k];
-      c.unmarked[0] = c.unmarked[1] = static_cast<uint32_t>(layout_->chunks()[k].params.size());
-    }
-  }
+  drop_rule_.iteration_begin();
   iteration_active_ = true;
   iteration_kind_ = kind;
   ++stats_.iterations;
@@ -504,7 +516,7 @@ void Engine::reset_iteration_state(TensorEvent ev) {
     p.grad_sumsq = 0.0;
     p.grad_nonfinite = 0;
   }
-  for (ChunkState& c : chunks_) c.bwd_open = 0;
+  drop_rule_.close_backward();
   if (options_.grad_accumulation) {
     memory::Stream* cs = device_->compute_stream();
     for (uint32_t k = 0; k < chunks_.size(); ++k) {
@@ -658,13 +670,7 @@ void* Engine::acquire(uint32_t id, pstar_stage stage, void* stream) {
   }
   if (ev == TensorEvent::kAcquireForward) ++p.forward_uses;
   if (ev == TensorEvent::kAcquireBackward) ++p.backward_uses;
-  if (sharded() && was_open != (p.backward_uses != p.forward_uses)) {
-    if (was_open) {
-      --c.bwd_open;
-    } else {
-      ++c.bwd_open;
-    }
-  }
+  drop_rule_.note_backward_open(place.chunk, was_open, p.backward_uses != p.forward_uses);
   ++c.compute_refs;
   ++acquires_;
   c.last_acquire = acquires_;
@@ -701,7 +707,7 @@ void Engine::release(uint32_t id, void* stream) {
   if (ev == TensorEvent::kReleaseBackwardLast && !p.frozen() && sharded()) {
     // world > 1: the gradient stays in its fp32 buffer until the chunk's
     // reduce-scatter (after_release_sharded), the slot keeps the weight.
-    if (!p.grad_pending) ++c.grads_pending;
+    if (!p.grad_pending) drop_rule_.note_gradient_pending(place.chunk);
     p.grad_pending = true;
     p.grad_ready = device_->record(s);
   } else if (ev == TensorEvent::kReleaseBackwardLast && !p.frozen() && options_.grad_accumulation) {
@@ -721,7 +727,12 @@ void Engine::release(uint32_t id, void* stream) {
   c.last_use = device_->record(s);
   apply(p, id, ev);
   --c.compute_refs;
-  if (sharded()) after_release_sharded(id, place.chunk, p.acquired_stage);
+  // world > 1: the drop rule (dist/drop_rule.h).
+  switch (drop_rule_.after_release(id, place.chunk, p.acquired_stage, c.compute_refs)) {
+    case dist::DropRule::Action::kReduceThenDrop: reduce_chunk(place.chunk); [[fallthrough]];
+    case dist::DropRule::Action::kDrop: gathering_.drop(place.chunk, true); break;
+    case dist::DropRule::Action::kKeep: break;
+  }
 }
 
 // A trainable parameter acquired for BACKWARD in a TRAIN iteration: the

@@ -29,6 +29,7 @@
 #include "dist/collective_queue.h"
 #include "dist/comm/communicator.h"
 #include "dist/chunk_gathering.h"
+#include "dist/drop_rule.h"
 #include "dist/process_group.h"
 #include "dist/reduce_scatter.h"
 #include "engine/options.h"
@@ -158,9 +159,6 @@ class Engine : private placement::ChunkTable {
     // the queued work writing grad_acc is done.
     bool grad_pending = false;
     memory::EventPtr grad_ready;
-    // world > 1: stages (bit 0 FORWARD or EVAL, bit 1 RECOMPUTE) whose use
-    // of this parameter has been released this iteration (drop rule).
-    uint8_t used_marks = 0;
     float* grad_acc = nullptr;  // device fp32 accumulator during backward
     // Written by the device when the gradient is finalized.
     double grad_sumsq = 0.0;
@@ -181,13 +179,6 @@ class Engine : private placement::ChunkTable {
     // good.  The gathered full chunk is chunk::Chunk's payload (tier
     // kNotGathered when not gathered); the fp32 lists below are shards too.
     void* shard = nullptr;
-    // world > 1, this iteration: parameters not yet released in stage
-    // FORWARD (or EVAL) [0] and RECOMPUTE [1]; parameters whose backward
-    // uses differ from their forward uses; parameters whose gradient waits
-    // for the chunk's reduce-scatter.
-    uint32_t unmarked[2] = {0, 0};
-    uint32_t bwd_open = 0;
-    uint32_t grads_pending = 0;
     uint32_t master_pins = 0;  // pinned masters of its parameters (pstar_param_pin)
     // fp32 optimizer twins (trainable chunks only): on the host, or with
     // hybrid placement in one device buffer (opt_device), for good.  With
@@ -268,8 +259,6 @@ class Engine : private placement::ChunkTable {
     return {lo, std::max(place.offset_elems, lo), std::min(place.offset_elems + place.numel, lo + n)};
   }
   // Gathering ahead (engine_dist.cpp).
-  void all_gather_host(const void* mine, void* all, size_t bytes);
-  void after_release_sharded(uint32_t id, uint32_t k, pstar_stage stage);
   void reduce_chunk(uint32_t k);
   // The reduce-scatter's actions (dist/reduce_scatter.h).
   std::vector<uint32_t> lay_out_gradients(uint32_t k, float* data, uint64_t elems);
@@ -331,6 +320,7 @@ class Engine : private placement::ChunkTable {
   // world > 1: the gathered chunks, gathering ahead along the schedule
   // into its device slots, and dropping (dist/chunk_gathering.h).
   dist::ChunkGathering gathering_;
+  dist::DropRule drop_rule_;  // when gathered chunks go (world > 1)
 
   // NVMe tier: its options (set before build), the data file, the staging
   // buffers, which chunks' lists live on the drive, and the failure that

@@ -70,33 +70,7 @@ void Engine::connect_group() {
 // The sharded checkpoint's exchanges (engine_checkpoint.cpp): an all-gather
 // of a few host bytes per rank.
 void Engine::checkpoint_all_gather(const void* mine, void* all, size_t bytes) {
-  group_.run("checkpoint: all-gather", Kind::kCheckpoint, 0, [&] { all_gather_host(mine, all, bytes); });
-}
-
-// An all-gather of host memory: directly where the communicator takes host
-// buffers (Gloo); through a device scratch buffer where it takes device
-// memory (NCCL), made room for and counted like a chunk while it lives.
-void Engine::all_gather_host(const void* mine, void* all, size_t bytes) {
-  if (!group_.comm().device_buffers()) {
-    group_.comm().all_gather(mine, all, bytes);
-    return;
-  }
-  const size_t total = bytes * static_cast<size_t>(group_.world());
-  void* scratch = placement_->device_alloc(total, -1, "all-gather scratch");
-  placement_->tier().add(Use::kStaging, total);
-  placement_->note_device_peak();
-  try {
-    void* own = static_cast<char*>(scratch) + static_cast<size_t>(group_.rank()) * bytes;
-    copy_sync(own, mine, bytes, memory::CopyKind::kHostToDevice);
-    group_.comm().all_gather(own, scratch, bytes);
-    copy_sync(all, scratch, total, memory::CopyKind::kDeviceToHost);
-  } catch (...) {
-    device_->deallocate(scratch, total);
-    placement_->tier().remove(Use::kStaging, total);
-    throw;
-  }
-  device_->deallocate(scratch, total);  // copy_sync waited: nothing uses it
-  placement_->tier().remove(Use::kStaging, total);
+  group_.all_gather_host("checkpoint: all-gather", Kind::kCheckpoint, 0, mine, all, bytes);
 }
 
 // ---------------------------------------------------------------------------
@@ -130,7 +104,7 @@ void Engine::check_layout_agrees(uint64_t chunk_elems) {
   const uint64_t slots_fit = slots == 0 || placement_->tier().fits(slots);
   const uint64_t mine[4] = {h, params_.size(), total, slots_fit};
   std::vector<uint64_t> all(4 * static_cast<size_t>(group_.world()));
-  group_.run("engine_build: layout check", Kind::kLayout, 0, [&] { all_gather_host(mine, all.data(), sizeof mine); });
+  group_.all_gather_host("engine_build: layout check", Kind::kLayout, 0, mine, all.data(), sizeof mine);
   std::string short_ranks;
   for (int r = 0; r < group_.world(); ++r) {
     if (all[4 * static_cast<size_t>(r) + 3] == 0) short_ranks += (short_ranks.empty() ? "" : ", ") + std::to_string(r);
@@ -158,33 +132,6 @@ void Engine::check_layout_agrees(uint64_t chunk_elems) {
   }
 }
 
-// The drop rule, applied after every release (DESIGN.md section 2, after
-// PatrickStar): in FORWARD, EVAL and RECOMPUTE, a chunk is dropped once no
-// parameter of it is acquired and every parameter of it has been released
-// in that stage this iteration (a later use, e.g. a tied weight's second
-// one, gathers it again); in BACKWARD, once no parameter of it is acquired
-// and every parameter has as many backward uses as forward uses (all its
-// gradients final), after its gradients were reduce-scattered.
-void Engine::after_release_sharded(uint32_t id, uint32_t k, pstar_stage stage) {
-  ChunkState& c = chunks_[k];
-  Param& p = params_[id];
-  if (stage == PSTAR_STAGE_BACKWARD) {
-    if (c.compute_refs != 0 || c.bwd_open != 0) return;
-    if (c.grads_pending != 0) reduce_chunk(k);
-    gathering_.drop(k, true);
-    return;
-  }
-  const int b = stage == PSTAR_STAGE_RECOMPUTE ? 1 : 0;
-  const uint8_t bit = static_cast<uint8_t>(1u << b);
-  if ((p.used_marks & bit) == 0) {
-    p.used_marks |= bit;
-    --c.unmarked[b];
-  }
-  if (c.compute_refs == 0 && c.unmarked[b] == 0) {
-    gathering_.drop(k, true);
-  }
-}
-
 // Reduce-scatters the pending gradients of chunk k (dist/reduce_scatter.h):
 // their fp32 buffers are laid out as the chunk (zero elsewhere), summed over
 // the ranks, and this rank's shard of the average is applied.  Without
@@ -206,7 +153,6 @@ void Engine::reduce_chunk(uint32_t k) {
 // (the device with NCCL, which reduces device memory; the host with Gloo),
 // then their device buffers go.
 std::vector<uint32_t> Engine::lay_out_gradients(uint32_t k, float* data, uint64_t elems) {
-  ChunkState& c = chunks_[k];
   const auto& info = layout_->chunks()[k];
   if (group_.device_buffers()) {
     memory::Stream* s = device_->compute_stream();
@@ -241,7 +187,7 @@ std::vector<uint32_t> Engine::lay_out_gradients(uint32_t k, float* data, uint64_
     p.grad_pending = false;
     p.has_grad = true;
   }
-  c.grads_pending = 0;
+  drop_rule_.gradients_taken(k);
   stats_.bytes_reduce_scattered += elems * sizeof(float);
   return carried;
 }
@@ -328,15 +274,15 @@ void Engine::read_sharded(uint32_t id, void* dst, pstar_dtype dtype) {
   if (!p.frozen()) {
     nvme_.access(place.chunk, false);
     std::vector<float> full(c.elems);
-    group_.run("param_read: all-gather", Kind::kRead, place.chunk,
-               [&] { all_gather_host(c.master, full.data(), c.shard_elems * sizeof(float)); });
+    group_.all_gather_host("param_read: all-gather", Kind::kRead, place.chunk, c.master, full.data(),
+                           c.shard_elems * sizeof(float));
     stats_.bytes_all_gathered += c.elems * sizeof(float);
     convert_from_f32(full.data() + place.offset_elems, dst, dtype, place.numel);
     return;
   }
   std::vector<unsigned char> full(c.bytes);
-  group_.run("param_read: all-gather", Kind::kRead, place.chunk,
-             [&] { all_gather_host(c.shard, full.data(), c.shard_elems * elem_bytes()); });
+  group_.all_gather_host("param_read: all-gather", Kind::kRead, place.chunk, c.shard, full.data(),
+                         c.shard_elems * elem_bytes());
   stats_.bytes_all_gathered += c.bytes;
   for (uint64_t i = 0; i < place.numel; ++i) {
     store_as(dst, dtype, i, load_as(full.data(), options_.compute_dtype, place.offset_elems + i));
@@ -363,7 +309,7 @@ void Engine::restore_slot_sharded(uint32_t id) {
 void Engine::step_update_sharded(pstar_step_result& r) {
   device_->synchronize(device_->compute_stream());
   for (uint32_t k = 0; k < chunks_.size(); ++k) {
-    if (chunks_[k].grads_pending != 0) reduce_chunk(k);
+    if (drop_rule_.gradients_pending(k) != 0) reduce_chunk(k);
   }
   reduce_.finish_through(-1);
   gathering_.drop_all();
@@ -389,30 +335,14 @@ void Engine::step_update_sharded(pstar_step_result& r) {
   // rank's own decision, taken from the same calls, is confirmed here
   // before any rank acts on it: one rank recording anew makes all do so).
   gathering_.iteration_end(static_cast<uint32_t>(chunks_.size()));
-  struct Exchange {
-    double sumsq;
-    uint64_t overflow;
-    uint64_t hash;
-    uint64_t schedule_ready;
-  };
-  const Exchange mine{sumsq_local, overflow_local ? 1u : 0u, group_.take_hash(), gathering_.schedule_ready() ? 1u : 0u};
-  std::vector<Exchange> all(static_cast<size_t>(group_.world()));
-  group_.run("step: norm and overflow exchange", Kind::kStep, 0,
-             [&] { all_gather_host(&mine, all.data(), sizeof mine); });
-  double sumsq = 0.0;
-  bool overflow = false;
-  for (int q = 0; q < group_.world(); ++q) {
-    const Exchange& e = all[static_cast<size_t>(q)];
-    if (e.hash != all[0].hash) {
-      group_.fail_all("step: the ranks issued different collectives since the last step (rank 0 and rank " +
-                      std::to_string(q) +
-                      " differ): their acquires, releases, reads or builds were not the same calls in the same "
-                      "order");
-    }
-    sumsq += e.sumsq;  // rank order: the same bits on every rank
-    overflow = overflow || e.overflow != 0;
-    if (e.schedule_ready == 0) gathering_.invalidate_schedule();
-  }
+  dist::ProcessGroup::StepVote mine;
+  mine.sumsq = sumsq_local;
+  mine.overflow = overflow_local;
+  mine.schedule_ready = gathering_.schedule_ready();
+  const dist::ProcessGroup::StepVote agreed = group_.agree_on_step(mine);
+  if (!agreed.schedule_ready) gathering_.invalidate_schedule();
+  const double sumsq = agreed.sumsq;
+  const bool overflow = agreed.overflow;
 
   const double clip_coef = unscale_and_clip(sumsq, &r);
   if (overflow) {

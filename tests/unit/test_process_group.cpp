@@ -9,6 +9,7 @@
 #include <criterion/criterion.h>
 
 #include <chrono>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <stdexcept>
@@ -158,4 +159,94 @@ Test(process_group, a_queued_failure_is_reported_by_the_wait_and_the_next_inline
   cr_assert_eq(status_of(&msg, [&] { g->run("inline", CollectiveKind::kStep, 0, [] {}); }), PSTAR_ERR_COMM);
   cr_assert(msg.find("timed out") != std::string::npos, "%s", msg.c_str());
   cr_assert_eq(status_of(&msg, [&] { g->require_ok("later"); }), PSTAR_ERR_COMM);
+}
+
+namespace {
+// The step exchange's layout on the wire (ProcessGroup::agree_on_step): the
+// scripted peers write theirs in it.
+struct WireVote {
+  double sumsq;
+  uint64_t overflow;
+  uint64_t hash;
+  uint64_t schedule_ready;
+};
+
+// Rank 1 of 3 whose peers vote `peer0` and `peer2`, each with this rank's
+// hash unless `hash_of_2` is set.
+std::unique_ptr<ProcessGroup> voting(WireVote peer0, WireVote peer2, bool other_hash_on_2) {
+  auto c = std::make_unique<pstar::testing::ScriptedComm>(1, 3);
+  c->on_all_gather = [=](const void* mine, void* out, size_t bytes) {
+    cr_assert_eq(bytes, sizeof(WireVote));
+    auto* all = static_cast<WireVote*>(out);
+    std::memcpy(&all[1], mine, bytes);
+    all[0] = peer0;
+    all[2] = peer2;
+    all[0].hash = all[1].hash;
+    all[2].hash = other_hash_on_2 ? all[1].hash + 1 : all[1].hash;
+  };
+  auto g = std::make_unique<ProcessGroup>();
+  g->adopt(std::move(c));
+  return g;
+}
+}  // namespace
+
+Test(process_group, the_step_vote_sums_in_rank_order_and_agrees_on_every_flag) {
+  auto g = voting({1.5, 0, 0, 1}, {4.0, 1, 0, 0}, false);
+  g->run("x", CollectiveKind::kGather, 0, [] {});  // a hash to compare
+  ProcessGroup::StepVote mine;
+  mine.sumsq = 2.25;
+  mine.schedule_ready = true;
+  const ProcessGroup::StepVote agreed = g->agree_on_step(mine);
+  cr_assert_eq(agreed.sumsq, (1.5 + 2.25) + 4.0);
+  cr_assert(agreed.overflow);         // rank 2's
+  cr_assert(!agreed.schedule_ready);  // not ready on rank 2
+  cr_assert_eq(g->collectives(), 2u);
+  auto ready = voting({0.0, 0, 0, 1}, {0.0, 0, 0, 1}, false);
+  mine.schedule_ready = true;
+  const ProcessGroup::StepVote all_ready = ready->agree_on_step(mine);
+  cr_assert(all_ready.schedule_ready);
+  cr_assert(!all_ready.overflow);
+}
+
+Test(process_group, ranks_that_issued_other_collectives_fail_the_step_for_good) {
+  auto g = voting({0.0, 0, 0, 1}, {0.0, 0, 0, 1}, true);
+  std::string msg;
+  cr_assert_eq(status_of(&msg, [&] { g->agree_on_step(ProcessGroup::StepVote{}); }), PSTAR_ERR_COMM);
+  cr_assert(msg.find("rank 0 and rank 2 differ") != std::string::npos, "%s", msg.c_str());
+  cr_assert_eq(status_of(&msg, [&] { g->require_ok("next"); }), PSTAR_ERR_COMM);
+}
+
+Test(process_group, host_all_gathers_go_through_device_scratch_when_the_communicator_needs_it) {
+  auto c = std::make_unique<pstar::testing::ScriptedComm>(1, 3, true);
+  // "Device" memory is host memory here: the script fills the peers' blocks.
+  c->on_all_gather = [](const void* own, void* out, size_t bytes) {
+    auto* all = static_cast<unsigned char*>(out);
+    cr_assert_eq(std::memcmp(all + bytes, own, bytes), 0);  // this rank's block, copied in
+    std::memset(all, 0x11, bytes);
+    std::memset(all + 2 * bytes, 0x33, bytes);
+  };
+  ProcessGroup g;
+  g.adopt(std::move(c));
+  uint64_t live = 0;
+  int copies = 0;
+  g.set_device_scratch(ProcessGroup::DeviceScratch{
+      [&](uint64_t bytes) {
+        live += bytes;
+        return static_cast<void*>(new unsigned char[bytes]);
+      },
+      [&](void* p, uint64_t bytes) {
+        live -= bytes;
+        delete[] static_cast<unsigned char*>(p);
+      },
+      [&](void* dst, const void* src, size_t bytes, bool) {
+        ++copies;
+        std::memcpy(dst, src, bytes);
+      }});
+  const unsigned char mine[4] = {0x22, 0x22, 0x22, 0x22};
+  unsigned char all[12] = {0};
+  g.all_gather_host("read", CollectiveKind::kRead, 3, mine, all, sizeof mine);
+  for (int i = 0; i < 12; ++i) cr_assert_eq(all[i], i < 4 ? 0x11 : i < 8 ? 0x22 : 0x33, "byte %d", i);
+  cr_assert_eq(live, 0u);
+  cr_assert_eq(copies, 2);  // in, then out
+  cr_assert_eq(g.collectives(), 1u);
 }
