@@ -1,8 +1,8 @@
 // Chunk: what the chunk store and the placement runtime know of one chunk:
 // where its compute-dtype payload is, when that payload is valid, and who
 // uses it.  The engine's per-chunk record extends it with what other
-// modules own (shards, optimizer lists, the NVMe slot); placement sees this
-// part only.
+// modules own (shards, the NVMe slot) and with Fp32Lists; the placement
+// runtime sees the Chunk part only, hybrid placement both parts.
 #pragma once
 
 #include <cstdint>
@@ -41,6 +41,23 @@ struct Chunk {
   // May leave the accelerator (eviction, prefetch's swap): not in use, its
   // optimizer state not on the device, not in a gather slot.
   bool evictable() const { return compute_refs == 0 && opt_device == nullptr && gather_slot < 0; }
+};
+
+// The fp32 twins of a trainable chunk (chunk/layout.h), null for a frozen
+// one: master, Adam's m and v, and the gradient list with gradient
+// accumulation.  They live on the host, on the NVMe drive (memory/nvme_tier.h
+// points them at its staging buffers while staged in), or with hybrid
+// placement (placement/hybrid.h) in the chunk's opt_device buffer for good.
+// A struct of its own so that hybrid placement can be handed the lists of a
+// chunk without the rest of the engine's record.
+struct Fp32Lists {
+  float* master = nullptr;
+  float* exp_avg = nullptr;
+  float* exp_avg_sq = nullptr;
+  float* grad32 = nullptr;
+  // Pinned masters of its parameters (pstar_param_pin): the caller holds
+  // pointers into `master`, so the list must not move.
+  uint32_t master_pins = 0;
 };
 
 }  // namespace pstar::chunk

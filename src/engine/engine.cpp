@@ -22,10 +22,6 @@ namespace pstar::engine {
 using chunk::TensorEvent;
 using chunk::TensorState;
 
-namespace {
-std::string bytes_str(uint64_t b) { return std::to_string(b) + " bytes"; }
-}  // namespace
-
 Engine::Engine(const EngineOptions& options) : Engine(options, nullptr) {}
 
 Engine::Engine(const EngineOptions& options, std::unique_ptr<dist::Communicator> group)
@@ -80,6 +76,11 @@ Engine::Engine(const EngineOptions& options, std::unique_ptr<dist::Communicator>
   po.record_timeline = options_.record_timeline;
   placement_ = std::make_unique<placement::Runtime>(device_.get(), host_.get(), &stats_, po);
   placement_->attach(this);
+  placement::HybridOptions ho;
+  ho.enabled = options_.hybrid_optimizer;
+  ho.warmup_iterations = options_.warmup_iterations;
+  ho.grad_accumulation = options_.grad_accumulation;
+  hybrid_ = std::make_unique<placement::HybridPlacement>(device_.get(), placement_.get(), &stats_, ho);
   group_.set_device_scratch(dist::ProcessGroup::DeviceScratch{
       [this](uint64_t bytes) {
         void* p = placement_->device_alloc(bytes, -1, "all-gather scratch");
@@ -125,7 +126,9 @@ Engine::~Engine() {
         host_->release(c.host, c.bytes);
       }
       host_->release(c.shard, c.shard_elems * elem_bytes());
-      release_optimizer_buffers(c, fp32_bytes_held(static_cast<uint32_t>(i)));
+      if (!hybrid_->release(static_cast<uint32_t>(i))) {
+        release_optimizer_buffers(c, fp32_bytes_held(static_cast<uint32_t>(i)));
+      }
     }
   }
   reduce_.release();  // the queue is gone: nothing uses its buffers
@@ -134,12 +137,6 @@ Engine::~Engine() {
 }
 
 void Engine::release_optimizer_buffers(ChunkState& c, uint64_t fp32_bytes) {
-  if (c.opt_device != nullptr) {
-    device_->deallocate(c.opt_device, c.opt_device_bytes);
-    c.opt_device = nullptr;
-    c.master = c.exp_avg = c.exp_avg_sq = c.grad32 = nullptr;
-    return;
-  }
   for (float** b : {&c.master, &c.exp_avg, &c.exp_avg_sq, &c.grad32}) {
     host_->release(*b, fp32_bytes);
     *b = nullptr;
@@ -263,6 +260,7 @@ void Engine::build() {
     for (const auto& info : layout_->chunks()) params_per_chunk.push_back(static_cast<uint32_t>(info.params.size()));
     drop_rule_.build(params_per_chunk, params_.size());
   }
+  hybrid_->attach(this, layout_.get());
   uint64_t largest_grad = 0;
   for (const Param& p : params_) {
     if (!p.frozen()) largest_grad = std::max(largest_grad, p.numel * sizeof(float));
@@ -404,10 +402,9 @@ void Engine::write(uint32_t id, const void* src, uint64_t count, pstar_dtype dty
   ChunkState& c = chunks_[place.chunk];
   if (c.opt_device != nullptr) {
     // The master lives in device memory: stage through the host.
-    sync_optimizer(place.chunk);
     std::vector<float> staging(count);
     convert_to_f32(src, dtype, staging.data(), count);
-    copy_sync(c.master + place.offset_elems, staging.data(), count * sizeof(float), memory::CopyKind::kHostToDevice);
+    hybrid_->write_list(place.chunk, c.master + place.offset_elems, staging.data(), count);
     write_slot_on_device(id, staging.data());
     return;
   }
@@ -429,9 +426,8 @@ void Engine::read(uint32_t id, void* dst, uint64_t count, pstar_dtype dtype) {
     const float* master = c.master + place.offset_elems;
     std::vector<float> staging;
     if (c.opt_device != nullptr) {
-      sync_optimizer(place.chunk);
       staging.resize(count);
-      copy_sync(staging.data(), master, count * sizeof(float), memory::CopyKind::kDeviceToHost);
+      hybrid_->read_list(place.chunk, master, staging.data(), count);
       master = staging.data();
     }
     convert_from_f32(master, dst, dtype, count);
@@ -452,6 +448,18 @@ void Engine::read(uint32_t id, void* dst, uint64_t count, pstar_dtype dtype) {
   for (uint64_t i = 0; i < count; ++i) {
     store_as(dst, dtype, i, load_as(payload, options_.compute_dtype, place.offset_elems + i));
   }
+}
+
+void Engine::write_slot_on_device(uint32_t id, const float* values) {
+  const auto& place = layout_->param(id);
+  ChunkState& c = chunks_[place.chunk];
+  std::vector<unsigned char> rounded(place.numel * elem_bytes());
+  for (uint64_t i = 0; i < place.numel; ++i) store_as(rounded.data(), options_.compute_dtype, i, values[i]);
+  memory::Stream* s = device_->compute_stream();
+  device_->stream_wait(s, c.ready);
+  device_->stream_wait(s, c.last_use);
+  copy_sync(static_cast<char*>(c.device) + place.offset_elems * elem_bytes(), rounded.data(), rounded.size(),
+            memory::CopyKind::kHostToDevice);
 }
 
 // ---------------------------------------------------------------------------
@@ -517,17 +525,7 @@ void Engine::reset_iteration_state(TensorEvent ev) {
     p.grad_nonfinite = 0;
   }
   drop_rule_.close_backward();
-  if (options_.grad_accumulation) {
-    memory::Stream* cs = device_->compute_stream();
-    for (uint32_t k = 0; k < chunks_.size(); ++k) {
-      ChunkState& c = chunks_[k];
-      if (c.opt_device == nullptr) continue;
-      device_->stream_wait(cs, c.opt_ready);
-      device_->stream_wait(cs, c.last_use);
-      device_->memset_async(cs, c.grad32, 0, layout_->chunks()[k].capacity_elems * sizeof(float));
-      c.last_use = device_->record(cs);
-    }
-  }
+  if (options_.grad_accumulation) hybrid_->clear_gradients();
 }
 
 // Abandons the iteration in progress (pstar_iteration_abort), typically from
@@ -825,10 +823,8 @@ void Engine::restore_slot(uint32_t id) {
   const auto& place = layout_->param(id);
   ChunkState& c = chunks_[place.chunk];
   if (c.opt_device != nullptr) {
-    sync_optimizer(place.chunk);
     std::vector<float> staging(place.numel);
-    copy_sync(staging.data(), c.master + place.offset_elems, place.numel * sizeof(float),
-              memory::CopyKind::kDeviceToHost);
+    hybrid_->read_list(place.chunk, c.master + place.offset_elems, staging.data(), place.numel);
     write_slot_on_device(id, staging.data());
     return;
   }
@@ -854,11 +850,9 @@ void Engine::fold_gradient(uint32_t id, memory::Stream* s) {
   const size_t bytes = p.numel * sizeof(float);
   ChunkState& c = chunks_[place.chunk];
   if (c.opt_device != nullptr) {
-    // The gradient list is on the device too: add there, asynchronously;
+    // The gradient list is on the device too: added there, asynchronously;
     // the accumulator is freed once the addition is done.
-    device_->stream_wait(s, c.opt_ready);
-    device_->grad_accumulate(s, c.grad32 + place.offset_elems, p.grad_acc, PSTAR_DTYPE_F32, PSTAR_MEM_DEVICE, p.numel);
-    placement_->defer_free_device(device_->record(s), p.grad_acc, bytes, Use::kGradients);
+    hybrid_->fold_gradient(place.chunk, s, place.offset_elems, p.grad_acc, p.numel);
     p.grad_acc = nullptr;
     p.has_grad = true;
     return;
@@ -894,10 +888,8 @@ void Engine::step_update_local(pstar_step_result& r) {
       const ChunkState& c = chunks_[place.chunk];
       const float* grad = c.grad32 + place.offset_elems;
       if (c.opt_device != nullptr) {
-        // A dry run makes the copy too (its modelled time), into no memory.
-        device_->stream_wait(device_->compute_stream(), c.last_use);
-        if (payloads_) staging.resize(p.numel);
-        copy_sync(staging.data(), grad, p.numel * sizeof(float), memory::CopyKind::kDeviceToHost);
+        if (payloads_) staging.resize(p.numel);  // a dry run copies into no memory
+        hybrid_->read_gradient(place.chunk, grad, staging.data(), p.numel);
         grad = staging.data();
       }
       if (payloads_) memory::host_grad_norm(grad, p.numel, &p.grad_sumsq, &p.grad_nonfinite);
@@ -943,7 +935,7 @@ void Engine::step_update_local(pstar_step_result& r) {
       }
       if (!segments_of(k)) continue;
       if (c.tier != Tier::kDevice) internal_error("a chunk with device optimizer state left the device");
-      device_->stream_wait(cs, c.opt_ready);
+      device_->stream_wait(cs, hybrid_->state_ready(k));
       device_->stream_wait(cs, c.ready);
       device_->stream_wait(cs, c.last_use);
       const optim::ChunkLists lists = lists_of(c, c.device);
@@ -1074,121 +1066,10 @@ pstar_step_result Engine::step() {
   iteration_active_ = false;
   placement_->iteration_end();
   if (nvme_error) std::rethrow_exception(nvme_error);
-  ++train_iterations_;
-  if (options_.hybrid_optimizer && !hybrid_placed_ && train_iterations_ >= options_.warmup_iterations) {
-    place_optimizer_state();
-  }
+  hybrid_->step_ended();  // places the optimizer state when warm-up ends
   r.step = optimizer_.step();
   r.next_loss_scale = optimizer_.scaler().scale();
   return r;
-}
-
-// ---------------------------------------------------------------------------
-// Hybrid optimizer placement
-//
-// When warm-up ends, the peak of the accelerator tier so far is known; what
-// the capacity leaves above it (the margin) takes the fp32 optimizer state
-// (master, m, v, and the gradient list with accumulation) of as many
-// trainable chunks as fit, for good: chunks used last first, since they are
-// the ones resident when the step runs.  Such a chunk's compute payload then
-// stays on the device (it holds the gradient the step reads), and its Adam
-// update runs on the device, queued on the compute stream.
-
-uint64_t Engine::optimizer_state_bytes(uint32_t k) const {
-  const uint64_t lists = options_.grad_accumulation ? 4 : 3;
-  return lists * layout_->chunks()[k].capacity_elems * sizeof(float);
-}
-
-void Engine::place_optimizer_state() {
-  hybrid_placed_ = true;
-  std::vector<uint32_t> order;
-  for (uint32_t k = 0; k < chunks_.size(); ++k) {
-    if (!layout_->chunks()[k].frozen) order.push_back(k);
-  }
-  // Used last first; chunks never acquired keep layout order at the end.
-  std::stable_sort(order.begin(), order.end(),
-                   [&](uint32_t a, uint32_t b) { return chunks_[a].last_acquire > chunks_[b].last_acquire; });
-  uint64_t margin = std::numeric_limits<uint64_t>::max();
-  if (placement_->tier().limited()) {
-    margin = placement_->tier().capacity() > stats_.peak_device_bytes
-                 ? placement_->tier().capacity() - stats_.peak_device_bytes
-                 : 0;
-  }
-  const uint64_t initial_margin = margin;
-  for (uint32_t k : order) {
-    const ChunkState& c = chunks_[k];
-    if (c.master_pins != 0) continue;  // exported masters stay where they are
-    // The payload is pinned resident from now on: it costs room unless it
-    // has stayed on the device since it first arrived.
-    const uint64_t cost = optimizer_state_bytes(k) + (c.tier == Tier::kDevice && !c.evicted ? 0 : c.bytes);
-    if (cost > margin) continue;
-    margin -= cost;
-    move_optimizer_state(k);
-  }
-  log::info("hybrid optimizer placement: " + std::to_string(optimizer_chunks_on_device_) + " of " +
-            std::to_string(order.size()) + " optimizer chunks on the device (" +
-            bytes_str(placement_->tier().bytes(Use::kOptimizer)) +
-            (placement_->tier().limited() ? " of a margin of " + bytes_str(initial_margin) : std::string()) + ")");
-}
-
-void Engine::move_optimizer_state(uint32_t k) {
-  ChunkState& c = chunks_[k];
-  if (c.tier != Tier::kDevice) placement_->fetch(k);
-  const uint64_t fp32_bytes = layout_->chunks()[k].capacity_elems * sizeof(float);
-  const uint64_t bytes = optimizer_state_bytes(k);
-  float* base =
-      static_cast<float*>(placement_->device_alloc(bytes, k, "optimizer state of chunk " + std::to_string(k)));
-  placement_->tier().add(Use::kOptimizer, bytes);
-  placement_->note_device_peak();
-  // The host lists are current: the host update of this step has returned.
-  memory::Stream* s = device_->h2d_stream();
-  float** lists[] = {&c.master, &c.exp_avg, &c.exp_avg_sq, &c.grad32};
-  size_t slot = 0;
-  for (float** list : lists) {
-    if (*list == nullptr) continue;
-    device_->copy_async(s, base + slot * (fp32_bytes / sizeof(float)), *list, fp32_bytes,
-                        memory::CopyKind::kHostToDevice);
-    ++slot;
-  }
-  const memory::EventPtr done = device_->record(s);
-  slot = 0;
-  for (float** list : lists) {
-    if (*list == nullptr) continue;
-    placement_->defer_free_host(done, *list, fp32_bytes);
-    *list = base + slot * (fp32_bytes / sizeof(float));
-    ++slot;
-  }
-  c.opt_device = base;
-  c.opt_device_bytes = bytes;
-  c.opt_ready = done;
-  stats_.bytes_host_to_device += bytes;
-  ++optimizer_chunks_on_device_;
-}
-
-void Engine::sync_optimizer(uint32_t k) {
-  const ChunkState& c = chunks_[k];
-  device_->synchronize(c.opt_ready);
-  device_->synchronize(device_->compute_stream());
-  device_->synchronize(c.last_use);
-  placement_->check_ready(c.opt_ready, "optimizer state");
-}
-
-void Engine::copy_sync(void* dst, const void* src, size_t bytes, memory::CopyKind kind) {
-  memory::Stream* s = device_->compute_stream();
-  device_->copy_async(s, dst, src, bytes, kind);
-  device_->synchronize(s);
-}
-
-void Engine::write_slot_on_device(uint32_t id, const float* values) {
-  const auto& place = layout_->param(id);
-  ChunkState& c = chunks_[place.chunk];
-  std::vector<unsigned char> rounded(place.numel * elem_bytes());
-  for (uint64_t i = 0; i < place.numel; ++i) store_as(rounded.data(), options_.compute_dtype, i, values[i]);
-  memory::Stream* s = device_->compute_stream();
-  device_->stream_wait(s, c.ready);
-  device_->stream_wait(s, c.last_use);
-  copy_sync(static_cast<char*>(c.device) + place.offset_elems * elem_bytes(), rounded.data(), rounded.size(),
-            memory::CopyKind::kHostToDevice);
 }
 
 // ---------------------------------------------------------------------------
@@ -1235,7 +1116,7 @@ void Engine::fill_stats(pstar_stats* out) const {
   s.collectives = group_.collectives();
   s.bytes_all_gathered += gathering_.bytes_gathered();
   s.world_size = group_.world();
-  s.optimizer_chunks_on_device = optimizer_chunks_on_device_;
+  s.optimizer_chunks_on_device = hybrid_->chunks_on_device();
   s.optimizer_device_bytes = placement_->tier().bytes(Use::kOptimizer);
   // Copy no more than the caller's struct holds.
   const size_t n = std::min<size_t>(out->size, sizeof s);

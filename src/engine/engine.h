@@ -40,6 +40,7 @@
 #include "memory/nvme_tier.h"
 #include "optim/optimizer.h"
 #include "placement/access_trace.h"
+#include "placement/hybrid.h"
 #include "placement/runtime.h"
 #include "pstar/pstar.h"
 #include "util/error.h"
@@ -56,7 +57,7 @@ constexpr uint32_t kMaxNdim = 16;
 // Largest element count of one parameter (2^48).
 constexpr uint64_t kMaxNumel = uint64_t{1} << 48;
 
-class Engine : private placement::ChunkTable {
+class Engine : private placement::HybridTable {
  public:
   explicit Engine(const EngineOptions& options);
   // Internal (tests, embedders that form their own groups): an engine
@@ -168,32 +169,18 @@ class Engine : private placement::ChunkTable {
     bool frozen() const { return (flags & PSTAR_PARAM_FROZEN) != 0; }
   };
 
-  // The chunk store's part (chunk/chunk.h: tier, payload, readiness, uses)
-  // and what the engine's other modules keep per chunk.
-  struct ChunkState : chunk::Chunk {
+  // The chunk store's part (chunk/chunk.h: tier, payload, readiness, uses),
+  // the fp32 lists (chunk::Fp32Lists: master, exp_avg, exp_avg_sq, grad32,
+  // master_pins) and what the engine's other modules keep per chunk.
+  struct ChunkState : chunk::Chunk, chunk::Fp32Lists {
     // Elements of the full chunk (its layout capacity, padded with world > 1
     // to a multiple of world * kAlignElems) and of one rank's shard.
     uint64_t elems = 0;
     uint64_t shard_elems = 0;
     // world > 1: this rank's shard of the compute payload, on the host, for
     // good.  The gathered full chunk is chunk::Chunk's payload (tier
-    // kNotGathered when not gathered); the fp32 lists below are shards too.
+    // kNotGathered when not gathered); its Fp32Lists are shards too.
     void* shard = nullptr;
-    uint32_t master_pins = 0;  // pinned masters of its parameters (pstar_param_pin)
-    // fp32 optimizer twins (trainable chunks only): on the host, or with
-    // hybrid placement in one device buffer (opt_device), for good.  With
-    // the NVMe tier, lists on the drive: in a staging buffer while staged
-    // in (nvme_.access or the step's ring), null otherwise.
-    float* master = nullptr;
-    float* exp_avg = nullptr;
-    float* exp_avg_sq = nullptr;
-    // fp32 gradient list twin (gradient accumulation only).
-    float* grad32 = nullptr;
-    // Hybrid placement: opt_device (in chunk::Chunk) holds master, m, v (and
-    // grad32) back to back; its size, and the event after which it is valid
-    // (the copy from the host).
-    uint64_t opt_device_bytes = 0;
-    memory::EventPtr opt_ready;
   };
 
   // NVMe tier (engine_nvme.cpp: glue; memory/nvme_tier.h).  At build: the
@@ -224,9 +211,11 @@ class Engine : private placement::ChunkTable {
   void apply(Param& p, uint32_t id, chunk::TensorEvent ev);
   size_t elem_bytes() const;
 
-  // placement::ChunkTable: the chunks, as the placement runtime sees them.
+  // placement::HybridTable: the chunks, as the placement runtime (a
+  // ChunkTable) and hybrid placement see them.
   size_t chunk_count() const override { return chunks_.size(); }
   chunk::Chunk& chunk_at(uint32_t k) override { return chunks_[k]; }
+  chunk::Fp32Lists& lists_at(uint32_t k) override { return chunks_[k]; }
 
   void restore_slot(uint32_t id);
   void reset_iteration_state(chunk::TensorEvent ev);
@@ -269,18 +258,17 @@ class Engine : private placement::ChunkTable {
   void restore_slot_sharded(uint32_t id);
   void step_update_sharded(pstar_step_result& r);
 
-  // Hybrid optimizer placement (options.hybrid_optimizer).
-  uint64_t optimizer_state_bytes(uint32_t chunk) const;
-  void place_optimizer_state();
-  void move_optimizer_state(uint32_t chunk);
-  // Host waits until the fp32 lists of `chunk` may be read or written by
-  // host code (emulated device) or copied (CUDA).
-  void sync_optimizer(uint32_t chunk);
+  // Host waits until the fp32 lists of `chunk`, on the device with hybrid
+  // placement, may be read or written by host code (emulated device) or
+  // copied (CUDA).
+  void sync_optimizer(uint32_t chunk) { hybrid_->sync(chunk); }
   // Copies between host memory and device memory on the compute stream and
-  // waits for the copy (CUDA staging of device-resident optimizer state).
-  void copy_sync(void* dst, const void* src, size_t bytes, memory::CopyKind kind);
+  // waits for the copy (memory::Device::copy_sync).
+  void copy_sync(void* dst, const void* src, size_t bytes, memory::CopyKind kind) {
+    device_->copy_sync(dst, src, bytes, kind);
+  }
   // Writes `values` (host, fp32) rounded to the compute dtype into the slot
-  // of `id`, which lives on the device (a chunk with device optimizer state).
+  // of `id`, whose chunk is on the device.
   void write_slot_on_device(uint32_t id, const float* values);
 
   EngineOptions options_;  // the ordinal resolved for a rank (resolve_world)
@@ -294,11 +282,9 @@ class Engine : private placement::ChunkTable {
   // the trace, the device tier's accounting, the timeline.
   std::unique_ptr<placement::Runtime> placement_;
 
-  // Hybrid placement: TRAIN iterations ended so far, and whether the
-  // optimizer state has been placed (once, when warm-up ends).
-  uint64_t train_iterations_ = 0;
-  bool hybrid_placed_ = false;
-  uint32_t optimizer_chunks_on_device_ = 0;
+  // Hybrid optimizer placement (placement/hybrid.h): fp32 optimizer state
+  // of some trainable chunks on the device once warm-up ends.
+  std::unique_ptr<placement::HybridPlacement> hybrid_;
 
   bool iteration_active_ = false;
   pstar_iteration_kind iteration_kind_ = PSTAR_ITERATION_TRAIN;

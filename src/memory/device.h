@@ -87,6 +87,14 @@ class Device {
   virtual void synchronize(const EventPtr& event) = 0;
   virtual void synchronize(Stream* stream) = 0;
   virtual bool query(const EventPtr& event) = 0;
+  // A copy between host and device memory for host code that needs it done
+  // now (values, checkpoints, collectives' staging): queued on the compute
+  // stream, so behind the caller's work, then waited for.
+  void copy_sync(void* dst, const void* src, size_t bytes, CopyKind kind) {
+    Stream* s = compute_stream();
+    copy_async(s, dst, src, bytes, kind);
+    synchronize(s);
+  }
 
   // ---- clock -------------------------------------------------------------
 

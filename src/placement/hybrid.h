@@ -1,0 +1,119 @@
+// HybridPlacement: hybrid optimizer placement (options.hybrid_optimizer).
+// When warm-up ends, the peak of the accelerator tier so far is known; what
+// the capacity leaves above it (the margin) takes the fp32 optimizer state
+// (master, m, v, and the gradient list with accumulation) of as many
+// trainable chunks as fit, for good: chunks used last first, since they are
+// the ones resident when the step runs.  Such a chunk's compute payload then
+// stays on the device (chunk::Chunk::opt_device makes it no victim), and its
+// Adam update runs on the device, queued on the compute stream by the
+// engine.
+//
+// What it owns: the decision (which chunks, in what order, within which
+// margin), the move of the lists into one device buffer per chunk, that
+// buffer (its size and the event after which it is valid), the count of
+// TRAIN steps that ends warm-up, and the host's access to lists on the
+// device (waits and copies).  It sees chunks through a HybridTable (the
+// chunk's placement part and its fp32 lists) and the layout (which chunks
+// are trainable, their capacity); it moves payloads and allocates through
+// the placement runtime.  What it must not know: parameters, tensor states,
+// the optimizer's arithmetic, shards (a sharded engine has no hybrid
+// placement), the NVMe tier (not combined with it).
+//
+// Threading: the engine's thread only, as the engine.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "chunk/chunk.h"
+#include "chunk/layout.h"
+#include "memory/device.h"
+#include "placement/runtime.h"
+#include "pstar/pstar.h"
+
+namespace pstar::placement {
+
+// The chunks as hybrid placement sees them: the placement runtime's part and
+// each chunk's fp32 lists.
+class HybridTable : public ChunkTable {
+ public:
+  virtual chunk::Fp32Lists& lists_at(uint32_t k) = 0;
+
+ protected:
+  ~HybridTable() = default;
+};
+
+struct HybridOptions {
+  bool enabled = false;            // options.hybrid_optimizer
+  uint32_t warmup_iterations = 1;  // TRAIN steps before the state is placed
+  bool grad_accumulation = false;  // the gradient list moves too
+};
+
+class HybridPlacement {
+ public:
+  // `stats` (the engine's, outliving this) gives the tier's peak and takes
+  // the bytes copied to the device.
+  HybridPlacement(memory::Device* device, Runtime* runtime, pstar_stats* stats, const HybridOptions& options)
+      : options_(options), device_(device), runtime_(runtime), stats_(stats) {}
+
+  // At build, before any other call that names a chunk.
+  void attach(HybridTable* chunks, const chunk::ChunkLayout* layout);
+
+  // A TRAIN step completed: once warm-up ends (the options' count of steps),
+  // places the optimizer state, once.
+  void step_ended();
+  // The placement itself (step_ended calls it): moves the state of trainable
+  // chunks, used last first, while their cost fits the margin; a chunk with
+  // a pinned master stays where it is.
+  void place();
+
+  // Bytes of chunk k's device buffer: its fp32 lists back to back.
+  uint64_t state_bytes(uint32_t k) const;
+  uint32_t chunks_on_device() const { return chunks_on_device_; }
+  // Completes when chunk k's state is valid on the device (the copy from
+  // the host); work queued on the device that reads it waits for it.
+  const memory::EventPtr& state_ready(uint32_t k) const { return ready_[k]; }
+
+  // Host access to the lists of a chunk whose state is on the device.
+  // sync: the host waits until they may be read or written by host code
+  // (emulated device) or copied (CUDA).  read_list and write_list copy `n`
+  // floats between one of its lists (`on_device`) and host memory, after
+  // that wait.
+  void sync(uint32_t k);
+  void read_list(uint32_t k, const float* on_device, float* out, uint64_t n);
+  void write_list(uint32_t k, float* on_device, const float* in, uint64_t n);
+  // The step's read of its gradient list: waits for the chunk's queued work
+  // on the compute stream only (the finalizes are queued there), then
+  // copies.  A dry run copies too (its modelled time), into no memory.
+  void read_gradient(uint32_t k, const float* on_device, float* out, uint64_t n);
+  // Gradient accumulation: adds a parameter's device accumulator `acc` (n
+  // floats) into the gradient list at `offset_elems`, queued on `stream`;
+  // `acc` is freed (as a gradient buffer) once the addition is done.
+  void fold_gradient(uint32_t k, memory::Stream* stream, uint64_t offset_elems, float* acc, uint64_t n);
+  // The end of an iteration with gradient accumulation: every device
+  // gradient list is cleared, queued on the compute stream.
+  void clear_gradients();
+
+  // The engine's destruction: frees chunk k's device buffer (nothing may
+  // use it any more) and forgets its lists; false when it has none.
+  bool release(uint32_t k);
+
+ private:
+  void move(uint32_t k);
+
+  const HybridOptions options_;
+  memory::Device* device_;  // not owned
+  Runtime* runtime_;        // not owned
+  pstar_stats* stats_;      // not owned
+  HybridTable* chunks_ = nullptr;
+  const chunk::ChunkLayout* layout_ = nullptr;
+  uint64_t train_steps_ = 0;  // TRAIN steps completed so far
+  bool placed_ = false;
+  uint32_t chunks_on_device_ = 0;
+  // Per chunk: its device buffer's size (0: none) and the event after
+  // which the buffer is valid.
+  std::vector<uint64_t> bytes_;
+  std::vector<memory::EventPtr> ready_;
+};
+
+}  // namespace pstar::placement

@@ -1,0 +1,236 @@
+// Hybrid optimizer placement (placement/hybrid.h) on the emulated device in
+// strict mode (seeded delays, poisoned buffers while copies run), with the
+// placement runtime and without the engine or the C API: which chunks take
+// the margin, in what order, and that the lists arrive intact.
+#include <criterion/criterion.h>
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "chunk/layout.h"
+#include "memory/emulated_device.h"
+#include "memory/host_pool.h"
+#include "placement/hybrid.h"
+#include "placement/runtime.h"
+
+using pstar::chunk::Tier;
+using pstar::memory::DeviceTier;
+using pstar::placement::HybridOptions;
+using pstar::placement::HybridPlacement;
+using pstar::placement::Runtime;
+using pstar::placement::RuntimeOptions;
+
+namespace {
+
+constexpr uint64_t kElems = 1024;              // chunk_elems
+constexpr uint64_t kPayloadBytes = kElems * 2;  // a 2-byte compute dtype
+
+struct Record : pstar::chunk::Chunk, pstar::chunk::Fp32Lists {};
+
+struct Chunks final : pstar::placement::HybridTable {
+  std::vector<Record> v;
+  size_t chunk_count() const override { return v.size(); }
+  pstar::chunk::Chunk& chunk_at(uint32_t k) override { return v[k]; }
+  pstar::chunk::Fp32Lists& lists_at(uint32_t k) override { return v[k]; }
+};
+
+// The value of element i of list `list` (0 master, 1 m, 2 v, 3 gradient) of
+// chunk k before placement.
+float pattern(uint32_t k, int list, uint64_t i) {
+  return static_cast<float>(k) * 1000.0f + static_cast<float>(list) * 0.25f + static_cast<float>(i) * 0.5f;
+}
+
+// One parameter per chunk; numels[k] > kElems gives chunk k a jumbo chunk.
+struct Fixture {
+  pstar::memory::EmulatedDevice dev{true, 11};
+  pstar::memory::HostPool host{&dev, 0};
+  pstar_stats stats = PSTAR_STATS_INIT;
+  pstar::chunk::ChunkLayout layout;
+  Chunks chunks;
+  Runtime rt;
+  HybridPlacement hy;
+
+  Fixture(const std::vector<uint64_t>& numels, const std::vector<bool>& frozen, uint64_t capacity_bytes,
+          bool grad_accumulation = false, uint32_t warmup = 1)
+      : layout(numels, frozen, kElems),
+        rt(&dev, &host, &stats, runtime_options(capacity_bytes)),
+        hy(&dev, &rt, &stats, HybridOptions{true, warmup, grad_accumulation}) {
+    chunks.v.resize(layout.chunks().size());
+    for (uint32_t k = 0; k < chunks.v.size(); ++k) {
+      const auto& info = layout.chunks()[k];
+      Record& c = chunks.v[k];
+      c.bytes = info.capacity_elems * 2;
+      c.host = host.acquire(c.bytes);
+      std::memset(c.host, 0x20 + static_cast<int>(k), c.bytes);
+      if (info.frozen) continue;
+      float** lists[] = {&c.master, &c.exp_avg, &c.exp_avg_sq, &c.grad32};
+      for (int l = 0; l < (grad_accumulation ? 4 : 3); ++l) {
+        *lists[l] = static_cast<float*>(host.acquire(fp32_bytes(k)));
+        for (uint64_t i = 0; i < info.capacity_elems; ++i) (*lists[l])[i] = pattern(k, l, i);
+      }
+    }
+    rt.attach(&chunks);
+    hy.attach(&chunks, &layout);
+  }
+  ~Fixture() {
+    dev.synchronize(dev.compute_stream());
+    dev.synchronize(dev.h2d_stream());
+    rt.drain();
+    for (uint32_t k = 0; k < chunks.v.size(); ++k) {
+      Record& c = chunks.v[k];
+      if (!hy.release(k)) {
+        for (float* l : {c.master, c.exp_avg, c.exp_avg_sq, c.grad32}) host.release(l, fp32_bytes(k));
+      }
+      if (c.tier == Tier::kDevice) {
+        dev.deallocate(c.device, c.bytes);
+      } else {
+        host.release(c.host, c.bytes);
+      }
+    }
+  }
+  static RuntimeOptions runtime_options(uint64_t capacity_bytes) {
+    RuntimeOptions o;
+    o.capacity_bytes = capacity_bytes;
+    o.placement_policy = PSTAR_POLICY_LRU;
+    o.prefetch = false;
+    return o;
+  }
+  uint64_t fp32_bytes(uint32_t k) const { return layout.chunks()[k].capacity_elems * sizeof(float); }
+  bool placed(uint32_t k) const { return chunks.v[k].opt_device != nullptr; }
+  // The acquire order of a finished iteration: order[j] was acquired j-th.
+  void used_in_order(const std::vector<uint32_t>& order) {
+    for (uint32_t j = 0; j < order.size(); ++j) chunks.v[order[j]].last_acquire = j + 1;
+  }
+  // List `list` of chunk k, read back from wherever it is, equals its pattern.
+  bool list_intact(uint32_t k, int list) {
+    const Record& c = chunks.v[k];
+    const float* lists[] = {c.master, c.exp_avg, c.exp_avg_sq, c.grad32};
+    const uint64_t n = layout.chunks()[k].capacity_elems;
+    std::vector<float> got(n);
+    hy.read_list(k, lists[list], got.data(), n);
+    for (uint64_t i = 0; i < n; ++i) {
+      if (got[i] != pattern(k, list, i)) return false;
+    }
+    return true;
+  }
+};
+
+// What one trainable chunk of kElems costs from the host: its three lists
+// and its payload.
+constexpr uint64_t kCostFromHost = 3 * kElems * sizeof(float) + kPayloadBytes;
+
+}  // namespace
+
+Test(placement_hybrid, chunks_used_last_go_first_and_nothing_goes_above_the_margin) {
+  // Room for two chunks and a little more.
+  Fixture f({kElems, kElems, kElems, kElems}, {false, false, false, false}, 2 * kCostFromHost + 100);
+  f.used_in_order({0, 2, 3, 1});  // 1 used last, then 3
+  f.hy.step_ended();
+  cr_assert(f.placed(1) && f.placed(3), "the two chunks used last");
+  cr_assert(!f.placed(0) && !f.placed(2));
+  cr_assert_eq(f.hy.chunks_on_device(), 2u);
+  const DeviceTier& t = f.rt.tier();
+  cr_assert_eq(t.bytes(DeviceTier::Use::kOptimizer), 2 * f.hy.state_bytes(1));
+  cr_assert_eq(f.stats.bytes_host_to_device, 2 * kCostFromHost, "the states' and the payloads' copies");
+  cr_assert_leq(f.stats.peak_device_bytes, t.capacity(), "within the margin");
+  // Their payloads stay on the device for good.
+  cr_assert(f.chunks.v[1].tier == Tier::kDevice && !f.chunks.v[1].evictable());
+  cr_assert(f.chunks.v[0].tier == Tier::kHost);
+}
+
+Test(placement_hybrid, the_margin_is_the_capacity_above_the_peak_so_far) {
+  Fixture f({kElems, kElems, kElems}, {false, false, false}, 3 * kCostFromHost);
+  f.stats.peak_device_bytes = kCostFromHost + 1;  // leaves less than two chunks
+  f.used_in_order({0, 1, 2});
+  f.hy.place();
+  cr_assert_eq(f.hy.chunks_on_device(), 1u);
+  cr_assert(f.placed(2));
+}
+
+Test(placement_hybrid, a_chunk_that_does_not_fit_is_skipped_and_a_smaller_later_one_may_fit) {
+  // Chunk 0 is a jumbo chunk of 4 * kElems.
+  Fixture f({4 * kElems, kElems, kElems}, {false, false, false}, 2 * kCostFromHost);
+  f.used_in_order({2, 1, 0});  // the jumbo chunk used last
+  f.hy.place();
+  cr_assert(!f.placed(0), "too large for the margin");
+  cr_assert(f.placed(1) && f.placed(2));
+}
+
+Test(placement_hybrid, a_resident_payload_that_never_left_costs_only_the_state) {
+  const uint64_t state = 3 * kElems * sizeof(float);
+  Fixture f({kElems, kElems}, {false, false}, kPayloadBytes + state);
+  f.rt.fetch(0);  // resident since it first arrived
+  f.stats.peak_device_bytes = kPayloadBytes;
+  f.used_in_order({1, 0});
+  f.hy.place();
+  cr_assert(f.placed(0), "its payload is already paid for");
+  cr_assert(!f.placed(1));
+}
+
+Test(placement_hybrid, warm_up_steps_place_nothing_and_placement_happens_once) {
+  Fixture f({kElems, kElems}, {false, false}, 0, false, 2);  // unlimited device
+  f.hy.step_ended();
+  cr_assert_eq(f.hy.chunks_on_device(), 0u, "still warming up");
+  f.hy.step_ended();
+  cr_assert_eq(f.hy.chunks_on_device(), 2u, "unlimited: every trainable chunk");
+  f.hy.step_ended();
+  cr_assert_eq(f.hy.chunks_on_device(), 2u);
+  cr_assert_eq(f.stats.bytes_host_to_device, 2 * kCostFromHost, "moved once");
+}
+
+Test(placement_hybrid, pinned_masters_and_frozen_chunks_stay_on_the_host) {
+  Fixture f({kElems, kElems, kElems}, {false, true, false}, 0);
+  f.chunks.v[2].master_pins = 1;
+  f.used_in_order({0, 1, 2});
+  const float* pinned_master = f.chunks.v[2].master;
+  f.hy.place();
+  cr_assert(f.placed(0));
+  cr_assert(!f.placed(1), "frozen: no optimizer state");
+  cr_assert(!f.placed(2), "a pinned master must not move");
+  cr_assert_eq(f.chunks.v[2].master, pinned_master);
+  cr_assert_null(f.chunks.v[1].master);
+}
+
+Test(placement_hybrid, lists_are_copied_back_to_back_and_read_and_written_on_the_device) {
+  Fixture f({kElems, 2 * kElems}, {false, false}, 0, true);
+  f.hy.place();
+  for (uint32_t k = 0; k < 2; ++k) {
+    const Record& c = f.chunks.v[k];
+    const uint64_t n = f.layout.chunks()[k].capacity_elems;
+    cr_assert_eq(c.master, static_cast<float*>(c.opt_device));
+    cr_assert(c.exp_avg == c.master + n && c.exp_avg_sq == c.master + 2 * n && c.grad32 == c.master + 3 * n);
+    cr_assert_eq(f.hy.state_bytes(k), 4 * n * sizeof(float), "with accumulation the gradient list moves too");
+    for (int l = 0; l < 4; ++l) cr_assert(f.list_intact(k, l), "chunk %u list %d", k, l);
+  }
+  // The host lists (and payloads) go back to the pool once their copies
+  // are done.
+  f.rt.drain();
+  cr_assert_eq(f.host.in_use_bytes(), 0u);
+  // A write reaches the device list.
+  std::vector<float> in(8, 3.5f), out(8, 0.0f);
+  f.hy.write_list(1, f.chunks.v[1].exp_avg + 16, in.data(), in.size());
+  f.hy.read_list(1, f.chunks.v[1].exp_avg + 16, out.data(), out.size());
+  cr_assert_eq(std::memcmp(in.data(), out.data(), in.size() * sizeof(float)), 0);
+}
+
+Test(placement_hybrid, gradients_fold_into_the_device_list_and_are_cleared) {
+  Fixture f({kElems}, {false}, 0, true);
+  f.hy.place();
+  const uint64_t n = 256, offset = 128;
+  auto* acc = static_cast<float*>(f.dev.allocate(n * sizeof(float)));
+  std::vector<float> ones(n, 1.0f);
+  f.dev.copy_sync(acc, ones.data(), n * sizeof(float), pstar::memory::CopyKind::kHostToDevice);
+  f.rt.tier().add(DeviceTier::Use::kGradients, n * sizeof(float));
+  f.hy.fold_gradient(0, f.dev.compute_stream(), offset, acc, n);  // frees acc once done
+  f.chunks.v[0].last_use = f.dev.record(f.dev.compute_stream());
+  std::vector<float> got(n);
+  f.hy.read_gradient(0, f.chunks.v[0].grad32 + offset, got.data(), n);
+  for (uint64_t i = 0; i < n; ++i) cr_assert_eq(got[i], pattern(0, 3, offset + i) + 1.0f, "element %lu", i);
+  f.rt.drain();
+  cr_assert_eq(f.rt.tier().bytes(DeviceTier::Use::kGradients), 0u, "the accumulator is freed");
+  f.hy.clear_gradients();
+  f.hy.read_gradient(0, f.chunks.v[0].grad32, got.data(), n);
+  for (uint64_t i = 0; i < n; ++i) cr_assert_eq(got[i], 0.0f);
+  cr_assert(f.list_intact(0, 0), "the master is untouched");
+}
