@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "dist/group.h"
+#include "dist/layout_agreement.h"
 #include "dist/launch_env.h"
 #include "engine/engine.h"
 #include "memory/host_kernels.h"
@@ -80,56 +81,20 @@ void Engine::checkpoint_all_gather(const void* mine, void* all, size_t bytes) {
 // options that shape the layout: a hash of all that, the parameter count and
 // the element count are all-gathered and compared.
 void Engine::check_layout_agrees(uint64_t chunk_elems) {
-  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a
-  auto mix = [&](const void* data, size_t n) {
-    const auto* b = static_cast<const unsigned char*>(data);
-    for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 0x100000001B3ull;
-  };
-  auto mix64 = [&](uint64_t v) { mix(&v, sizeof v); };
-  mix64(chunk_elems);
-  mix64(static_cast<uint64_t>(options_.compute_dtype));
-  mix64(options_.grad_accumulation != 0);
-  mix64(gathering_.depth());
-  uint64_t total = 0;
-  for (const Param& p : params_) {
-    mix(p.name.c_str(), p.name.size() + 1);
-    mix64(p.shape.size());
-    for (int64_t e : p.shape) mix64(static_cast<uint64_t>(e));
-    mix64(p.flags);
-    total += p.numel;
-  }
+  dist::LayoutHash h;
+  h.add(chunk_elems);
+  h.add(static_cast<uint64_t>(options_.compute_dtype));
+  h.add(options_.grad_accumulation != 0);
+  h.add(gathering_.depth());
+  for (const Param& p : params_) h.add_param(p.name, p.shape, p.flags, p.numel);
   // Whether this rank's device can hold the gather-ahead slots: exchanged
-  // here so that every rank fails the build, not the one short of room.
-  const uint64_t slots = static_cast<uint64_t>(gathering_.depth()) * chunk_elems * elem_bytes();
-  const uint64_t slots_fit = slots == 0 || placement_->tier().fits(slots);
-  const uint64_t mine[4] = {h, params_.size(), total, slots_fit};
-  std::vector<uint64_t> all(4 * static_cast<size_t>(group_.world()));
-  group_.all_gather_host("engine_build: layout check", Kind::kLayout, 0, mine, all.data(), sizeof mine);
-  std::string short_ranks;
-  for (int r = 0; r < group_.world(); ++r) {
-    if (all[4 * static_cast<size_t>(r) + 3] == 0) short_ranks += (short_ranks.empty() ? "" : ", ") + std::to_string(r);
-  }
-  for (int r = 1; r < group_.world(); ++r) {
-    const uint64_t* o = &all[4 * static_cast<size_t>(r)];
-    if (o[0] == all[0]) continue;
-    throw Error(PSTAR_ERR_INVALID_ARGUMENT,
-                "engine_build: the ranks' models differ: rank 0 registered " + std::to_string(all[1]) +
-                    " parameters of " + std::to_string(all[2]) + " elements, rank " + std::to_string(r) + " " +
-                    std::to_string(o[1]) + " of " + std::to_string(o[2]) +
-                    (o[1] == all[1] && o[2] == all[2]
-                         ? " but with other names, shapes, flags or order, or another chunk_elems, compute_dtype, "
-                           "grad_accumulation or gather-ahead depth"
-                         : "") +
-                    "; every rank must register the same parameters in the same order with the same options");
-  }
-  if (!short_ranks.empty()) {
-    throw Error(PSTAR_ERR_OUT_OF_MEMORY,
-                "engine_build: gathering " + std::to_string(gathering_.depth()) + " chunks ahead needs " +
-                    std::to_string(gathering_.depth()) + " device slots of " +
-                    std::to_string(chunk_elems * elem_bytes()) +
-                    " bytes, more than the free device capacity of rank(s) " + short_ranks +
-                    "; lower the depth (pstar_x_engine_set_gather_ahead) or raise device_capacity_bytes");
-  }
+  // so that every rank fails the build, not the one short of room.
+  dist::SlotNeed slots;
+  slots.depth = gathering_.depth();
+  slots.slot_bytes = chunk_elems * elem_bytes();
+  const uint64_t slot_total = slots.depth * slots.slot_bytes;
+  slots.fits = slot_total == 0 || placement_->tier().fits(slot_total);
+  dist::check_layout_agrees(group_, h, slots);
 }
 
 // Reduce-scatters the pending gradients of chunk k (dist/reduce_scatter.h):
