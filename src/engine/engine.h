@@ -17,8 +17,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <functional>
-#include <map>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -26,8 +24,6 @@
 
 #include "chunk/chunk.h"
 #include "chunk/layout.h"
-#include "dist/collective_queue.h"
-#include "dist/comm/communicator.h"
 #include "dist/chunk_gathering.h"
 #include "dist/drop_rule.h"
 #include "dist/process_group.h"
@@ -39,12 +35,10 @@
 #include "memory/host_pool.h"
 #include "memory/nvme_tier.h"
 #include "optim/optimizer.h"
-#include "placement/access_trace.h"
 #include "placement/hybrid.h"
 #include "placement/runtime.h"
 #include "pstar/pstar.h"
 #include "util/error.h"
-#include "util/thread_pool.h"
 
 namespace pstar::engine {
 
