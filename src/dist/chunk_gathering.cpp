@@ -120,8 +120,7 @@ void ChunkGathering::finish(uint32_t k, bool quiet) {
   if (failed && !quiet) group_->fail("param_acquire: all-gather ahead", failure);
 }
 
-bool ChunkGathering::before_acquire(uint32_t k, bool train, uint64_t* critical_bytes) {
-  if (train) ahead_.at_acquire(k);  // may gather this and later chunks
+bool ChunkGathering::gather_or_wait(uint32_t k, uint64_t* critical_bytes) {
   chunk::Chunk& c = chunks_->chunk_at(k);
   if (c.tier == Tier::kNotGathered) {
     gather(k);

@@ -70,7 +70,12 @@ class ChunkGathering {
   // is gathered now, and one gathered ahead is waited for (its bytes added
   // to *critical_bytes when the caller had to wait).  True when it was
   // gathered now.
-  bool before_acquire(uint32_t k, bool train, uint64_t* critical_bytes);
+  // Inline: it runs on every acquire, and with one process it is only the
+  // schedule's check.
+  bool before_acquire(uint32_t k, bool train, uint64_t* critical_bytes) {
+    if (train) ahead_.at_acquire(k);  // may gather this and later chunks
+    return group_->sharded() && gather_or_wait(k, critical_bytes);
+  }
   // After chunk k's acquire in a TRAIN iteration (the schedule records it).
   void after_acquire(uint32_t k, bool gathered_now) {
     if (group_->has_queue()) ahead_.after_acquire(k, gathered_now);
@@ -93,6 +98,7 @@ class ChunkGathering {
   uint64_t bytes_gathered() const { return bytes_gathered_; }
 
  private:
+  bool gather_or_wait(uint32_t k, uint64_t* critical_bytes);
   void gather(uint32_t k);
   void gather_into_slot(uint32_t k, uint32_t slot);
   // Waits for chunk k's ahead gather, if one runs.  A failure fails the

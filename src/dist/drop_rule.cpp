@@ -23,8 +23,7 @@ void DropRule::close_backward() {
   for (ChunkCounts& c : chunks_) c.backward_open = 0;
 }
 
-DropRule::Action DropRule::after_release(uint32_t id, uint32_t k, pstar_stage stage, uint32_t compute_refs) {
-  if (!enabled()) return Action::kKeep;
+DropRule::Action DropRule::apply(uint32_t id, uint32_t k, pstar_stage stage, uint32_t compute_refs) {
   ChunkCounts& c = chunks_[k];
   if (stage == PSTAR_STAGE_BACKWARD) {
     if (compute_refs != 0 || c.backward_open != 0) return Action::kKeep;

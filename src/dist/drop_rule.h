@@ -57,9 +57,14 @@ class DropRule {
   enum class Action { kKeep, kDrop, kReduceThenDrop };
   // Parameter `id` of chunk k, acquired in `stage`, was released; the chunk
   // has `compute_refs` acquired parameters left.
-  Action after_release(uint32_t id, uint32_t k, pstar_stage stage, uint32_t compute_refs);
+  // Inline: it runs on every release.
+  Action after_release(uint32_t id, uint32_t k, pstar_stage stage, uint32_t compute_refs) {
+    return enabled() ? apply(id, k, stage, compute_refs) : Action::kKeep;
+  }
 
  private:
+  Action apply(uint32_t id, uint32_t k, pstar_stage stage, uint32_t compute_refs);
+
   struct ChunkCounts {
     uint32_t params = 0;
     // Parameters not yet released in FORWARD or EVAL [0] and RECOMPUTE [1]
