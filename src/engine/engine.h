@@ -75,8 +75,8 @@ class Engine : private placement::HybridTable {
 
   void write(uint32_t id, const void* src, uint64_t count, pstar_dtype dtype);
   void read(uint32_t id, void* dst, uint64_t count, pstar_dtype dtype);
-  // Checkpoints (engine_checkpoint.cpp; the format is src/checkpoint/'s,
-  // docs/checkpoints.md).
+  // Checkpoints: the preconditions here (engine_checkpoint.cpp), the
+  // sequences and the format in src/checkpoint/ (docs/checkpoints.md).
   std::string checkpoint_save(const char* dir);
   void checkpoint_load(const char* dir);
   void export_safetensors(const char* path);
@@ -84,10 +84,6 @@ class Engine : private placement::HybridTable {
   // pstar_param_pin/unpin: the fp32 master in place, pinned.
   float* pin(uint32_t id, bool writable);
   void unpin(uint32_t id);
-  // One list of a trainable parameter's fp32 state (0 master, 1 exp_avg,
-  // 2 exp_avg_sq), copied out of or into the engine wherever it lives.
-  void read_state(uint32_t id, int list, float* out);
-  void write_state(uint32_t id, int list, const float* in);
 
   void iteration_begin(pstar_iteration_kind kind);
   void iteration_end();
@@ -183,7 +179,7 @@ class Engine : private placement::HybridTable {
   void nvme_place_lists(std::vector<ChunkState>& chunks, uint64_t largest_trainable_elems);
   // Refuses (PSTAR_ERR_IO) while the stored state is not trusted: after an
   // NVMe I/O error, or after a checkpoint load that failed once it had
-  // begun writing (load_incomplete_; engine_checkpoint.cpp).  Both end with
+  // begun writing (load_incomplete_; checkpoint/load.cpp).  Both end with
   // a load that completes.
   void require_nvme_ok(const char* what) const {
     nvme_.require_ok(what);
@@ -195,10 +191,8 @@ class Engine : private placement::HybridTable {
   void require_built(const char* what) const;
   void require_file_call(const char* what, const char* path, bool one_process) const;
   void require_load_complete(const char* what) const;
-  // Sharded checkpoints (engine_checkpoint.cpp): the collective they use,
-  // and the shard-aware state writes of a load.
-  void checkpoint_all_gather(const void* mine, void* all, size_t bytes);
-  void write_state_sharded(uint32_t id, int list, const float* in);
+  // checkpoint::EngineState over this engine (engine_checkpoint.cpp).
+  class CheckpointState;
   Param& value_access(const char* what, uint32_t id, const void* buf, uint64_t count, pstar_dtype dtype);
   Param& backward_param(const char* what, uint32_t id);
   chunk::TensorState checked_transition(const Param& p, uint32_t id, chunk::TensorEvent ev) const;

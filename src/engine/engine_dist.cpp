@@ -68,12 +68,6 @@ void Engine::connect_group() {
                  std::chrono::milliseconds(options_.comm_timeout_ms));
 }
 
-// The sharded checkpoint's exchanges (engine_checkpoint.cpp): an all-gather
-// of a few host bytes per rank.
-void Engine::checkpoint_all_gather(const void* mine, void* all, size_t bytes) {
-  group_.all_gather_host("checkpoint: all-gather", Kind::kCheckpoint, 0, mine, all, bytes);
-}
-
 // ---------------------------------------------------------------------------
 // Build
 
