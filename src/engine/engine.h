@@ -189,7 +189,7 @@ class Engine : private placement::HybridTable {
   Param& param_checked(uint32_t id);
   const Param& param_checked(uint32_t id) const;
   void require_built(const char* what) const;
-  void require_file_call(const char* what, const char* path, bool one_process) const;
+  void require_file_call(const char* what, const char* path) const;
   void require_load_complete(const char* what) const;
   // checkpoint::EngineState over this engine (engine_checkpoint.cpp).
   class CheckpointState;

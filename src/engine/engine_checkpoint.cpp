@@ -119,16 +119,14 @@ class Engine::CheckpointState final : public checkpoint::EngineState {
 };
 
 // What save, load and export need: a path, a built engine with values,
-// between iterations; `one_process`: not sharded.
-void Engine::require_file_call(const char* what, const char* path, bool one_process) const {
+// between iterations (sharded engines too: the sequences are collective).
+void Engine::require_file_call(const char* what, const char* path) const {
   require(path != nullptr && path[0] != '\0', PSTAR_ERR_INVALID_ARGUMENT,
           [&] { return std::string(what) + ": the path is NULL or empty"; });
   require_built(what);
   require(!iteration_active_, PSTAR_ERR_INVALID_STATE,
           [&] { return std::string(what) + ": legal only between iterations"; });
   require(payloads_, PSTAR_ERR_UNSUPPORTED, [&] { return std::string(what) + ": a dry run holds no values"; });
-  require(!one_process || !sharded(), PSTAR_ERR_UNSUPPORTED,
-          [&] { return std::string(what) + ": not available with world_size > 1"; });
 }
 
 // After a load that failed part way (checkpoint/load.cpp).
@@ -140,20 +138,20 @@ void Engine::require_load_complete(const char* what) const {
 }
 
 std::string Engine::checkpoint_save(const char* dir) {
-  require_file_call("checkpoint_save", dir, false);
+  require_file_call("checkpoint_save", dir);
   require_load_complete("checkpoint_save");
   CheckpointState state(*this);
   return checkpoint::save(state, dir);
 }
 
 void Engine::checkpoint_load(const char* dir) {
-  require_file_call("checkpoint_load", dir, false);
+  require_file_call("checkpoint_load", dir);
   CheckpointState state(*this);
   checkpoint::load(state, dir, load_incomplete_);
 }
 
 void Engine::export_safetensors(const char* path) {
-  require_file_call("export_safetensors", path, false);
+  require_file_call("export_safetensors", path);
   require_load_complete("export_safetensors");
   CheckpointState state(*this);
   checkpoint::export_safetensors(state, path);
