@@ -74,13 +74,13 @@ Engine::Engine(const EngineOptions& options, std::unique_ptr<dist::Communicator>
   po.virtual_clock = options_.virtual_clock;
   po.payloads = payloads_;
   po.record_timeline = options_.record_timeline;
-  placement_ = std::make_unique<placement::Runtime>(device_.get(), host_.get(), &stats_, po);
+  placement_ = std::make_unique<placement::Runtime>(device_.get(), host_.get(), po);
   placement_->attach(this);
   placement::HybridOptions ho;
   ho.enabled = options_.hybrid_optimizer;
   ho.warmup_iterations = options_.warmup_iterations;
   ho.grad_accumulation = options_.grad_accumulation;
-  hybrid_ = std::make_unique<placement::HybridPlacement>(device_.get(), placement_.get(), &stats_, ho);
+  hybrid_ = std::make_unique<placement::HybridPlacement>(device_.get(), placement_.get(), ho);
   group_.set_device_scratch(dist::ProcessGroup::DeviceScratch{
       [this](uint64_t bytes) {
         void* p = placement_->device_alloc(bytes, -1, "all-gather scratch");
@@ -1085,6 +1085,15 @@ double Engine::hparam_get(pstar_hparam which) const { return optimizer_.hparam(w
 
 void Engine::fill_stats(pstar_stats* out) const {
   pstar_stats s = stats_;
+  const placement::MoveCounters& moved = placement_->counters();
+  s.moves_to_device = moved.moves_to_device;
+  s.evictions = moved.evictions;
+  s.bytes_host_to_device = moved.bytes_host_to_device;
+  s.bytes_device_to_host = moved.bytes_device_to_host;
+  s.bytes_prefetched = moved.bytes_prefetched;
+  s.peak_device_bytes = moved.peak_device_bytes;
+  s.peak_device_chunk_bytes = moved.peak_device_chunk_bytes;
+  s.wait_seconds = moved.wait_seconds;
   s.device_bytes = placement_->tier().used();
   s.host_bytes = host_->held_bytes();
   s.peak_host_bytes = host_->peak_bytes();

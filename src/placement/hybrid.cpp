@@ -46,7 +46,9 @@ void HybridPlacement::place() {
   uint64_t margin = std::numeric_limits<uint64_t>::max();
   const memory::DeviceTier& tier = runtime_->tier();
   if (tier.limited()) {
-    margin = tier.capacity() > stats_->peak_device_bytes ? tier.capacity() - stats_->peak_device_bytes : 0;
+    margin = tier.capacity() > runtime_->counters().peak_device_bytes
+                 ? tier.capacity() - runtime_->counters().peak_device_bytes
+                 : 0;
   }
   const uint64_t initial_margin = margin;
   for (uint32_t k : order) {
@@ -94,7 +96,7 @@ void HybridPlacement::move(uint32_t k) {
   c.opt_device = base;
   bytes_[k] = bytes;
   ready_[k] = done;
-  stats_->bytes_host_to_device += bytes;
+  runtime_->count_host_to_device(bytes);
   ++chunks_on_device_;
 }
 

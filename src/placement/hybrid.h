@@ -51,10 +51,10 @@ struct HybridOptions {
 
 class HybridPlacement {
  public:
-  // `stats` (the engine's, outliving this) gives the tier's peak and takes
-  // the bytes copied to the device.
-  HybridPlacement(memory::Device* device, Runtime* runtime, pstar_stats* stats, const HybridOptions& options)
-      : options_(options), device_(device), runtime_(runtime), stats_(stats) {}
+  // The margin is the capacity less the runtime's peak (MoveCounters); the
+  // lists' copies count as the runtime's host-to-device bytes.
+  HybridPlacement(memory::Device* device, Runtime* runtime, const HybridOptions& options)
+      : options_(options), device_(device), runtime_(runtime) {}
 
   // At build, before any other call that names a chunk.
   void attach(HybridTable* chunks, const chunk::ChunkLayout* layout);
@@ -104,7 +104,6 @@ class HybridPlacement {
   const HybridOptions options_;
   memory::Device* device_;  // not owned
   Runtime* runtime_;        // not owned
-  pstar_stats* stats_;      // not owned
   HybridTable* chunks_ = nullptr;
   const chunk::ChunkLayout* layout_ = nullptr;
   uint64_t train_steps_ = 0;  // TRAIN steps completed so far

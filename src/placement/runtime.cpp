@@ -16,11 +16,10 @@ using chunk::Tier;
 std::string bytes_str(uint64_t b) { return std::to_string(b) + " bytes"; }
 }  // namespace
 
-Runtime::Runtime(memory::Device* device, memory::HostPool* host, pstar_stats* stats, const RuntimeOptions& options)
+Runtime::Runtime(memory::Device* device, memory::HostPool* host, const RuntimeOptions& options)
     : options_(options),
       device_(device),
       host_(host),
-      stats_(stats),
       tier_(options.capacity_bytes),
       follower_(options.warmup_iterations, TraceFollower::Retrace::kFromDivergence, "placement") {
   if (options.record_timeline) timeline_ = std::make_unique<Timeline>();
@@ -41,8 +40,8 @@ void Runtime::forget(uint32_t k) {
 }
 
 void Runtime::note_device_peak() {
-  stats_->peak_device_bytes = std::max(stats_->peak_device_bytes, tier_.used());
-  stats_->peak_device_chunk_bytes = std::max(stats_->peak_device_chunk_bytes, tier_.bytes(Use::kChunks));
+  counters_.peak_device_bytes = std::max(counters_.peak_device_bytes, tier_.used());
+  counters_.peak_device_chunk_bytes = std::max(counters_.peak_device_chunk_bytes, tier_.bytes(Use::kChunks));
 }
 
 void Runtime::host_wait(memory::Stream* stream, const memory::EventPtr& ready) {
@@ -51,7 +50,7 @@ void Runtime::host_wait(memory::Stream* stream, const memory::EventPtr& ready) {
   if (!options_.payloads || options_.virtual_clock || !device_->query(ready)) {
     const double before = device_->clock_seconds();
     device_->synchronize(stream);
-    stats_->wait_seconds += device_->clock_seconds() - before;
+    counters_.wait_seconds += device_->clock_seconds() - before;
   } else {
     device_->synchronize(stream);
   }
@@ -109,7 +108,7 @@ void Runtime::make_room(uint64_t bytes, int64_t keep_chunk, const std::string& p
   while (!tier_.fits(bytes)) {
     const double before = device_->clock_seconds();
     const bool reclaimed = reclaim_deferred(true);
-    stats_->wait_seconds += device_->clock_seconds() - before;
+    counters_.wait_seconds += device_->clock_seconds() - before;
     if (reclaimed) continue;
     if (release_staging_ && release_staging_()) continue;  // e.g. a reduce-scatter's device staging
     uint32_t victim;
@@ -165,8 +164,8 @@ void Runtime::copy_in(uint32_t k, void* dst, const memory::EventPtr& after) {
   c.ready = done;
   c.last_use = done;
   lru_.touch(k);  // resident from now on, hence evictable
-  ++stats_->moves_to_device;
-  stats_->bytes_host_to_device += c.bytes;
+  ++counters_.moves_to_device;
+  counters_.bytes_host_to_device += c.bytes;
 }
 
 void Runtime::evict(uint32_t k) {
@@ -204,8 +203,8 @@ memory::EventPtr Runtime::copy_out(uint32_t k) {
   const uint64_t next = opt_policy_.key(k);
   if (next < prefetch_frontier_) prefetch_frontier_ = next;
   opt_policy_.remove(k);
-  ++stats_->evictions;
-  stats_->bytes_device_to_host += c.bytes;
+  ++counters_.evictions;
+  counters_.bytes_device_to_host += c.bytes;
   return done;
 }
 
@@ -224,7 +223,7 @@ void* Runtime::host_view(uint32_t k) {
   const double before = device_->clock_seconds();
   device_->synchronize(c.ready);
   device_->synchronize(c.last_use);
-  stats_->wait_seconds += device_->clock_seconds() - before;
+  counters_.wait_seconds += device_->clock_seconds() - before;
   check_ready(c.ready, "chunk payload");
   return c.tier == Tier::kDevice ? c.device : c.host;
 }
@@ -340,7 +339,7 @@ void Runtime::prefetch_ahead(uint64_t now) {
       copy_in(k, buffer, out);
     }
     c.prefetched = true;
-    stats_->bytes_prefetched += c.bytes;
+    counters_.bytes_prefetched += c.bytes;
     // Keyed by its coming use, so that it is not the next victim.
     opt_policy_.touch(k, t);
   }

@@ -65,19 +65,34 @@ struct RuntimeOptions {
   bool record_timeline = false;
 };
 
+// What placement moved and waited for since the engine was created; the
+// engine reports them as pstar_stats's fields of the same names.
+struct MoveCounters {
+  uint64_t moves_to_device = 0;  // chunks copied to the device
+  uint64_t evictions = 0;        // chunks copied back to the host
+  uint64_t bytes_host_to_device = 0;
+  uint64_t bytes_device_to_host = 0;
+  uint64_t bytes_prefetched = 0;         // of bytes_host_to_device, moved ahead of use
+  uint64_t peak_device_bytes = 0;        // the device tier's peak (all uses)
+  uint64_t peak_device_chunk_bytes = 0;  // the peak of its chunk payloads
+  double wait_seconds = 0.0;             // the caller waited for copies
+};
+
 class Runtime {
  public:
   using Use = memory::DeviceTier::Use;
 
-  // `stats` (the engine's, outliving this) takes the moves, bytes, waits
-  // and peaks.
-  Runtime(memory::Device* device, memory::HostPool* host, pstar_stats* stats, const RuntimeOptions& options);
+  Runtime(memory::Device* device, memory::HostPool* host, const RuntimeOptions& options);
   ~Runtime();
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;
 
   // At build, before any other call that names a chunk.
   void attach(ChunkTable* chunks) { chunks_ = chunks; }
+  const MoveCounters& counters() const { return counters_; }
+  // Host-to-device bytes copied by others on placement's behalf (hybrid
+  // placement's lists).
+  void count_host_to_device(uint64_t bytes) { counters_.bytes_host_to_device += bytes; }
   // Called when room is short and nothing deferred can be freed: frees
   // transient device memory the engine holds (a reduce-scatter's staging),
   // returning whether it freed any.
@@ -160,7 +175,7 @@ class Runtime {
   const RuntimeOptions options_;
   memory::Device* device_;  // not owned
   memory::HostPool* host_;  // not owned
-  pstar_stats* stats_;      // not owned
+  MoveCounters counters_;
   ChunkTable* chunks_ = nullptr;
   std::function<bool()> release_staging_;
   memory::DeviceTier tier_;

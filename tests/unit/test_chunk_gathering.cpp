@@ -34,7 +34,6 @@ constexpr uint32_t kChunks = 3;
 struct Fixture {
   pstar::memory::EmulatedDevice dev{true, 7};
   pstar::memory::HostPool host{&dev, 0};
-  pstar_stats stats = PSTAR_STATS_INIT;
   pstar::testing::VectorChunkTable chunks;
   std::vector<std::vector<unsigned char>> shards;  // this rank's: 0x10 + k
   ProcessGroup group;
@@ -62,7 +61,7 @@ struct Fixture {
     pstar::placement::RuntimeOptions o;
     o.capacity_bytes = 2 * kChunkBytes;
     o.prefetch = false;
-    rt = std::make_unique<pstar::placement::Runtime>(&dev, &host, &stats, o);
+    rt = std::make_unique<pstar::placement::Runtime>(&dev, &host, o);
     chunks.v.resize(kChunks);
     shards.resize(kChunks);
     for (uint32_t k = 0; k < kChunks; ++k) {

@@ -45,7 +45,6 @@ float pattern(uint32_t k, int list, uint64_t i) {
 struct Fixture {
   pstar::memory::EmulatedDevice dev{true, 11};
   pstar::memory::HostPool host{&dev, 0};
-  pstar_stats stats = PSTAR_STATS_INIT;
   pstar::chunk::ChunkLayout layout;
   Chunks chunks;
   Runtime rt;
@@ -54,8 +53,8 @@ struct Fixture {
   Fixture(const std::vector<uint64_t>& numels, const std::vector<bool>& frozen, uint64_t capacity_bytes,
           bool grad_accumulation = false, uint32_t warmup = 1)
       : layout(numels, frozen, kElems),
-        rt(&dev, &host, &stats, runtime_options(capacity_bytes)),
-        hy(&dev, &rt, &stats, HybridOptions{true, warmup, grad_accumulation}) {
+        rt(&dev, &host, runtime_options(capacity_bytes)),
+        hy(&dev, &rt, HybridOptions{true, warmup, grad_accumulation}) {
     chunks.v.resize(layout.chunks().size());
     for (uint32_t k = 0; k < chunks.v.size(); ++k) {
       const auto& info = layout.chunks()[k];
@@ -132,8 +131,8 @@ Test(placement_hybrid, chunks_used_last_go_first_and_nothing_goes_above_the_marg
   cr_assert_eq(f.hy.chunks_on_device(), 2u);
   const DeviceTier& t = f.rt.tier();
   cr_assert_eq(t.bytes(DeviceTier::Use::kOptimizer), 2 * f.hy.state_bytes(1));
-  cr_assert_eq(f.stats.bytes_host_to_device, 2 * kCostFromHost, "the states' and the payloads' copies");
-  cr_assert_leq(f.stats.peak_device_bytes, t.capacity(), "within the margin");
+  cr_assert_eq(f.rt.counters().bytes_host_to_device, 2 * kCostFromHost, "the states' and the payloads' copies");
+  cr_assert_leq(f.rt.counters().peak_device_bytes, t.capacity(), "within the margin");
   // Their payloads stay on the device for good.
   cr_assert(f.chunks.v[1].tier == Tier::kDevice && !f.chunks.v[1].evictable());
   cr_assert(f.chunks.v[0].tier == Tier::kHost);
@@ -141,7 +140,10 @@ Test(placement_hybrid, chunks_used_last_go_first_and_nothing_goes_above_the_marg
 
 Test(placement_hybrid, the_margin_is_the_capacity_above_the_peak_so_far) {
   Fixture f({kElems, kElems, kElems}, {false, false, false}, 3 * kCostFromHost);
-  f.stats.peak_device_bytes = kCostFromHost + 1;  // leaves less than two chunks
+  // A peak of non-model memory that leaves less than two chunks' room.
+  f.rt.tier().add(pstar::memory::DeviceTier::Use::kNonModel, kCostFromHost + 1);
+  f.rt.note_device_peak();
+  f.rt.tier().remove(pstar::memory::DeviceTier::Use::kNonModel, kCostFromHost + 1);
   f.used_in_order({0, 1, 2});
   f.hy.place();
   cr_assert_eq(f.hy.chunks_on_device(), 1u);
@@ -161,7 +163,7 @@ Test(placement_hybrid, a_resident_payload_that_never_left_costs_only_the_state) 
   const uint64_t state = 3 * kElems * sizeof(float);
   Fixture f({kElems, kElems}, {false, false}, kPayloadBytes + state);
   f.rt.fetch(0);  // resident since it first arrived
-  f.stats.peak_device_bytes = kPayloadBytes;
+  cr_assert_eq(f.rt.counters().peak_device_bytes, kPayloadBytes);  // the peak so far: its payload
   f.used_in_order({1, 0});
   f.hy.place();
   cr_assert(f.placed(0), "its payload is already paid for");
@@ -176,7 +178,7 @@ Test(placement_hybrid, warm_up_steps_place_nothing_and_placement_happens_once) {
   cr_assert_eq(f.hy.chunks_on_device(), 2u, "unlimited: every trainable chunk");
   f.hy.step_ended();
   cr_assert_eq(f.hy.chunks_on_device(), 2u);
-  cr_assert_eq(f.stats.bytes_host_to_device, 2 * kCostFromHost, "moved once");
+  cr_assert_eq(f.rt.counters().bytes_host_to_device, 2 * kCostFromHost, "moved once");
 }
 
 Test(placement_hybrid, pinned_masters_and_frozen_chunks_stay_on_the_host) {

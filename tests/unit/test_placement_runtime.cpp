@@ -31,12 +31,11 @@ struct Chunks final : pstar::placement::ChunkTable {
 struct Fixture {
   pstar::memory::EmulatedDevice dev{true, 7};
   pstar::memory::HostPool host{&dev, 0};
-  pstar_stats stats = PSTAR_STATS_INIT;
   Chunks chunks;
   Runtime rt;
 
   Fixture(uint32_t n, uint32_t resident, pstar_policy policy)
-      : rt(&dev, &host, &stats, options(resident, policy)) {
+      : rt(&dev, &host, options(resident, policy)) {
     chunks.v.resize(n);
     for (uint32_t k = 0; k < n; ++k) {
       auto& c = chunks.v[k];
@@ -94,12 +93,12 @@ Test(placement_runtime, lru_evicts_the_least_recently_used_and_keeps_payloads) {
   Fixture f(4, 2, PSTAR_POLICY_LRU);
   f.iteration({0, 1, 2, 0, 3});
   // 0,1 fetched; 2 evicts 0; 0 evicts 1; 3 evicts 2.
-  cr_assert_eq(f.stats.moves_to_device, 5u);
-  cr_assert_eq(f.stats.evictions, 3u);
+  cr_assert_eq(f.rt.counters().moves_to_device, 5u);
+  cr_assert_eq(f.rt.counters().evictions, 3u);
   cr_assert_eq(f.chunks.v[0].tier, Tier::kDevice);
   cr_assert_eq(f.chunks.v[3].tier, Tier::kDevice);
   cr_assert_eq(f.chunks.v[1].tier, Tier::kHost);
-  cr_assert_leq(f.stats.peak_device_chunk_bytes, 2 * kChunkBytes, "never above capacity");
+  cr_assert_leq(f.rt.counters().peak_device_chunk_bytes, 2 * kChunkBytes, "never above capacity");
   cr_assert(f.payloads_intact());
 }
 
