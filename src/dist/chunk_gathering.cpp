@@ -50,9 +50,7 @@ void ChunkGathering::release() {
 void* ChunkGathering::place_own_shard(uint32_t k, void* full) {
   const uint64_t shard_bytes = shards_.shard_bytes(k);
   void* mine = static_cast<char*>(full) + static_cast<size_t>(group_->rank()) * shard_bytes;
-  memory::Stream* s = device_->compute_stream();
-  device_->copy_async(s, mine, shards_.shard(k), shard_bytes, memory::CopyKind::kHostToDevice);
-  device_->synchronize(s);
+  device_->copy_sync(mine, shards_.shard(k), shard_bytes, memory::CopyKind::kHostToDevice);
   return mine;
 }
 

@@ -32,11 +32,10 @@ Engine::Engine(const EngineOptions& options, std::unique_ptr<dist::Communicator>
           dist::ReduceScatter::Actions{
               [this](uint32_t k, float* data, uint64_t elems) { return lay_out_gradients(k, data, elems); },
               [this](uint32_t k, const std::vector<uint32_t>& params, float* avg) { apply_reduced(k, params, avg); },
-              [this](uint64_t bytes, uint32_t k) { return stage_alloc(bytes, k); },
-              [this](void* p, uint64_t bytes) {
-                device_->deallocate(p, bytes);  // nothing queued uses it any more
-                placement_->tier().remove(Use::kStaging, bytes);
+              [this](uint64_t bytes, uint32_t k) {
+                return placement_->alloc_staging(bytes, "reduce-scatter staging of chunk " + std::to_string(k));
               },
+              [this](void* p, uint64_t bytes) { placement_->free_staging(p, bytes); },
               [this](void* dst, const void* src, size_t bytes) {
                 copy_sync(dst, src, bytes, memory::CopyKind::kDeviceToHost);
               }}),
@@ -82,16 +81,8 @@ Engine::Engine(const EngineOptions& options, std::unique_ptr<dist::Communicator>
   ho.grad_accumulation = options_.grad_accumulation;
   hybrid_ = std::make_unique<placement::HybridPlacement>(device_.get(), placement_.get(), ho);
   group_.set_device_scratch(dist::ProcessGroup::DeviceScratch{
-      [this](uint64_t bytes) {
-        void* p = placement_->device_alloc(bytes, -1, "all-gather scratch");
-        placement_->tier().add(Use::kStaging, bytes);
-        placement_->note_device_peak();
-        return p;
-      },
-      [this](void* p, uint64_t bytes) {
-        device_->deallocate(p, bytes);
-        placement_->tier().remove(Use::kStaging, bytes);
-      },
+      [this](uint64_t bytes) { return placement_->alloc_staging(bytes, "all-gather scratch"); },
+      [this](void* p, uint64_t bytes) { placement_->free_staging(p, bytes); },
       [this](void* dst, const void* src, size_t bytes, bool to_device) {
         copy_sync(dst, src, bytes, to_device ? memory::CopyKind::kHostToDevice : memory::CopyKind::kDeviceToHost);
       }});

@@ -240,7 +240,6 @@ class Engine : private placement::HybridTable {
   // The reduce-scatter's actions (dist/reduce_scatter.h).
   std::vector<uint32_t> lay_out_gradients(uint32_t k, float* data, uint64_t elems);
   void apply_reduced(uint32_t k, const std::vector<uint32_t>& params, float* avg);
-  void* stage_alloc(uint64_t bytes, uint32_t k);
   void write_sharded(uint32_t id, const void* src, pstar_dtype dtype);
   void read_sharded(uint32_t id, void* dst, pstar_dtype dtype);
   void restore_slot_sharded(uint32_t id);

@@ -151,15 +151,6 @@ std::vector<uint32_t> Engine::lay_out_gradients(uint32_t k, float* data, uint64_
   return carried;
 }
 
-// ReduceScatter::Actions::stage_alloc: a device staging buffer, made room
-// for like a chunk and counted while it lives.
-void* Engine::stage_alloc(uint64_t bytes, uint32_t k) {
-  void* p = placement_->device_alloc(bytes, -1, "reduce-scatter staging of chunk " + std::to_string(k));
-  placement_->tier().add(Use::kStaging, bytes);
-  placement_->note_device_peak();
-  return p;
-}
-
 // ReduceScatter::Actions::apply: this rank's shard of the average into the
 // compute shard or the fp32 gradient shard of each parameter.
 void Engine::apply_reduced(uint32_t k, const std::vector<uint32_t>& params, float* avg_all) {

@@ -137,6 +137,18 @@ void* Runtime::device_alloc(uint64_t bytes, int64_t keep_chunk, const std::strin
   return device_->allocate(bytes);
 }
 
+void* Runtime::alloc_staging(uint64_t bytes, const std::string& purpose) {
+  void* p = device_alloc(bytes, -1, purpose);
+  tier_.add(Use::kStaging, bytes);
+  note_device_peak();
+  return p;
+}
+
+void Runtime::free_staging(void* ptr, uint64_t bytes) {
+  device_->deallocate(ptr, bytes);
+  tier_.remove(Use::kStaging, bytes);
+}
+
 void Runtime::fetch(uint32_t k) {
   chunk::Chunk& c = at(k);
   void* dst = device_alloc(c.bytes, k, "chunk " + std::to_string(k));

@@ -109,6 +109,11 @@ class Runtime {
   // `purpose` and the tier's uses when nothing more can move.
   void make_room(uint64_t bytes, int64_t keep_chunk, const std::string& purpose);
   void* device_alloc(uint64_t bytes, int64_t keep_chunk, const std::string& purpose);
+  // A transient device buffer for a collective (Use::kStaging): made room
+  // for like a chunk and counted while it lives; freed at once by
+  // free_staging, which the caller calls when nothing queued uses it.
+  void* alloc_staging(uint64_t bytes, const std::string& purpose);
+  void free_staging(void* ptr, uint64_t bytes);
   // Frees a buffer once `after` completes; a device buffer's bytes move from
   // `from` to the tier's deferred use until then.
   void defer_free_device(memory::EventPtr after, void* ptr, size_t bytes, Use from);

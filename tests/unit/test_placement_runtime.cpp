@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "fakes.h"
 #include "memory/emulated_device.h"
 #include "memory/host_pool.h"
 #include "placement/runtime.h"
@@ -21,17 +22,10 @@ namespace {
 
 constexpr uint64_t kChunkBytes = 4096;
 
-// Chunks on the host, each filled with its own byte pattern.
-struct Chunks final : pstar::placement::ChunkTable {
-  std::vector<pstar::chunk::Chunk> v;
-  size_t chunk_count() const override { return v.size(); }
-  pstar::chunk::Chunk& chunk_at(uint32_t k) override { return v[k]; }
-};
-
 struct Fixture {
   pstar::memory::EmulatedDevice dev{true, 7};
   pstar::memory::HostPool host{&dev, 0};
-  Chunks chunks;
+  pstar::testing::VectorChunkTable chunks;  // on the host, each filled with its own byte pattern
   Runtime rt;
 
   Fixture(uint32_t n, uint32_t resident, pstar_policy policy)
