@@ -695,7 +695,7 @@ void Engine::release(uint32_t id, void* stream) {
   ChunkState& c = chunks_[place.chunk];
   if (ev == TensorEvent::kReleaseBackwardLast && !p.frozen() && sharded()) {
     // world > 1: the gradient stays in its fp32 buffer until the chunk's
-    // reduce-scatter (after_release_sharded), the slot keeps the weight.
+    // reduce-scatter (the drop rule below), the slot keeps the weight.
     if (!p.grad_pending) drop_rule_.note_gradient_pending(place.chunk);
     p.grad_pending = true;
     p.grad_ready = device_->record(s);

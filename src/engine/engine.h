@@ -235,7 +235,7 @@ class Engine : private placement::HybridTable {
     const uint64_t n = chunks_[place.chunk].shard_elems, lo = static_cast<uint64_t>(rank) * n;
     return {lo, std::max(place.offset_elems, lo), std::min(place.offset_elems + place.numel, lo + n)};
   }
-  // Gathering ahead (engine_dist.cpp).
+  // Reduce-scatters chunk k's pending gradients (engine_dist.cpp).
   void reduce_chunk(uint32_t k);
   // The reduce-scatter's actions (dist/reduce_scatter.h).
   std::vector<uint32_t> lay_out_gradients(uint32_t k, float* data, uint64_t elems);
