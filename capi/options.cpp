@@ -123,7 +123,7 @@ engine::EngineOptions engine_options(const pstar_engine_options& in) {
     return "options: chunk_elems (" + std::to_string(o.chunk_elems) + ") must be a multiple of " +
            std::to_string(chunk::kAlignElems);
   });
-  require(o.chunk_elems <= engine::kMaxNumel, PSTAR_ERR_INVALID_ARGUMENT, "options: chunk_elems is too large");
+  require(o.chunk_elems <= chunk::kMaxNumel, PSTAR_ERR_INVALID_ARGUMENT, "options: chunk_elems is too large");
   require(o.placement_policy == PSTAR_POLICY_OPT || o.placement_policy == PSTAR_POLICY_LRU ||
               o.placement_policy == PSTAR_POLICY_STATIC,
           PSTAR_ERR_INVALID_ARGUMENT,

@@ -1,12 +1,14 @@
 // Chunk: what the chunk store and the placement runtime know of one chunk:
 // where its compute-dtype payload is, when that payload is valid, and who
-// uses it.  The engine's per-chunk record extends it with what other
-// modules own (shards, the NVMe slot) and with Fp32Lists; the placement
-// runtime sees the Chunk part only, hybrid placement both parts.
+// uses it.  ChunkState, one rank's record of a chunk, extends it with the
+// Fp32Lists and the shard; the placement runtime sees the Chunk part only,
+// hybrid placement the Chunk and the lists.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
+#include "chunk/layout.h"
 #include "memory/device.h"
 
 namespace pstar::chunk {
@@ -59,5 +61,31 @@ struct Fp32Lists {
   // pointers into `master`, so the list must not move.
   uint32_t master_pins = 0;
 };
+
+// What one rank keeps of one chunk: the chunk store's part (Chunk), the
+// fp32 lists, and with world > 1 its shard.
+struct ChunkState : Chunk, Fp32Lists {
+  // Elements of the full chunk (its layout capacity, padded with world > 1
+  // to a multiple of world * kAlignElems) and of one rank's shard (with
+  // one process the whole chunk).  Each of the rank's fp32 lists holds
+  // shard_elems.
+  uint64_t elems = 0;
+  uint64_t shard_elems = 0;
+  // world > 1: this rank's shard of the compute payload, on the host, for
+  // good.  The gathered full chunk is Chunk's payload (tier kNotGathered
+  // when not gathered); its Fp32Lists are shards too.
+  void* shard = nullptr;
+};
+
+// The elements of a parameter placed at `place` in rank `rank`'s shard of
+// its chunk (shard_elems each): [a, b) in chunk coordinates, none when
+// a >= b; the shard begins at lo.
+struct ShardSpan {
+  uint64_t lo, a, b;
+};
+inline ShardSpan shard_span(const ParamPlacement& place, uint64_t shard_elems, int rank) {
+  const uint64_t lo = static_cast<uint64_t>(rank) * shard_elems;
+  return {lo, std::max(place.offset_elems, lo), std::min(place.offset_elems + place.numel, lo + shard_elems)};
+}
 
 }  // namespace pstar::chunk

@@ -2,20 +2,17 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <cstddef>
-#include <cstdio>
 #include <cstring>
 #include <exception>
-#include <limits>
 
 #include "memory/device_factory.h"
-#include "memory/host_kernels.h"
-#include "optim/adam_kernel.h"
 #include "util/dtype.h"
 #include "util/error.h"
 #include "util/log.h"
 #include "util/settings.h"
+#include "step/optimizer_step.h"
+#include "values/param_values.h"
 
 namespace pstar::engine {
 
@@ -27,18 +24,19 @@ Engine::Engine(const EngineOptions& options) : Engine(options, nullptr) {}
 Engine::Engine(const EngineOptions& options, std::unique_ptr<dist::Communicator> group)
     : options_(options),
       optimizer_(options_.adam, options_.clip_norm, options_.loss_scale, options_.threads),
-      reduce_(
-          &group_,
-          dist::ReduceScatter::Actions{
-              [this](uint32_t k, float* data, uint64_t elems) { return lay_out_gradients(k, data, elems); },
-              [this](uint32_t k, const std::vector<uint32_t>& params, float* avg) { apply_reduced(k, params, avg); },
-              [this](uint64_t bytes, uint32_t k) {
-                return placement_->alloc_staging(bytes, "reduce-scatter staging of chunk " + std::to_string(k));
-              },
-              [this](void* p, uint64_t bytes) { placement_->free_staging(p, bytes); },
-              [this](void* dst, const void* src, size_t bytes) {
-                copy_sync(dst, src, bytes, memory::CopyKind::kDeviceToHost);
-              }}),
+      reduce_(&group_,
+              dist::ReduceScatter::Actions{
+                  [this](uint32_t k, float* data, uint64_t elems) { return step_->lay_out_gradients(k, data, elems); },
+                  [this](uint32_t k, const std::vector<uint32_t>& params, float* avg) {
+                    step_->apply_reduced(k, params, avg);
+                  },
+                  [this](uint64_t bytes, uint32_t k) {
+                    return placement_->alloc_staging(bytes, "reduce-scatter staging of chunk " + std::to_string(k));
+                  },
+                  [this](void* p, uint64_t bytes) { placement_->free_staging(p, bytes); },
+                  [this](void* dst, const void* src, size_t bytes) {
+                    copy_sync(dst, src, bytes, memory::CopyKind::kDeviceToHost);
+                  }}),
       gathering_(&group_, &reduce_) {
   if (group != nullptr) {
     require(!options_.dry_run && !options_.hybrid_optimizer, PSTAR_ERR_UNSUPPORTED,
@@ -80,6 +78,13 @@ Engine::Engine(const EngineOptions& options, std::unique_ptr<dist::Communicator>
   ho.warmup_iterations = options_.warmup_iterations;
   ho.grad_accumulation = options_.grad_accumulation;
   hybrid_ = std::make_unique<placement::HybridPlacement>(device_.get(), placement_.get(), ho);
+  values_ = std::make_unique<values::ParamValues>(
+      values::ValueParts{device_.get(), placement_.get(), hybrid_.get(), &nvme_, &group_, &reduce_, &params_, &chunks_},
+      options_.compute_dtype, payloads_);
+  step_ = std::make_unique<step::OptimizerStep>(
+      step::StepParts{device_.get(), host_.get(), placement_.get(), hybrid_.get(), &nvme_, &optimizer_, values_.get(),
+                      &params_, &chunks_, &group_, &reduce_, &gathering_, &drop_rule_},
+      step::StepOptions{options_.compute_dtype, options_.grad_accumulation, options_.prefetch, payloads_});
   group_.set_device_scratch(dist::ProcessGroup::DeviceScratch{
       [this](uint64_t bytes) { return placement_->alloc_staging(bytes, "all-gather scratch"); },
       [this](void* p, uint64_t bytes) { placement_->free_staging(p, bytes); },
@@ -118,7 +123,7 @@ Engine::~Engine() {
       }
       host_->release(c.shard, c.shard_elems * elem_bytes());
       if (!hybrid_->release(static_cast<uint32_t>(i))) {
-        release_optimizer_buffers(c, fp32_bytes_held(static_cast<uint32_t>(i)));
+        release_optimizer_buffers(c, c.shard_elems * sizeof(float));
       }
     }
   }
@@ -136,45 +141,12 @@ void Engine::release_optimizer_buffers(ChunkState& c, uint64_t fp32_bytes) {
 
 size_t Engine::elem_bytes() const { return dtype_size(options_.compute_dtype); }
 
-uint64_t Engine::fp32_bytes_held(uint32_t k) const {
-  return (sharded() ? chunks_[k].shard_elems : layout_->chunks()[k].capacity_elems) * sizeof(float);
-}
-
 // ---------------------------------------------------------------------------
 // Registration and layout
 
 uint32_t Engine::register_param(const char* name, uint32_t ndim, const int64_t* shape, uint32_t flags) {
   require(!built(), PSTAR_ERR_INVALID_STATE, "param_register: the engine is built; register before pstar_engine_build");
-  require(name != nullptr && name[0] != '\0', PSTAR_ERR_INVALID_ARGUMENT, "param_register: name is NULL or empty");
-  require(ndim <= kMaxNdim, PSTAR_ERR_INVALID_ARGUMENT,
-          [&] { return "param_register: ndim " + std::to_string(ndim) + " exceeds " + std::to_string(kMaxNdim); });
-  require(ndim == 0 || shape != nullptr, PSTAR_ERR_INVALID_ARGUMENT, "param_register: shape is NULL");
-  const uint32_t known = PSTAR_PARAM_FROZEN | PSTAR_PARAM_NO_WEIGHT_DECAY;
-  require((flags & ~known) == 0, PSTAR_ERR_INVALID_ARGUMENT,
-          [&] { return "param_register: unknown flag bits " + std::to_string(flags & ~known); });
-  require(by_name_.find(name) == by_name_.end(), PSTAR_ERR_INVALID_ARGUMENT,
-          [&] { return std::string("param_register: a parameter named '") + name + "' exists"; });
-  require(params_.size() < std::numeric_limits<uint32_t>::max(), PSTAR_ERR_INVALID_ARGUMENT,
-          "param_register: too many parameters");
-  uint64_t numel = 1;
-  for (uint32_t d = 0; d < ndim; ++d) {
-    require(shape[d] >= 0, PSTAR_ERR_INVALID_ARGUMENT,
-            [&] { return "param_register: extent " + std::to_string(d) + " of '" + name + "' is negative"; });
-    const uint64_t e = static_cast<uint64_t>(shape[d]);
-    require(e == 0 || numel <= kMaxNumel / e, PSTAR_ERR_INVALID_ARGUMENT,
-            [&] { return std::string("param_register: '") + name + "' has more than 2^48 elements"; });
-    numel *= e;
-  }
-  Param p;
-  p.name = name;
-  p.shape.assign(shape, shape + ndim);
-  p.numel = numel;
-  p.flags = flags;
-  p.weight_decay = (flags & PSTAR_PARAM_NO_WEIGHT_DECAY) == 0;
-  const auto id = static_cast<uint32_t>(params_.size());
-  params_.push_back(std::move(p));
-  by_name_.emplace(params_.back().name, id);
-  return id;
+  return params_.add(name, ndim, shape, flags);
 }
 
 void Engine::build() {
@@ -213,7 +185,7 @@ void Engine::build() {
       }
       if (!info.frozen) {
         largest_trainable = std::max(largest_trainable, c.elems);
-        const uint64_t fp32_bytes = (sharded() ? c.shard_elems : c.elems) * sizeof(float);
+        const uint64_t fp32_bytes = c.shard_elems * sizeof(float);
         for (float** b : {&c.master, &c.exp_avg, &c.exp_avg_sq, &c.grad32}) {
           if (b == &c.grad32 && !options_.grad_accumulation) continue;
           if (b != &c.grad32 && nvme_.requested()) continue;  // placed below, host or drive
@@ -230,7 +202,7 @@ void Engine::build() {
     }
     layout_ = std::move(layout);  // nvme_place_lists reads the layout
     // With world > 1 the fp32 lists are shards: the staging buffers hold one.
-    nvme_place_lists(chunks, sharded() ? largest_trainable / static_cast<uint64_t>(group_.world()) : largest_trainable);
+    nvme_place_lists(chunks, largest_trainable / static_cast<uint64_t>(group_.world()));
     gathering_.reserve(static_cast<uint32_t>(chunks.size()), layout_->chunk_elems() * elem_bytes());
   } catch (...) {
     gathering_.release();
@@ -239,7 +211,7 @@ void Engine::build() {
       ChunkState& c = chunks[i];
       host_->release(c.host, c.bytes);
       host_->release(c.shard, c.shard_elems * elem_bytes());
-      release_optimizer_buffers(c, (sharded() ? c.shard_elems : c.elems) * sizeof(float));
+      release_optimizer_buffers(c, c.shard_elems * sizeof(float));
     }
     reduce_.release();
     layout_.reset();
@@ -252,12 +224,14 @@ void Engine::build() {
     drop_rule_.build(params_per_chunk, params_.size());
   }
   hybrid_->attach(this, layout_.get());
+  values_->attach(layout_.get());
+  step_->attach(layout_.get());
   uint64_t largest_grad = 0;
   for (const Param& p : params_) {
     if (!p.frozen()) largest_grad = std::max(largest_grad, p.numel * sizeof(float));
   }
   placement_->choose_static_chunks(largest_grad);
-  for (auto& p : params_) p.state = TensorState::kHold;  // the build transition
+  for (uint32_t id = 0; id < params_.size(); ++id) params_.apply(id, TensorEvent::kBuild);
   log::info("engine built: " + std::to_string(params_.size()) + " parameters in " + std::to_string(chunks_.size()) +
             " chunks");
 }
@@ -267,27 +241,13 @@ void Engine::require_built(const char* what) const {
           [&] { return std::string(what) + ": the engine is not built (call pstar_engine_build)"; });
 }
 
-Engine::Param& Engine::param_checked(uint32_t id) {
-  require(id < params_.size(), PSTAR_ERR_NOT_FOUND, [&] {
-    return "no parameter with id " + std::to_string(id) + " (" + std::to_string(params_.size()) + " registered)";
-  });
-  return params_[id];
-}
+uint32_t Engine::find(const char* name) const { return params_.find(name); }
 
-const Engine::Param& Engine::param_checked(uint32_t id) const { return const_cast<Engine*>(this)->param_checked(id); }
-
-uint32_t Engine::find(const char* name) const {
-  require(name != nullptr, PSTAR_ERR_INVALID_ARGUMENT, "param_find: name is NULL");
-  auto it = by_name_.find(name);
-  require(it != by_name_.end(), PSTAR_ERR_NOT_FOUND, [&] { return std::string("no parameter named '") + name + "'"; });
-  return it->second;
-}
-
-uint64_t Engine::numel(uint32_t id) const { return param_checked(id).numel; }
+uint64_t Engine::numel(uint32_t id) const { return params_.checked(id).numel; }
 
 float* Engine::pin(uint32_t id, bool writable) {
   require_built("param_pin");
-  Param& p = param_checked(id);
+  Param& p = params_.checked(id);
   require(!writable || !iteration_active_, PSTAR_ERR_INVALID_STATE,
           [&] { return "param_pin of '" + p.name + "': a writable pin is legal only outside iterations"; });
   require(!p.frozen(), PSTAR_ERR_UNSUPPORTED, [&] {
@@ -313,10 +273,10 @@ float* Engine::pin(uint32_t id, bool writable) {
 
 void Engine::unpin(uint32_t id) {
   require_built("param_unpin");
-  Param& p = param_checked(id);
+  Param& p = params_.checked(id);
   require(p.pins > 0, PSTAR_ERR_INVALID_STATE, [&] { return "param_unpin of '" + p.name + "': it is not pinned"; });
   const bool writable = p.pin_writable.back();
-  if (writable) restore_slot(id);  // the caller's writes reach the compute copy
+  if (writable) values_->restore_slot(id);  // the caller's writes reach the compute copy
   p.pin_writable.pop_back();
   if (writable) --writable_pins_;
   --p.pins;
@@ -324,7 +284,7 @@ void Engine::unpin(uint32_t id) {
 }
 
 void Engine::set_lr_scale(uint32_t id, float lr_scale) {
-  Param& p = param_checked(id);
+  Param& p = params_.checked(id);
   require(!(iteration_active_ && iteration_kind_ == PSTAR_ITERATION_TRAIN), PSTAR_ERR_INVALID_STATE,
           "param_set_lr_scale: not legal inside a TRAIN iteration");
   settings::require_float(lr_scale, 0.0f, settings::kMax, "param_set_lr_scale: lr_scale", settings::kRangeDecay);
@@ -332,22 +292,11 @@ void Engine::set_lr_scale(uint32_t id, float lr_scale) {
 }
 
 void Engine::set_weight_decay(uint32_t id, bool enabled) {
-  Param& p = param_checked(id);
+  Param& p = params_.checked(id);
   require(!(iteration_active_ && iteration_kind_ == PSTAR_ITERATION_TRAIN), PSTAR_ERR_INVALID_STATE,
           "param_set_weight_decay: not legal inside a TRAIN iteration");
   p.weight_decay = enabled;
 }
-
-TensorState Engine::checked_transition(const Param& p, uint32_t id, TensorEvent ev) const {
-  TensorState next;
-  if (!chunk::transition(p.state, ev, &next)) {
-    throw Error(PSTAR_ERR_INVALID_STATE, std::string(chunk::event_name(ev)) + " of parameter " + std::to_string(id) +
-                                             " ('" + p.name + "') is illegal in state " + chunk::state_name(p.state));
-  }
-  return next;
-}
-
-void Engine::apply(Param& p, uint32_t id, TensorEvent ev) { p.state = checked_transition(p, id, ev); }
 
 // ---------------------------------------------------------------------------
 // Values
@@ -355,7 +304,7 @@ void Engine::apply(Param& p, uint32_t id, TensorEvent ev) { p.state = checked_tr
 // Checks shared by param_write and param_read.
 Engine::Param& Engine::value_access(const char* what, uint32_t id, const void* buf, uint64_t count, pstar_dtype dtype) {
   require_built(what);
-  Param& p = param_checked(id);
+  Param& p = params_.checked(id);
   require(payloads_, PSTAR_ERR_UNSUPPORTED, [&] { return std::string(what) + ": a dry run holds no values"; });
   require(!iteration_active_, PSTAR_ERR_INVALID_STATE,
           [&] { return std::string(what) + ": not legal inside an iteration"; });
@@ -370,87 +319,13 @@ Engine::Param& Engine::value_access(const char* what, uint32_t id, const void* b
 }
 
 void Engine::write(uint32_t id, const void* src, uint64_t count, pstar_dtype dtype) {
-  const Param& p = value_access("param_write", id, src, count, dtype);
-  if (sharded()) {
-    write_sharded(id, src, dtype);
-    return;
-  }
-  const auto& place = layout_->param(id);
-  if (p.frozen()) {
-    if (chunks_[place.chunk].tier == Tier::kDevice) {
-      // Written where the chunk is: values never move a chunk.
-      std::vector<float> staging(count);
-      convert_to_f32(src, dtype, staging.data(), count);
-      write_slot_on_device(id, staging.data());
-      return;
-    }
-    void* payload = placement_->host_view(place.chunk);
-    for (uint64_t i = 0; i < count; ++i) {
-      store_as(payload, options_.compute_dtype, place.offset_elems + i, load_as(src, dtype, i));
-    }
-    return;
-  }
-  ChunkState& c = chunks_[place.chunk];
-  if (c.opt_device != nullptr) {
-    // The master lives in device memory: stage through the host.
-    std::vector<float> staging(count);
-    convert_to_f32(src, dtype, staging.data(), count);
-    hybrid_->write_list(place.chunk, c.master + place.offset_elems, staging.data(), count);
-    write_slot_on_device(id, staging.data());
-    return;
-  }
-  nvme_.access(place.chunk, true);
-  convert_to_f32(src, dtype, c.master + place.offset_elems, count);
-  restore_slot(id);
+  value_access("param_write", id, src, count, dtype);
+  values_->write(id, src, count, dtype);
 }
 
 void Engine::read(uint32_t id, void* dst, uint64_t count, pstar_dtype dtype) {
-  const Param& p = value_access("param_read", id, dst, count, dtype);
-  if (sharded()) {
-    read_sharded(id, dst, dtype);
-    return;
-  }
-  const auto& place = layout_->param(id);
-  if (!p.frozen()) {
-    nvme_.access(place.chunk, false);
-    const ChunkState& c = chunks_[place.chunk];
-    const float* master = c.master + place.offset_elems;
-    std::vector<float> staging;
-    if (c.opt_device != nullptr) {
-      staging.resize(count);
-      hybrid_->read_list(place.chunk, master, staging.data(), count);
-      master = staging.data();
-    }
-    convert_from_f32(master, dst, dtype, count);
-    return;
-  }
-  const ChunkState& c = chunks_[place.chunk];
-  if (c.tier == Tier::kDevice) {
-    // Read where the chunk is (a copy of the slice): values never move a chunk.
-    std::vector<unsigned char> staging(count * elem_bytes());
-    memory::Stream* s = device_->compute_stream();
-    device_->stream_wait(s, c.ready);
-    copy_sync(staging.data(), static_cast<const char*>(c.device) + place.offset_elems * elem_bytes(), staging.size(),
-              memory::CopyKind::kDeviceToHost);
-    for (uint64_t i = 0; i < count; ++i) store_as(dst, dtype, i, load_as(staging.data(), options_.compute_dtype, i));
-    return;
-  }
-  const void* payload = placement_->host_view(place.chunk);
-  for (uint64_t i = 0; i < count; ++i) {
-    store_as(dst, dtype, i, load_as(payload, options_.compute_dtype, place.offset_elems + i));
-  }
-}
-
-void Engine::write_slot_on_device(uint32_t id, const float* values) {
-  const auto& place = layout_->param(id);
-  ChunkState& c = chunks_[place.chunk];
-  std::vector<unsigned char> rounded(place.numel * elem_bytes());
-  for (uint64_t i = 0; i < place.numel; ++i) store_as(rounded.data(), options_.compute_dtype, i, values[i]);
-  memory::Stream* s = device_->compute_stream();
-  device_->stream_wait(s, c.ready);
-  device_->stream_wait(s, c.last_use);
-  copy_sync(static_cast<char*>(c.device) + place.offset_elems * elem_bytes(), rounded.data(), rounded.size(),
-            memory::CopyKind::kHostToDevice);
+  value_access("param_read", id, dst, count, dtype);
+  values_->read(id, dst, count, dtype);
 }
 
 // ---------------------------------------------------------------------------
@@ -484,11 +359,7 @@ void Engine::iteration_end() {
   require(iteration_active_, PSTAR_ERR_INVALID_STATE, "iteration_end: no iteration in progress");
   require(iteration_kind_ == PSTAR_ITERATION_EVAL, PSTAR_ERR_INVALID_STATE,
           "iteration_end: a TRAIN iteration ends with pstar_step");
-  for (uint32_t id = 0; id < params_.size(); ++id) {
-    require(params_[id].state != TensorState::kCompute, PSTAR_ERR_INVALID_STATE, [&] {
-      return "iteration_end: parameter " + std::to_string(id) + " ('" + params_[id].name + "') is still acquired";
-    });
-  }
+  params_.require_none_acquired("iteration_end");
   gathering_.drop_all();  // world > 1: the gathered chunks go
   iteration_active_ = false;
 }
@@ -508,7 +379,7 @@ void Engine::reset_iteration_state(TensorEvent ev) {
       }
     }
     p.has_grad = false;
-    apply(p, id, ev);
+    params_.apply(id, ev);
     p.forward_uses = 0;
     p.backward_uses = 0;
     p.slot_is_grad = false;
@@ -549,7 +420,7 @@ void Engine::iteration_abort() {
   for (uint32_t id = 0; id < params_.size(); ++id) {
     if (!params_[id].slot_is_grad) continue;
     try {
-      restore_slot(id);
+      values_->restore_slot(id);
     } catch (const Error&) {
       if (!nvme_.failed()) throw;
       if (!nvme_error) nvme_error = std::current_exception();
@@ -583,7 +454,7 @@ void Engine::iteration_abort() {
 
 void* Engine::acquire(uint32_t id, pstar_stage stage, void* stream) {
   require_built("param_acquire");
-  Param& p = param_checked(id);
+  Param& p = params_.checked(id);
   require(stage == PSTAR_STAGE_FORWARD || stage == PSTAR_STAGE_BACKWARD || stage == PSTAR_STAGE_RECOMPUTE,
           PSTAR_ERR_INVALID_ARGUMENT, "param_acquire: unknown stage");
   require(iteration_active_, PSTAR_ERR_INVALID_STATE, "param_acquire: no iteration in progress");
@@ -613,7 +484,7 @@ void* Engine::acquire(uint32_t id, pstar_stage stage, void* stream) {
     ev = TensorEvent::kAcquireBackward;
   }
   // Checked now, applied once the placement work below has succeeded.
-  const TensorState next = checked_transition(p, id, ev);
+  const TensorState next = params_.next_state(id, ev);
 
   const auto& place = layout_->param(id);
   ChunkState& c = chunks_[place.chunk];
@@ -678,7 +549,7 @@ void* Engine::acquire(uint32_t id, pstar_stage stage, void* stream) {
 
 void Engine::release(uint32_t id, void* stream) {
   require_built("param_release");
-  Param& p = param_checked(id);
+  Param& p = params_.checked(id);
   require(p.state == TensorState::kCompute, PSTAR_ERR_INVALID_STATE,
           [&] { return "param_release of '" + p.name + "': not acquired (state " + chunk::state_name(p.state) + ")"; });
   group_.require_ok("param_release");
@@ -700,7 +571,7 @@ void Engine::release(uint32_t id, void* stream) {
     p.grad_pending = true;
     p.grad_ready = device_->record(s);
   } else if (ev == TensorEvent::kReleaseBackwardLast && !p.frozen() && options_.grad_accumulation) {
-    fold_gradient(id, s);
+    step_->fold_gradient(id, s);
   } else if (ev == TensorEvent::kReleaseBackwardLast && !p.frozen()) {
     // The gradient replaces the weight in the slot; overflow and norm are
     // known from here on, before the step begins.
@@ -714,7 +585,7 @@ void Engine::release(uint32_t id, void* stream) {
     c.ready = done;  // the payload is valid once the slot is written
   }
   c.last_use = device_->record(s);
-  apply(p, id, ev);
+  params_.apply(id, ev);
   --c.compute_refs;
   // world > 1: the drop rule (dist/drop_rule.h).
   switch (drop_rule_.after_release(id, place.chunk, p.acquired_stage, c.compute_refs)) {
@@ -728,7 +599,7 @@ void Engine::release(uint32_t id, void* stream) {
 // only state in which a gradient may be handed over.
 Engine::Param& Engine::backward_param(const char* what, uint32_t id) {
   require_built(what);
-  Param& p = param_checked(id);
+  Param& p = params_.checked(id);
   require(!p.frozen(), PSTAR_ERR_INVALID_STATE,
           [&] { return std::string(what) + ": '" + p.name + "' is frozen and takes no gradient"; });
   require(iteration_active_ && iteration_kind_ == PSTAR_ITERATION_TRAIN && p.state == TensorState::kCompute &&
@@ -767,7 +638,7 @@ float* Engine::grad_slot_acquire(uint32_t id, void* stream) {
 }
 
 void Engine::nonmodel_report(uint64_t bytes) {
-  require(bytes <= kMaxNumel * 16, PSTAR_ERR_INVALID_ARGUMENT, "nonmodel_report: implausible byte count");
+  require(bytes <= chunk::kMaxNumel * 16, PSTAR_ERR_INVALID_ARGUMENT, "nonmodel_report: implausible byte count");
   placement_->tier().set_nonmodel(bytes);
   // The caller holds this memory now: make room by evicting what may move.
   // Whatever cannot move stays; later requests fail instead.  The peak is
@@ -809,221 +680,15 @@ void Engine::trace_export(const char* path) const {
 // ---------------------------------------------------------------------------
 // Optimizer step
 
-void Engine::restore_slot(uint32_t id) {
-  if (!payloads_) return;
-  const auto& place = layout_->param(id);
-  ChunkState& c = chunks_[place.chunk];
-  if (c.opt_device != nullptr) {
-    std::vector<float> staging(place.numel);
-    hybrid_->read_list(place.chunk, c.master + place.offset_elems, staging.data(), place.numel);
-    write_slot_on_device(id, staging.data());
-    return;
-  }
-  nvme_.access(place.chunk, false);
-  if (c.tier == Tier::kDevice) {
-    // Written where the chunk is (a skipped step keeps placement as it is).
-    write_slot_on_device(id, c.master + place.offset_elems);
-    return;
-  }
-  void* payload = placement_->host_view(place.chunk);
-  const float* master = c.master + place.offset_elems;
-  for (uint64_t i = 0; i < place.numel; ++i)
-    store_as(payload, options_.compute_dtype, place.offset_elems + i, master[i]);
-}
-
-// Gradient accumulation: adds this micro-batch's gradient (the fp32
-// accumulator on the device) into the parameter's slice of the fp32 gradient
-// list on the host, then frees the accumulator.  Host-synchronous: the next
-// micro-batch may reuse the memory at once.
-void Engine::fold_gradient(uint32_t id, memory::Stream* s) {
-  Param& p = params_[id];
-  const auto& place = layout_->param(id);
-  const size_t bytes = p.numel * sizeof(float);
-  ChunkState& c = chunks_[place.chunk];
-  if (c.opt_device != nullptr) {
-    // The gradient list is on the device too: added there, asynchronously;
-    // the accumulator is freed once the addition is done.
-    hybrid_->fold_gradient(place.chunk, s, place.offset_elems, p.grad_acc, p.numel);
-    p.grad_acc = nullptr;
-    p.has_grad = true;
-    return;
-  }
-  float* staging = static_cast<float*>(host_->acquire(bytes));
-  device_->copy_async(s, staging, p.grad_acc, bytes, memory::CopyKind::kDeviceToHost);
-  const float* src = staging;
-  device_->synchronize(s);
-  float* dst = chunks_[place.chunk].grad32 + place.offset_elems;
-  if (payloads_) {
-    for (uint64_t i = 0; i < p.numel; ++i) dst[i] += src[i];
-  }
-  host_->release(staging, bytes);
-  device_->deallocate(p.grad_acc, bytes);
-  placement_->tier().remove(Use::kGradients, bytes);
-  p.grad_acc = nullptr;
-  p.has_grad = true;
-}
-
-void Engine::step_update_local(pstar_step_result& r) {
-  // Every finalize has been queued; wait for their results.
-  device_->synchronize(device_->compute_stream());
-
-  double sumsq = 0.0;
-  bool overflow = false;
-  std::vector<float> staging;  // CUDA: a device-resident gradient list read on the host
-  for (uint32_t id = 0; id < params_.size(); ++id) {
-    Param& p = params_[id];
-    if (!p.has_grad) continue;
-    if (options_.grad_accumulation) {
-      // The sum over micro-batches is complete only now.
-      const auto& place = layout_->param(id);
-      const ChunkState& c = chunks_[place.chunk];
-      const float* grad = c.grad32 + place.offset_elems;
-      if (c.opt_device != nullptr) {
-        if (payloads_) staging.resize(p.numel);  // a dry run copies into no memory
-        hybrid_->read_gradient(place.chunk, grad, staging.data(), p.numel);
-        grad = staging.data();
-      }
-      if (payloads_) memory::host_grad_norm(grad, p.numel, &p.grad_sumsq, &p.grad_nonfinite);
-    }
-    sumsq += p.grad_sumsq;  // parameter order: deterministic
-    overflow = overflow || p.grad_nonfinite != 0;
-  }
-  const double clip_coef = unscale_and_clip(sumsq, &r);
-  if (overflow) {
-    for (uint32_t id = 0; id < params_.size(); ++id) {
-      if (params_[id].slot_is_grad) restore_slot(id);
-    }
-    note_skipped_step(&r);
-  } else {
-    // A chunk's parameters with a gradient, each with its own constants
-    // (parameter groups).
-    optim::SegmentList segments = optimizer_.begin_step(clip_coef);
-    auto segments_of = [&](uint32_t k) {
-      segments.clear();
-      for (uint32_t id : layout_->chunks()[k].params) {
-        if (!params_[id].has_grad) continue;
-        const auto& place = layout_->param(id);
-        segments.add(place.offset_elems, place.offset_elems + place.numel, params_[id].lr_scale,
-                     params_[id].weight_decay);
-        ++r.params_updated;
-      }
-      return !segments.empty();
-    };
-    auto lists_of = [&](const ChunkState& c, void* payload) {
-      return optim::ChunkLists{c.master, c.exp_avg, c.exp_avg_sq, c.grad32, payload, options_.compute_dtype};
-    };
-    // Chunks whose optimizer state is on the device: the update is queued on
-    // the compute stream (same kernel code, same constants, same bits), and
-    // runs while the host updates the other chunks.
-    std::vector<uint32_t> host_chunks;
-    memory::Stream* cs = device_->compute_stream();
-    for (uint32_t k = 0; k < chunks_.size(); ++k) {
-      if (layout_->chunks()[k].frozen) continue;
-      ChunkState& c = chunks_[k];
-      if (c.opt_device == nullptr) {
-        host_chunks.push_back(k);
-        continue;
-      }
-      if (!segments_of(k)) continue;
-      if (c.tier != Tier::kDevice) internal_error("a chunk with device optimizer state left the device");
-      device_->stream_wait(cs, hybrid_->state_ready(k));
-      device_->stream_wait(cs, c.ready);
-      device_->stream_wait(cs, c.last_use);
-      const optim::ChunkLists lists = lists_of(c, c.device);
-      for (const optim::Segment& sg : segments.segments())
-        device_->adam_update_async(cs, sg.constants, lists.range(sg.begin, sg.end));
-      const memory::EventPtr done = device_->record(cs);
-      c.ready = done;
-      c.last_use = done;
-    }
-    // The other chunks are updated by the CPU.  The host's code never
-    // touches device memory (see host_view), so every such chunk still on the
-    // device goes to the host first: all copies are queued at once, so that
-    // the update of one chunk overlaps the copies of the next ones.  They are
-    // evictions, not round trips: which chunks come back before their next
-    // use, and when, is placement's decision (on-demand fetches, or
-    // prefetch along the trace from the next iteration's first acquire);
-    // copying every one back at once would move bytes for chunks evicted
-    // again before they are used.
-    for (uint32_t k : host_chunks) {
-      if (chunks_[k].tier != Tier::kDevice) continue;
-      bool any = false;
-      for (uint32_t id : layout_->chunks()[k].params) any = any || params_[id].has_grad;
-      if (any) placement_->evict(k);
-    }
-    // When this iteration followed the trace to its end, the next one will
-    // too: the CPU updates the chunks in the order of their first use in it,
-    // and after each update prefetch runs along the next iteration's trace
-    // (it stops at a chunk still waiting for its update), so the chunks the
-    // forward needs first come back while the CPU updates the others.
-    const placement::AccessTrace& trace = placement_->follower().trace();
-    const bool ahead = options_.prefetch && placement_->follower().following() &&
-                       placement_->follower().moment() == trace.moments() && trace.moments() > 0;
-    if (ahead) {
-      std::stable_sort(host_chunks.begin(), host_chunks.end(),
-                       [&](uint32_t a, uint32_t b) { return trace.first_use(a) < trace.first_use(b); });
-      for (uint32_t k : host_chunks) chunks_[k].awaiting_update = chunks_[k].tier != Tier::kDevice;
-      placement_->rekey_for_next_iteration();
-    }
-    // Chunks whose optimizer state is on the NVMe drive stream through the
-    // staging ring (memory/nvme_tier.h); the others are updated in place.  An
-    // I/O error ends the update part way (the engine then refuses training
-    // until a checkpoint is loaded): the prefetch state is put back first.
-    try {
-      nvme_.update_chunks(host_chunks, [&](uint32_t k) {
-        ChunkState& c = chunks_[k];
-        if (segments_of(k)) {
-          void* payload = placement_->host_view(k);
-          if (payloads_) {  // a dry run places chunks; it computes nothing
-            // One parallel pass over the chunk (optim/chunk_update.h).
-            optimizer_.update_chunk(layout_->chunks()[k].used_elems, segments.segments(), lists_of(c, payload));
-          }
-        }
-        if (ahead) {
-          c.awaiting_update = false;
-          placement_->prefetch_ahead(0);  // from the next iteration's start
-        }
-      });
-    } catch (const Error&) {
-      for (uint32_t k : host_chunks) chunks_[k].awaiting_update = false;
-      throw;
-    }
-    ++stats_.steps;
-    optimizer_.end_step(false);
-  }
-}
-
-// Fills the result's loss scale, gradient norm (unscaled) and clipping
-// coefficient from the squared norm of the scaled gradients; returns the
-// coefficient.  Shared by the one-process and the sharded step.
-double Engine::unscale_and_clip(double sumsq, pstar_step_result* r) const {
-  const float scale = optimizer_.scaler().scale();
-  r->loss_scale = scale;
-  r->grad_norm = std::sqrt(sumsq) / static_cast<double>(scale);
-  const double clip_coef = optimizer_.clip_coef(r->grad_norm);
-  r->clip_coef = static_cast<float>(clip_coef);
-  return clip_coef;
-}
-
-// The bookkeeping of a step skipped for an inf or NaN gradient (the caller
-// restores the weights).
-void Engine::note_skipped_step(pstar_step_result* r) {
-  r->skipped = 1;
-  ++stats_.skipped_steps;
-  optimizer_.end_step(true);
-  log::info("step skipped: inf or NaN in a gradient; loss scale now " + std::to_string(optimizer_.scaler().scale()));
-}
-
 pstar_step_result Engine::step() {
   require_built("step");
   require(iteration_active_ && iteration_kind_ == PSTAR_ITERATION_TRAIN, PSTAR_ERR_INVALID_STATE,
           "step: no TRAIN iteration in progress");
   group_.require_ok("step");
   require_nvme_ok("step");
+  params_.require_none_acquired("step");
   for (uint32_t id = 0; id < params_.size(); ++id) {
     const Param& p = params_[id];
-    require(p.state != TensorState::kCompute, PSTAR_ERR_INVALID_STATE,
-            [&] { return "step: parameter " + std::to_string(id) + " ('" + p.name + "') is still acquired"; });
     require(p.backward_uses == 0 || p.backward_uses == p.forward_uses, PSTAR_ERR_INVALID_STATE, [&] {
       return "step: parameter " + std::to_string(id) + " ('" + p.name + "') had " + std::to_string(p.backward_uses) +
              " backward uses for " + std::to_string(p.forward_uses) + " forward uses";
@@ -1043,11 +708,7 @@ pstar_step_result Engine::step() {
   // checkpoint can be loaded), then is reported.
   std::exception_ptr nvme_error;
   try {
-    if (sharded()) {
-      step_update_sharded(r);
-    } else {
-      step_update_local(r);
-    }
+    step_->run(r);
   } catch (const Error&) {
     if (!nvme_.failed()) throw;
     nvme_error = std::current_exception();
@@ -1084,6 +745,9 @@ void Engine::fill_stats(pstar_stats* out) const {
   s.bytes_prefetched = moved.bytes_prefetched;
   s.peak_device_bytes = moved.peak_device_bytes;
   s.peak_device_chunk_bytes = moved.peak_device_chunk_bytes;
+  s.steps = step_->counters().steps;
+  s.skipped_steps = step_->counters().skipped_steps;
+  s.bytes_reduce_scattered = step_->counters().bytes_reduce_scattered;
   s.wait_seconds = moved.wait_seconds;
   s.device_bytes = placement_->tier().used();
   s.host_bytes = host_->held_bytes();
@@ -1114,7 +778,7 @@ void Engine::fill_stats(pstar_stats* out) const {
   }
   s.rank = group_.rank();
   s.collectives = group_.collectives();
-  s.bytes_all_gathered += gathering_.bytes_gathered();
+  s.bytes_all_gathered += gathering_.bytes_gathered() + values_->bytes_all_gathered();
   s.world_size = group_.world();
   s.optimizer_chunks_on_device = hybrid_->chunks_on_device();
   s.optimizer_device_bytes = placement_->tier().bytes(Use::kOptimizer);

@@ -24,6 +24,7 @@
 
 #include "chunk/chunk.h"
 #include "chunk/layout.h"
+#include "chunk/param_table.h"
 #include "dist/chunk_gathering.h"
 #include "dist/drop_rule.h"
 #include "dist/process_group.h"
@@ -40,16 +41,19 @@
 #include "pstar/pstar.h"
 #include "util/error.h"
 
+namespace pstar::values {
+class ParamValues;
+}
+namespace pstar::step {
+class OptimizerStep;
+}
+
 namespace pstar::engine {
 
 // Most chunks a sharded engine may gather ahead of their use
 // (pstar_x_engine_set_gather_ahead): each takes a chunk-sized device slot
 // for the engine's life.
 constexpr uint32_t kMaxGatherAhead = PSTAR_X_MAX_GATHER_AHEAD;
-// Most dimensions a parameter may have.
-constexpr uint32_t kMaxNdim = 16;
-// Largest element count of one parameter (2^48).
-constexpr uint64_t kMaxNumel = uint64_t{1} << 48;
 
 class Engine : private placement::HybridTable {
  public:
@@ -68,7 +72,7 @@ class Engine : private placement::HybridTable {
   bool built() const { return layout_ != nullptr; }
 
   uint32_t find(const char* name) const;
-  uint32_t param_count() const { return static_cast<uint32_t>(params_.size()); }
+  uint32_t param_count() const { return params_.size(); }
   uint64_t numel(uint32_t id) const;
   void set_lr_scale(uint32_t id, float lr_scale);
   void set_weight_decay(uint32_t id, bool enabled);
@@ -132,46 +136,8 @@ class Engine : private placement::HybridTable {
   using Tier = chunk::Tier;
   using Use = memory::DeviceTier::Use;
 
-  struct Param {
-    std::string name;
-    std::vector<int64_t> shape;
-    uint64_t numel = 0;
-    uint32_t flags = 0;
-    float lr_scale = 1.0f;     // parameter group: learning-rate multiplier
-    bool weight_decay = true;  // parameter group: takes weight decay
-    chunk::TensorState state = chunk::TensorState::kFree;
-    pstar_stage acquired_stage = PSTAR_STAGE_FORWARD;  // meaningful in kCompute
-    uint32_t forward_uses = 0;                         // this iteration
-    uint32_t backward_uses = 0;                        // this iteration; <= forward_uses
-    bool slot_is_grad = false;                         // the compute slot holds the gradient
-    bool has_grad = false;                             // a gradient arrived this iteration
-    // world > 1: the gradient in grad_acc is final for this (micro-)batch
-    // and waits for its chunk's reduce-scatter; grad_ready completes when
-    // the queued work writing grad_acc is done.
-    bool grad_pending = false;
-    memory::EventPtr grad_ready;
-    float* grad_acc = nullptr;  // device fp32 accumulator during backward
-    // Written by the device when the gradient is finalized.
-    double grad_sumsq = 0.0;
-    int grad_nonfinite = 0;
-    uint32_t pins = 0;               // outstanding pstar_param_pin exports of the master
-    std::vector<bool> pin_writable;  // per outstanding pin, oldest first
-    bool frozen() const { return (flags & PSTAR_PARAM_FROZEN) != 0; }
-  };
-
-  // The chunk store's part (chunk/chunk.h: tier, payload, readiness, uses),
-  // the fp32 lists (chunk::Fp32Lists: master, exp_avg, exp_avg_sq, grad32,
-  // master_pins) and what the engine's other modules keep per chunk.
-  struct ChunkState : chunk::Chunk, chunk::Fp32Lists {
-    // Elements of the full chunk (its layout capacity, padded with world > 1
-    // to a multiple of world * kAlignElems) and of one rank's shard.
-    uint64_t elems = 0;
-    uint64_t shard_elems = 0;
-    // world > 1: this rank's shard of the compute payload, on the host, for
-    // good.  The gathered full chunk is chunk::Chunk's payload (tier
-    // kNotGathered when not gathered); its Fp32Lists are shards too.
-    void* shard = nullptr;
-  };
+  using Param = chunk::Param;
+  using ChunkState = chunk::ChunkState;
 
   // NVMe tier (engine_nvme.cpp: glue; memory/nvme_tier.h).  At build: the
   // optimizer lists of trainable chunks on the host while they fit
@@ -186,8 +152,6 @@ class Engine : private placement::HybridTable {
     require_load_complete(what);
   }
 
-  Param& param_checked(uint32_t id);
-  const Param& param_checked(uint32_t id) const;
   void require_built(const char* what) const;
   void require_file_call(const char* what, const char* path) const;
   void require_load_complete(const char* what) const;
@@ -195,8 +159,6 @@ class Engine : private placement::HybridTable {
   class CheckpointState;
   Param& value_access(const char* what, uint32_t id, const void* buf, uint64_t count, pstar_dtype dtype);
   Param& backward_param(const char* what, uint32_t id);
-  chunk::TensorState checked_transition(const Param& p, uint32_t id, chunk::TensorEvent ev) const;
-  void apply(Param& p, uint32_t id, chunk::TensorEvent ev);
   size_t elem_bytes() const;
 
   // placement::HybridTable: the chunks, as the placement runtime (a
@@ -205,45 +167,21 @@ class Engine : private placement::HybridTable {
   chunk::Chunk& chunk_at(uint32_t k) override { return chunks_[k]; }
   chunk::Fp32Lists& lists_at(uint32_t k) override { return chunks_[k]; }
 
-  void restore_slot(uint32_t id);
   void reset_iteration_state(chunk::TensorEvent ev);
-  double unscale_and_clip(double sumsq, pstar_step_result* r) const;
-  void note_skipped_step(pstar_step_result* r);
 
-  void fold_gradient(uint32_t id, memory::Stream* s);
   void release_optimizer_buffers(ChunkState& c, uint64_t fp32_bytes);
-  // Bytes of one of chunk k's fp32 buffers this rank holds (a shard with
-  // world > 1).
-  uint64_t fp32_bytes_held(uint32_t k) const;
-  // The step's norm, overflow decision and update: one process, or this
-  // rank's shards (world > 1).
-  void step_update_local(pstar_step_result& r);
 
   // Data parallelism (world > 1).
   void resolve_world();
   void connect_group();
   void check_layout_agrees(uint64_t chunk_elems);
-  // The owned range of chunk k: [lo, lo + shard_elems).
-  uint64_t shard_lo(uint32_t k) const { return static_cast<uint64_t>(group_.rank()) * chunks_[k].shard_elems; }
-  // The elements of parameter `id` in rank `rank`'s shard of its chunk:
-  // [a, b) in chunk coordinates, none when a >= b; the shard begins at lo.
-  struct ShardSpan {
-    uint64_t lo, a, b;
-  };
-  ShardSpan shard_span(uint32_t id, int rank) const {
+  // The elements of parameter `id` in rank `rank`'s shard of its chunk.
+  chunk::ShardSpan shard_span(uint32_t id, int rank) const {
     const auto& place = layout_->param(id);
-    const uint64_t n = chunks_[place.chunk].shard_elems, lo = static_cast<uint64_t>(rank) * n;
-    return {lo, std::max(place.offset_elems, lo), std::min(place.offset_elems + place.numel, lo + n)};
+    return chunk::shard_span(place, chunks_[place.chunk].shard_elems, rank);
   }
   // Reduce-scatters chunk k's pending gradients (engine_dist.cpp).
   void reduce_chunk(uint32_t k);
-  // The reduce-scatter's actions (dist/reduce_scatter.h).
-  std::vector<uint32_t> lay_out_gradients(uint32_t k, float* data, uint64_t elems);
-  void apply_reduced(uint32_t k, const std::vector<uint32_t>& params, float* avg);
-  void write_sharded(uint32_t id, const void* src, pstar_dtype dtype);
-  void read_sharded(uint32_t id, void* dst, pstar_dtype dtype);
-  void restore_slot_sharded(uint32_t id);
-  void step_update_sharded(pstar_step_result& r);
 
   // Host waits until the fp32 lists of `chunk`, on the device with hybrid
   // placement, may be read or written by host code (emulated device) or
@@ -254,15 +192,11 @@ class Engine : private placement::HybridTable {
   void copy_sync(void* dst, const void* src, size_t bytes, memory::CopyKind kind) {
     device_->copy_sync(dst, src, bytes, kind);
   }
-  // Writes `values` (host, fp32) rounded to the compute dtype into the slot
-  // of `id`, whose chunk is on the device.
-  void write_slot_on_device(uint32_t id, const float* values);
 
   EngineOptions options_;  // the ordinal resolved for a rank (resolve_world)
   std::unique_ptr<memory::Device> device_;
   std::unique_ptr<memory::HostPool> host_;
-  std::vector<Param> params_;
-  std::unordered_map<std::string, uint32_t> by_name_;
+  chunk::ParamTable params_;
   std::unique_ptr<chunk::ChunkLayout> layout_;
   std::vector<ChunkState> chunks_;
   // The placement runtime (placement/runtime.h): tiers, moves, policies,
@@ -272,6 +206,13 @@ class Engine : private placement::HybridTable {
   // Hybrid optimizer placement (placement/hybrid.h): fp32 optimizer state
   // of some trainable chunks on the device once warm-up ends.
   std::unique_ptr<placement::HybridPlacement> hybrid_;
+
+  // Reads and writes of parameter values wherever they live, and the
+  // compute copy restored from the master (values/param_values.h).
+  std::unique_ptr<values::ParamValues> values_;
+  // The gradients from backward to the update, and the step's sequence
+  // (step/optimizer_step.h).
+  std::unique_ptr<step::OptimizerStep> step_;
 
   bool iteration_active_ = false;
   pstar_iteration_kind iteration_kind_ = PSTAR_ITERATION_TRAIN;

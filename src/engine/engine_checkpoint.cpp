@@ -10,6 +10,7 @@
 
 #include "checkpoint/engine_state.h"
 #include "engine/engine.h"
+#include "values/param_values.h"
 #include "util/dtype.h"
 #include "util/error.h"
 
@@ -32,7 +33,7 @@ class Engine::CheckpointState final : public checkpoint::EngineState {
   bool sharded() const override { return e_.sharded(); }
   checkpoint::Part part(uint32_t id, int rank) const override {
     if (!e_.sharded()) return {0, e_.params_[id].numel};
-    const ShardSpan s = e_.shard_span(id, rank);
+    const chunk::ShardSpan s = e_.shard_span(id, rank);
     if (s.a >= s.b) return {};
     return {s.a - e_.layout_->param(id).offset_elems, s.b - s.a};
   }
@@ -64,7 +65,7 @@ class Engine::CheckpointState final : public checkpoint::EngineState {
   void write_list(uint32_t id, int list, const float* whole) override {
     if (list == 0 || list == 3) {
       if (e_.sharded()) {
-        e_.write_sharded(id, whole, PSTAR_DTYPE_F32);
+        e_.values_->write(id, whole, e_.params_[id].numel, PSTAR_DTYPE_F32);
       } else {
         e_.write(id, whole, e_.params_[id].numel, PSTAR_DTYPE_F32);
       }

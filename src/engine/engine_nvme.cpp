@@ -23,7 +23,7 @@ void Engine::nvme_place_lists(std::vector<ChunkState>& chunks, uint64_t largest_
   std::vector<uint64_t> fp32_elems(chunks.size(), 0);
   for (uint32_t k = 0; k < chunks.size(); ++k) {
     const auto& info = layout_->chunks()[k];
-    if (!info.frozen) fp32_elems[k] = sharded() ? chunks[k].shard_elems : info.capacity_elems;
+    if (!info.frozen) fp32_elems[k] = chunks[k].shard_elems;
   }
   nvme_.place(fp32_elems, largest_trainable_elems, [&chunks](uint32_t k, float* m, float* a, float* v) {
     ChunkState& c = chunks[k];

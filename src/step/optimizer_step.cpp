@@ -1,0 +1,228 @@
+#include "step/optimizer_step.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "memory/host_kernels.h"
+#include "util/dtype.h"
+#include "util/error.h"
+#include "util/log.h"
+
+namespace pstar::step {
+
+using chunk::Tier;
+using ChunkState = chunk::ChunkState;
+using Param = chunk::Param;
+using Use = memory::DeviceTier::Use;
+
+OptimizerStep::OptimizerStep(const StepParts& parts, const StepOptions& options)
+    : device_(parts.device),
+      host_(parts.host),
+      placement_(parts.placement),
+      hybrid_(parts.hybrid),
+      nvme_(*parts.nvme),
+      optimizer_(*parts.optimizer),
+      values_(*parts.values),
+      params_(*parts.params),
+      chunks_(*parts.chunks),
+      group_(*parts.group),
+      reduce_(*parts.reduce),
+      gathering_(*parts.gathering),
+      drop_rule_(*parts.drop_rule),
+      options_(options) {}
+
+size_t OptimizerStep::elem_bytes() const { return dtype_size(options_.compute_dtype); }
+
+void OptimizerStep::run(pstar_step_result& r) {
+  if (group_.sharded()) {
+    run_sharded(r);
+  } else {
+    run_local(r);
+  }
+}
+
+// Gradient accumulation: adds this micro-batch's gradient (the fp32
+// accumulator on the device) into the parameter's slice of the fp32 gradient
+// list on the host, then frees the accumulator.  Host-synchronous: the next
+// micro-batch may reuse the memory at once.
+void OptimizerStep::fold_gradient(uint32_t id, memory::Stream* s) {
+  Param& p = params_[id];
+  const auto& place = layout_->param(id);
+  const size_t bytes = p.numel * sizeof(float);
+  ChunkState& c = chunks_[place.chunk];
+  if (c.opt_device != nullptr) {
+    // The gradient list is on the device too: added there, asynchronously;
+    // the accumulator is freed once the addition is done.
+    hybrid_->fold_gradient(place.chunk, s, place.offset_elems, p.grad_acc, p.numel);
+    p.grad_acc = nullptr;
+    p.has_grad = true;
+    return;
+  }
+  float* staging = static_cast<float*>(host_->acquire(bytes));
+  device_->copy_async(s, staging, p.grad_acc, bytes, memory::CopyKind::kDeviceToHost);
+  const float* src = staging;
+  device_->synchronize(s);
+  float* dst = chunks_[place.chunk].grad32 + place.offset_elems;
+  if (options_.payloads) {
+    for (uint64_t i = 0; i < p.numel; ++i) dst[i] += src[i];
+  }
+  host_->release(staging, bytes);
+  device_->deallocate(p.grad_acc, bytes);
+  placement_->tier().remove(Use::kGradients, bytes);
+  p.grad_acc = nullptr;
+  p.has_grad = true;
+}
+
+void OptimizerStep::run_local(pstar_step_result& r) {
+  // Every finalize has been queued; wait for their results.
+  device_->synchronize(device_->compute_stream());
+
+  double sumsq = 0.0;
+  bool overflow = false;
+  std::vector<float> staging;  // CUDA: a device-resident gradient list read on the host
+  for (uint32_t id = 0; id < params_.size(); ++id) {
+    Param& p = params_[id];
+    if (!p.has_grad) continue;
+    if (options_.grad_accumulation) {
+      // The sum over micro-batches is complete only now.
+      const auto& place = layout_->param(id);
+      const ChunkState& c = chunks_[place.chunk];
+      const float* grad = c.grad32 + place.offset_elems;
+      if (c.opt_device != nullptr) {
+        if (options_.payloads) staging.resize(p.numel);  // a dry run copies into no memory
+        hybrid_->read_gradient(place.chunk, grad, staging.data(), p.numel);
+        grad = staging.data();
+      }
+      if (options_.payloads) memory::host_grad_norm(grad, p.numel, &p.grad_sumsq, &p.grad_nonfinite);
+    }
+    sumsq += p.grad_sumsq;  // parameter order: deterministic
+    overflow = overflow || p.grad_nonfinite != 0;
+  }
+  const double clip_coef = unscale_and_clip(sumsq, &r);
+  if (overflow) {
+    skip_step(&r);
+  } else {
+    // A chunk's parameters with a gradient, each with its own constants
+    // (parameter groups).
+    optim::SegmentList segments = optimizer_.begin_step(clip_coef);
+    auto segments_of = [&](uint32_t k) {
+      segments.clear();
+      for (uint32_t id : layout_->chunks()[k].params) {
+        if (!params_[id].has_grad) continue;
+        const auto& place = layout_->param(id);
+        segments.add(place.offset_elems, place.offset_elems + place.numel, params_[id].lr_scale,
+                     params_[id].weight_decay);
+        ++r.params_updated;
+      }
+      return !segments.empty();
+    };
+    auto lists_of = [&](const ChunkState& c, void* payload) {
+      return optim::ChunkLists{c.master, c.exp_avg, c.exp_avg_sq, c.grad32, payload, options_.compute_dtype};
+    };
+    // Chunks whose optimizer state is on the device: the update is queued on
+    // the compute stream (same kernel code, same constants, same bits), and
+    // runs while the host updates the other chunks.
+    std::vector<uint32_t> host_chunks;
+    memory::Stream* cs = device_->compute_stream();
+    for (uint32_t k = 0; k < chunks_.size(); ++k) {
+      if (layout_->chunks()[k].frozen) continue;
+      ChunkState& c = chunks_[k];
+      if (c.opt_device == nullptr) {
+        host_chunks.push_back(k);
+        continue;
+      }
+      if (!segments_of(k)) continue;
+      if (c.tier != Tier::kDevice) internal_error("a chunk with device optimizer state left the device");
+      device_->stream_wait(cs, hybrid_->state_ready(k));
+      device_->stream_wait(cs, c.ready);
+      device_->stream_wait(cs, c.last_use);
+      const optim::ChunkLists lists = lists_of(c, c.device);
+      for (const optim::Segment& sg : segments.segments())
+        device_->adam_update_async(cs, sg.constants, lists.range(sg.begin, sg.end));
+      const memory::EventPtr done = device_->record(cs);
+      c.ready = done;
+      c.last_use = done;
+    }
+    // The other chunks are updated by the CPU.  The host's code never
+    // touches device memory (see host_view), so every such chunk still on the
+    // device goes to the host first: all copies are queued at once, so that
+    // the update of one chunk overlaps the copies of the next ones.  They are
+    // evictions, not round trips: which chunks come back before their next
+    // use, and when, is placement's decision (on-demand fetches, or
+    // prefetch along the trace from the next iteration's first acquire);
+    // copying every one back at once would move bytes for chunks evicted
+    // again before they are used.
+    for (uint32_t k : host_chunks) {
+      if (chunks_[k].tier != Tier::kDevice) continue;
+      bool any = false;
+      for (uint32_t id : layout_->chunks()[k].params) any = any || params_[id].has_grad;
+      if (any) placement_->evict(k);
+    }
+    // When this iteration followed the trace to its end, the next one will
+    // too: the CPU updates the chunks in the order of their first use in it,
+    // and after each update prefetch runs along the next iteration's trace
+    // (it stops at a chunk still waiting for its update), so the chunks the
+    // forward needs first come back while the CPU updates the others.
+    const placement::AccessTrace& trace = placement_->follower().trace();
+    const bool ahead = options_.prefetch && placement_->follower().following() &&
+                       placement_->follower().moment() == trace.moments() && trace.moments() > 0;
+    if (ahead) {
+      std::stable_sort(host_chunks.begin(), host_chunks.end(),
+                       [&](uint32_t a, uint32_t b) { return trace.first_use(a) < trace.first_use(b); });
+      for (uint32_t k : host_chunks) chunks_[k].awaiting_update = chunks_[k].tier != Tier::kDevice;
+      placement_->rekey_for_next_iteration();
+    }
+    // Chunks whose optimizer state is on the NVMe drive stream through the
+    // staging ring (memory/nvme_tier.h); the others are updated in place.  An
+    // I/O error ends the update part way (the engine then refuses training
+    // until a checkpoint is loaded): the prefetch state is put back first.
+    try {
+      nvme_.update_chunks(host_chunks, [&](uint32_t k) {
+        ChunkState& c = chunks_[k];
+        if (segments_of(k)) {
+          void* payload = placement_->host_view(k);
+          if (options_.payloads) {  // a dry run places chunks; it computes nothing
+            // One parallel pass over the chunk (optim/chunk_update.h).
+            optimizer_.update_chunk(layout_->chunks()[k].used_elems, segments.segments(), lists_of(c, payload));
+          }
+        }
+        if (ahead) {
+          c.awaiting_update = false;
+          placement_->prefetch_ahead(0);  // from the next iteration's start
+        }
+      });
+    } catch (const Error&) {
+      for (uint32_t k : host_chunks) chunks_[k].awaiting_update = false;
+      throw;
+    }
+    ++counters_.steps;
+    optimizer_.end_step(false);
+  }
+}
+
+// Fills the result's loss scale, gradient norm (unscaled) and clipping
+// coefficient from the squared norm of the scaled gradients; returns the
+// coefficient.  Shared by the one-process and the sharded step.
+double OptimizerStep::unscale_and_clip(double sumsq, pstar_step_result* r) const {
+  const float scale = optimizer_.scaler().scale();
+  r->loss_scale = scale;
+  r->grad_norm = std::sqrt(sumsq) / static_cast<double>(scale);
+  const double clip_coef = optimizer_.clip_coef(r->grad_norm);
+  r->clip_coef = static_cast<float>(clip_coef);
+  return clip_coef;
+}
+
+void OptimizerStep::skip_step(pstar_step_result* r) {
+  for (uint32_t id = 0; id < params_.size(); ++id) {
+    if (params_[id].slot_is_grad) values_.restore_slot(id);
+  }
+  r->skipped = 1;
+  ++counters_.skipped_steps;
+  optimizer_.end_step(true);
+  log::info("step skipped: inf or NaN in a gradient; loss scale now " + std::to_string(optimizer_.scaler().scale()));
+}
+
+}  // namespace pstar::step

@@ -1,0 +1,140 @@
+// OptimizerStep: a TRAIN iteration's gradients, from the end of each
+// parameter's backward to the update of its chunk.
+//
+//   backward  The last backward use of a parameter leaves its gradient in a
+//             device fp32 accumulator.  One process without accumulation:
+//             the engine finalizes it into the compute slot (norm and
+//             overflow known at once).  With gradient accumulation it is
+//             folded into the fp32 gradient list here (fold_gradient).  With
+//             world > 1 it waits for its chunk's reduce-scatter, whose
+//             actions (dist/reduce_scatter.h) lay the chunk's gradients out
+//             and apply this rank's shard of the average (lay_out_gradients,
+//             apply_reduced).
+//   step      run(): the squared norm and the overflow flag (agreed across
+//             ranks with world > 1), the loss scaler's decision, then either
+//             the compute copies restored from the masters (a skipped step)
+//             or Adam over every trainable chunk where its optimizer state
+//             lives: the device (hybrid placement, queued on the compute
+//             stream), the host (the CPU, in the order the next iteration
+//             uses the chunks, prefetching behind), or the NVMe drive
+//             (streamed through the staging ring).
+//
+// It owns no memory and no per-chunk state of its own: everything it reads
+// and writes belongs to the modules in StepParts.  The engine checks the
+// step's preconditions, then calls run(), then ends the iteration.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "chunk/chunk.h"
+#include "chunk/layout.h"
+#include "chunk/param_table.h"
+#include "dist/chunk_gathering.h"
+#include "dist/drop_rule.h"
+#include "dist/process_group.h"
+#include "dist/reduce_scatter.h"
+#include "memory/device.h"
+#include "memory/host_pool.h"
+#include "memory/nvme_tier.h"
+#include "optim/optimizer.h"
+#include "placement/hybrid.h"
+#include "placement/runtime.h"
+#include "pstar/pstar.h"
+#include "values/param_values.h"
+
+namespace pstar::step {
+
+// The engine's modules a step works on; each outlives the OptimizerStep.
+struct StepParts {
+  memory::Device* device = nullptr;
+  memory::HostPool* host = nullptr;
+  placement::Runtime* placement = nullptr;
+  placement::HybridPlacement* hybrid = nullptr;
+  memory::NvmeTier* nvme = nullptr;
+  optim::Optimizer* optimizer = nullptr;
+  values::ParamValues* values = nullptr;
+  chunk::ParamTable* params = nullptr;
+  std::vector<chunk::ChunkState>* chunks = nullptr;
+  dist::ProcessGroup* group = nullptr;
+  dist::ReduceScatter* reduce = nullptr;
+  dist::ChunkGathering* gathering = nullptr;
+  dist::DropRule* drop_rule = nullptr;
+};
+
+struct StepOptions {
+  pstar_dtype compute_dtype = PSTAR_DTYPE_F16;
+  bool grad_accumulation = false;
+  // Placement prefetches along the trace: the CPU update then runs in the
+  // next iteration's order, prefetching behind it.
+  bool prefetch = false;
+  // False in a dry run: chunks are placed, nothing is computed.
+  bool payloads = true;
+};
+
+// What the steps did (pstar_stats' steps, skipped_steps and
+// bytes_reduce_scattered).
+struct StepCounters {
+  uint64_t steps = 0;          // updates applied
+  uint64_t skipped_steps = 0;  // skipped for an inf or NaN gradient
+  uint64_t bytes_reduce_scattered = 0;
+};
+
+class OptimizerStep {
+ public:
+  OptimizerStep(const StepParts& parts, const StepOptions& options);
+
+  // At build, once the chunks exist.
+  void attach(const chunk::ChunkLayout* layout) { layout_ = layout; }
+
+  // Gradient accumulation, one process: adds this micro-batch's gradient
+  // (the fp32 accumulator on the device) into the parameter's slice of the
+  // fp32 gradient list, then frees the accumulator.
+  void fold_gradient(uint32_t id, memory::Stream* s);
+  // ReduceScatter::Actions::lay_out and ::apply (world > 1).
+  std::vector<uint32_t> lay_out_gradients(uint32_t k, float* data, uint64_t elems);
+  void apply_reduced(uint32_t k, const std::vector<uint32_t>& params, float* avg);
+
+  // The step's norm, overflow decision and update (one process, or this
+  // rank's shards with world > 1), filling `r`.  An error (an NVMe I/O
+  // error part way) leaves the chunks' prefetch state as it was.
+  void run(pstar_step_result& r);
+
+  const StepCounters& counters() const { return counters_; }
+
+ private:
+  void run_local(pstar_step_result& r);
+  void run_sharded(pstar_step_result& r);
+  // Fills the result's loss scale, gradient norm (unscaled) and clipping
+  // coefficient from the squared norm of the scaled gradients; returns the
+  // coefficient.
+  double unscale_and_clip(double sumsq, pstar_step_result* r) const;
+  // A step skipped for an inf or NaN gradient: every slot holding a
+  // gradient gets its weight back from the master; the scaler backs off.
+  void skip_step(pstar_step_result* r);
+  size_t elem_bytes() const;
+  chunk::ShardSpan shard_span(uint32_t id) const {
+    const auto& place = layout_->param(id);
+    return chunk::shard_span(place, chunks_[place.chunk].shard_elems, group_.rank());
+  }
+
+  // The parts, named as the engine names them.
+  memory::Device* const device_;
+  memory::HostPool* const host_;
+  placement::Runtime* const placement_;
+  placement::HybridPlacement* const hybrid_;
+  memory::NvmeTier& nvme_;
+  optim::Optimizer& optimizer_;
+  values::ParamValues& values_;
+  chunk::ParamTable& params_;
+  std::vector<chunk::ChunkState>& chunks_;
+  dist::ProcessGroup& group_;
+  dist::ReduceScatter& reduce_;
+  dist::ChunkGathering& gathering_;
+  dist::DropRule& drop_rule_;
+  const StepOptions options_;
+  const chunk::ChunkLayout* layout_ = nullptr;  // null until attach
+  StepCounters counters_;
+};
+
+}  // namespace pstar::step

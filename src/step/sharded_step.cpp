@@ -1,0 +1,164 @@
+// The step with world > 1 (docs/distributed.md): the gradients'
+// reduce-scatter actions and the update of this rank's shards.  Every
+// collective here is issued at a point fixed by the calls (a release that
+// completes a chunk's backward, the step), never by placement.
+#include <cstring>
+#include <vector>
+
+#include "memory/host_kernels.h"
+#include "step/optimizer_step.h"
+#include "util/dtype.h"
+#include "util/error.h"
+
+namespace pstar::step {
+
+using ChunkState = chunk::ChunkState;
+using Param = chunk::Param;
+using Use = memory::DeviceTier::Use;
+
+// ReduceScatter::Actions::lay_out: chunk k's pending gradients into `data`
+// (the device with NCCL, which reduces device memory; the host with Gloo),
+// then their device buffers go.
+std::vector<uint32_t> OptimizerStep::lay_out_gradients(uint32_t k, float* data, uint64_t elems) {
+  const auto& info = layout_->chunks()[k];
+  if (group_.device_buffers()) {
+    memory::Stream* s = device_->compute_stream();
+    device_->memset_async(s, data, 0, elems * sizeof(float));
+    for (uint32_t id : info.params) {
+      const Param& p = params_[id];
+      if (!p.grad_pending) continue;
+      device_->stream_wait(s, p.grad_ready);
+      device_->copy_async(s, data + layout_->param(id).offset_elems, p.grad_acc, p.numel * sizeof(float),
+                          memory::CopyKind::kDeviceToDevice);
+    }
+    device_->synchronize(s);
+  } else {
+    std::memset(data, 0, elems * sizeof(float));
+    for (uint32_t id : info.params) {
+      Param& p = params_[id];
+      if (!p.grad_pending) continue;
+      device_->synchronize(p.grad_ready);
+      placement_->check_ready(p.grad_ready, "gradient buffer");
+      std::memcpy(data + layout_->param(id).offset_elems, p.grad_acc, p.numel * sizeof(float));
+    }
+  }
+  std::vector<uint32_t> carried;
+  for (uint32_t id : info.params) {
+    Param& p = params_[id];
+    if (!p.grad_pending) continue;
+    carried.push_back(id);
+    device_->deallocate(p.grad_acc, p.numel * sizeof(float));
+    placement_->tier().remove(Use::kGradients, p.numel * sizeof(float));
+    p.grad_acc = nullptr;
+    p.grad_ready = nullptr;
+    p.grad_pending = false;
+    p.has_grad = true;
+  }
+  drop_rule_.gradients_taken(k);
+  counters_.bytes_reduce_scattered += elems * sizeof(float);
+  return carried;
+}
+
+// ReduceScatter::Actions::apply: this rank's shard of the average into the
+// compute shard or the fp32 gradient shard of each parameter.
+void OptimizerStep::apply_reduced(uint32_t k, const std::vector<uint32_t>& params, float* avg_all) {
+  ChunkState& c = chunks_[k];
+  for (uint32_t id : params) {
+    Param& p = params_[id];
+    const auto [lo, a, b] = shard_span(id);
+    if (a < b) {
+      const float* avg = avg_all + (a - lo);
+      if (options_.grad_accumulation) {
+        float* g = c.grad32 + (a - lo);
+        for (uint64_t i = 0; i < b - a; ++i) g[i] += avg[i];
+      } else {
+        memory::host_grad_finalize(avg, static_cast<char*>(c.shard) + (a - lo) * elem_bytes(), options_.compute_dtype,
+                                   b - a, &p.grad_sumsq, &p.grad_nonfinite);
+      }
+    }
+    if (!options_.grad_accumulation) p.slot_is_grad = true;
+  }
+}
+
+// Gradients still pending are reduce-scattered (chunk order), gathered
+// buffers dropped (the shards are about to change), the squared norm and
+// the overflow flag of this rank's shards exchanged (one all-gather, summed
+// in rank order, so every rank computes the same bits and takes the same
+// decisions), and each rank updates its shards.
+void OptimizerStep::run_sharded(pstar_step_result& r) {
+  device_->synchronize(device_->compute_stream());
+  for (uint32_t k = 0; k < chunks_.size(); ++k) {
+    if (drop_rule_.gradients_pending(k) != 0) reduce_.reduce(k, chunks_[k].elems, chunks_[k].shard_elems);
+  }
+  reduce_.finish_through(-1);
+  gathering_.drop_all();
+
+  double sumsq_local = 0.0;
+  bool overflow_local = false;
+  for (uint32_t id = 0; id < params_.size(); ++id) {
+    Param& p = params_[id];
+    if (!p.has_grad) continue;
+    if (options_.grad_accumulation) {
+      const ChunkState& c = chunks_[layout_->param(id).chunk];
+      const auto [lo, a, b] = shard_span(id);
+      p.grad_sumsq = 0.0;
+      p.grad_nonfinite = 0;
+      if (a < b) memory::host_grad_norm(c.grad32 + (a - lo), b - a, &p.grad_sumsq, &p.grad_nonfinite);
+    }
+    sumsq_local += p.grad_sumsq;
+    overflow_local = overflow_local || p.grad_nonfinite != 0;
+  }
+  // Also compared: every rank's hash of the collectives it issued since the
+  // last step; a difference means the ranks' calls differed.  And agreed:
+  // whether the next TRAIN iteration follows the gather schedule (each
+  // rank's own decision, taken from the same calls, is confirmed here
+  // before any rank acts on it: one rank recording anew makes all do so).
+  gathering_.iteration_end(static_cast<uint32_t>(chunks_.size()));
+  dist::ProcessGroup::StepVote mine;
+  mine.sumsq = sumsq_local;
+  mine.overflow = overflow_local;
+  mine.schedule_ready = gathering_.schedule_ready();
+  const dist::ProcessGroup::StepVote agreed = group_.agree_on_step(mine);
+  if (!agreed.schedule_ready) gathering_.invalidate_schedule();
+  const double sumsq = agreed.sumsq;
+  const bool overflow = agreed.overflow;
+
+  const double clip_coef = unscale_and_clip(sumsq, &r);
+  if (overflow) {
+    skip_step(&r);
+  } else {
+    optim::SegmentList segments = optimizer_.begin_step(clip_coef);  // spans in the shard
+    // Shards whose lists live on the NVMe drive stream through the staging
+    // ring (memory/nvme_tier.h); the others are updated in place.
+    std::vector<uint32_t> order;
+    for (uint32_t k = 0; k < chunks_.size(); ++k) {
+      if (!layout_->chunks()[k].frozen) order.push_back(k);
+    }
+    nvme_.update_chunks(order, [&](uint32_t k) {
+      const auto& info = layout_->chunks()[k];
+      ChunkState& c = chunks_[k];
+      segments.clear();
+      for (uint32_t id : info.params) {
+        const Param& p = params_[id];
+        if (!p.has_grad) continue;
+        ++r.params_updated;
+        const auto [lo, a, b] = shard_span(id);
+        if (a >= b) continue;
+        segments.add(a - lo, b - lo, p.lr_scale, p.weight_decay);
+      }
+      optimizer_.update_chunk(
+          c.shard_elems, segments.segments(),
+          optim::ChunkLists{c.master, c.exp_avg, c.exp_avg_sq, c.grad32, c.shard, options_.compute_dtype});
+    });
+    ++counters_.steps;
+    optimizer_.end_step(false);
+  }
+  if (options_.grad_accumulation) {
+    // The accumulated gradients are consumed (or discarded by a skip).
+    for (uint32_t k = 0; k < chunks_.size(); ++k) {
+      if (chunks_[k].grad32 != nullptr) std::memset(chunks_[k].grad32, 0, chunks_[k].shard_elems * sizeof(float));
+    }
+  }
+}
+
+}  // namespace pstar::step

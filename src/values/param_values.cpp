@@ -1,0 +1,175 @@
+#include "values/param_values.h"
+
+#include <vector>
+
+#include "util/dtype.h"
+#include "util/error.h"
+
+namespace pstar::values {
+
+using chunk::Tier;
+
+size_t ParamValues::elem_bytes() const { return dtype_size(compute_dtype_); }
+
+chunk::ShardSpan ParamValues::shard_span(uint32_t id) const {
+  const auto& place = layout_->param(id);
+  return chunk::shard_span(place, (*parts_.chunks)[place.chunk].shard_elems, parts_.group->rank());
+}
+
+void ParamValues::write(uint32_t id, const void* src, uint64_t count, pstar_dtype dtype) {
+  if (parts_.group->sharded()) {
+    write_sharded(id, src, dtype);
+    return;
+  }
+  const auto& place = layout_->param(id);
+  chunk::ChunkState& c = (*parts_.chunks)[place.chunk];
+  if ((*parts_.params)[id].frozen()) {
+    if (c.tier == Tier::kDevice) {
+      std::vector<float> staging(count);
+      convert_to_f32(src, dtype, staging.data(), count);
+      write_slot_on_device(id, staging.data());
+      return;
+    }
+    void* payload = parts_.placement->host_view(place.chunk);
+    for (uint64_t i = 0; i < count; ++i) {
+      store_as(payload, compute_dtype_, place.offset_elems + i, load_as(src, dtype, i));
+    }
+    return;
+  }
+  if (c.opt_device != nullptr) {
+    // The master lives in device memory: staged through the host.
+    std::vector<float> staging(count);
+    convert_to_f32(src, dtype, staging.data(), count);
+    parts_.hybrid->write_list(place.chunk, c.master + place.offset_elems, staging.data(), count);
+    write_slot_on_device(id, staging.data());
+    return;
+  }
+  parts_.nvme->access(place.chunk, true);
+  convert_to_f32(src, dtype, c.master + place.offset_elems, count);
+  restore_slot(id);
+}
+
+void ParamValues::read(uint32_t id, void* dst, uint64_t count, pstar_dtype dtype) {
+  if (parts_.group->sharded()) {
+    read_sharded(id, dst, dtype);
+    return;
+  }
+  const auto& place = layout_->param(id);
+  const chunk::ChunkState& c = (*parts_.chunks)[place.chunk];
+  if (!(*parts_.params)[id].frozen()) {
+    parts_.nvme->access(place.chunk, false);
+    const float* master = c.master + place.offset_elems;
+    std::vector<float> staging;
+    if (c.opt_device != nullptr) {
+      staging.resize(count);
+      parts_.hybrid->read_list(place.chunk, master, staging.data(), count);
+      master = staging.data();
+    }
+    convert_from_f32(master, dst, dtype, count);
+    return;
+  }
+  memory::Device* device = parts_.device;
+  if (c.tier == Tier::kDevice) {
+    // A copy of the slice, read where the chunk is.
+    std::vector<unsigned char> staging(count * elem_bytes());
+    device->stream_wait(device->compute_stream(), c.ready);
+    device->copy_sync(staging.data(), static_cast<const char*>(c.device) + place.offset_elems * elem_bytes(),
+                      staging.size(), memory::CopyKind::kDeviceToHost);
+    for (uint64_t i = 0; i < count; ++i) store_as(dst, dtype, i, load_as(staging.data(), compute_dtype_, i));
+    return;
+  }
+  const void* payload = parts_.placement->host_view(place.chunk);
+  for (uint64_t i = 0; i < count; ++i) {
+    store_as(dst, dtype, i, load_as(payload, compute_dtype_, place.offset_elems + i));
+  }
+}
+
+void ParamValues::restore_slot(uint32_t id) {
+  if (!payloads_) return;
+  if (parts_.group->sharded()) {
+    restore_slot_sharded(id);
+    return;
+  }
+  const auto& place = layout_->param(id);
+  chunk::ChunkState& c = (*parts_.chunks)[place.chunk];
+  if (c.opt_device != nullptr) {
+    std::vector<float> staging(place.numel);
+    parts_.hybrid->read_list(place.chunk, c.master + place.offset_elems, staging.data(), place.numel);
+    write_slot_on_device(id, staging.data());
+    return;
+  }
+  parts_.nvme->access(place.chunk, false);
+  if (c.tier == Tier::kDevice) {
+    // Written where the chunk is (a skipped step keeps placement as it is).
+    write_slot_on_device(id, c.master + place.offset_elems);
+    return;
+  }
+  void* payload = parts_.placement->host_view(place.chunk);
+  const float* master = c.master + place.offset_elems;
+  for (uint64_t i = 0; i < place.numel; ++i) store_as(payload, compute_dtype_, place.offset_elems + i, master[i]);
+}
+
+void ParamValues::write_slot_on_device(uint32_t id, const float* values) {
+  const auto& place = layout_->param(id);
+  const chunk::ChunkState& c = (*parts_.chunks)[place.chunk];
+  std::vector<unsigned char> rounded(place.numel * elem_bytes());
+  for (uint64_t i = 0; i < place.numel; ++i) store_as(rounded.data(), compute_dtype_, i, values[i]);
+  memory::Device* device = parts_.device;
+  memory::Stream* s = device->compute_stream();
+  device->stream_wait(s, c.ready);
+  device->stream_wait(s, c.last_use);
+  device->copy_sync(static_cast<char*>(c.device) + place.offset_elems * elem_bytes(), rounded.data(), rounded.size(),
+                    memory::CopyKind::kHostToDevice);
+}
+
+// Every rank passes the full values; each keeps its shard (no collective).
+void ParamValues::write_sharded(uint32_t id, const void* src, pstar_dtype dtype) {
+  const chunk::Param& p = (*parts_.params)[id];
+  const auto& place = layout_->param(id);
+  parts_.reduce->finish_through(place.chunk);
+  if (!p.frozen()) parts_.nvme->access(place.chunk, true);  // the master shard may live on the drive
+  chunk::ChunkState& c = (*parts_.chunks)[place.chunk];
+  const auto [lo, a, b] = shard_span(id);
+  for (uint64_t i = a; i < b; ++i) {
+    const float v = load_as(src, dtype, i - place.offset_elems);
+    if (!p.frozen()) c.master[i - lo] = v;
+    store_as(c.shard, compute_dtype_, i - lo, v);
+  }
+}
+
+// Collective: all-gathers the chunk's fp32 masters (a frozen parameter: its
+// compute payload) and copies the parameter out.
+void ParamValues::read_sharded(uint32_t id, void* dst, pstar_dtype dtype) {
+  parts_.group->require_ok("param_read");
+  const auto& place = layout_->param(id);
+  const chunk::ChunkState& c = (*parts_.chunks)[place.chunk];
+  constexpr auto kRead = dist::CollectiveKind::kRead;
+  if (!(*parts_.params)[id].frozen()) {
+    parts_.nvme->access(place.chunk, false);
+    std::vector<float> full(c.elems);
+    parts_.group->all_gather_host("param_read: all-gather", kRead, place.chunk, c.master, full.data(),
+                                  c.shard_elems * sizeof(float));
+    bytes_all_gathered_ += c.elems * sizeof(float);
+    convert_from_f32(full.data() + place.offset_elems, dst, dtype, place.numel);
+    return;
+  }
+  std::vector<unsigned char> full(c.bytes);
+  parts_.group->all_gather_host("param_read: all-gather", kRead, place.chunk, c.shard, full.data(),
+                                c.shard_elems * elem_bytes());
+  bytes_all_gathered_ += c.bytes;
+  for (uint64_t i = 0; i < place.numel; ++i) {
+    store_as(dst, dtype, i, load_as(full.data(), compute_dtype_, place.offset_elems + i));
+  }
+}
+
+// The weight back into this rank's part of the compute shard, from the
+// master shard.
+void ParamValues::restore_slot_sharded(uint32_t id) {
+  const auto& place = layout_->param(id);
+  parts_.nvme->access(place.chunk, false);
+  chunk::ChunkState& c = (*parts_.chunks)[place.chunk];
+  const auto [lo, a, b] = shard_span(id);
+  for (uint64_t i = a; i < b; ++i) store_as(c.shard, compute_dtype_, i - lo, c.master[i - lo]);
+}
+
+}  // namespace pstar::values
