@@ -355,6 +355,8 @@ CLI::App* add_comm_subcommand(CLI::App& app, std::function<int()>* run);
 #if defined(PSTAR_HAVE_GLOO) && defined(PSTAR_HAVE_LIBUV)
 // bench/gather.cpp: registers the `gather` subcommand (needs groups: Gloo and libuv).
 CLI::App* add_gather_subcommand(CLI::App& app, std::function<int()>* run);
+// bench/overlap.cpp: registers the `overlap` subcommand.
+CLI::App* add_overlap_subcommand(CLI::App& app, std::function<int()>* run);
 #endif
 #if defined(PSTAR_HAVE_NVME)
 // bench/nvme.cpp: registers the `nvme` subcommand (builds with the NVMe tier only).
@@ -405,8 +407,12 @@ int main(int argc, char** argv) {
   CLI::App* nvme = pstar::bench::add_nvme_subcommand(app, &run_nvme);
 #endif
 
+  std::function<int()> run_overlap;
+  CLI::App* overlap = pstar::bench::add_overlap_subcommand(app, &run_overlap);
+
   CLI11_PARSE(app, argc, argv);
   try {
+    if (overlap->parsed()) return run_overlap();
 #if defined(PSTAR_HAVE_GLOO)
     if (comm->parsed()) return run_comm();
 #endif

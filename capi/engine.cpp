@@ -145,6 +145,7 @@ constexpr size_t kStatsSizes[PSTAR_STATS_VERSION] = {offsetof(pstar_stats, trace
                                                      offsetof(pstar_stats, clock_seconds), sizeof(pstar_stats)};
 constexpr size_t kNvmeStatsSizes[PSTAR_X_NVME_STATS_VERSION] = {sizeof(pstar_x_nvme_stats)};
 constexpr size_t kGatherStatsSizes[PSTAR_X_GATHER_STATS_VERSION] = {sizeof(pstar_x_gather_stats)};
+constexpr size_t kStepStatsSizes[PSTAR_X_STEP_STATS_VERSION] = {sizeof(pstar_x_step_stats)};
 constexpr size_t kNvmeOptionsSizes[PSTAR_X_NVME_OPTIONS_VERSION] = {sizeof(pstar_x_nvme_options)};
 
 }  // namespace
@@ -469,6 +470,27 @@ pstar_status pstar_x_gather_get_stats(pstar_engine* engine, pstar_x_gather_stats
     EngineCall e(engine, "pstar_x_gather_get_stats");
     require_struct(stats, kGatherStatsSizes, "gather stats");
     e->fill_gather_stats(stats);
+  });
+}
+
+pstar_status pstar_x_engine_set_overlap_step(pstar_engine* engine, int enabled) {
+  return guarded([&] { EngineCall(engine, "pstar_x_engine_set_overlap_step")->set_overlap_step(enabled != 0); });
+}
+
+pstar_status pstar_x_step_stats_init(pstar_x_step_stats* stats) {
+  return guarded([&] {
+    require_out(stats, "stats");
+    *stats = pstar_x_step_stats{};
+    stats->size = sizeof(pstar_x_step_stats);
+    stats->version = PSTAR_X_STEP_STATS_VERSION;
+  });
+}
+
+pstar_status pstar_x_step_get_stats(pstar_engine* engine, pstar_x_step_stats* stats) {
+  return guarded([&] {
+    EngineCall e(engine, "pstar_x_step_get_stats");
+    require_struct(stats, kStepStatsSizes, "step stats");
+    e->fill_step_stats(stats);
   });
 }
 

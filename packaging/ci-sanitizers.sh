@@ -6,9 +6,10 @@
 #                          (tests/fuzz/README.md)
 #   ci-sanitizers.sh tsan  clang's ThreadSanitizer: the programs that drive the
 #                          engine's mover (device worker), optimizer (thread
-#                          pool), NVMe I/O and collective-queue threads: the C
-#                          example in strict and normal mode, the access, nvme
-#                          and gather benchmarks; and two caller threads on one
+#                          pool), overlapped step (update thread), NVMe I/O and
+#                          collective-queue threads: the C example in strict
+#                          and normal mode, the access, overlap, nvme and
+#                          gather benchmarks; and two caller threads on one
 #                          engine (pstar_threads_stress: the check that refuses
 #                          overlapping calls).  Criterion's test
 #                          runner cannot start under TSan (its process arena is
@@ -46,6 +47,9 @@ case "${1:-}" in
     build/tsan/bin/pstar-example-mlp --steps 20 --strict
     build/tsan/bin/pstar-example-mlp --steps 20
     build/tsan/bin/pstar-bench access --iters 50 --reps 1
+    # The overlapped step: the update thread against the engine's thread
+    # and the device's workers, synchronous and overlapped engines.
+    build/tsan/bin/pstar-bench overlap --layers 4 --layer-elems 65536 --ratios 1 --iters 2 --reps 2
     # Two threads on one engine: a trainer and a reader, two trainers, a
     # hand-off (tests/capi/threads_stress.c).
     build/tsan/bin/pstar_threads_stress 20

@@ -84,7 +84,8 @@ Engine::Engine(const EngineOptions& options, std::unique_ptr<dist::Communicator>
   step_ = std::make_unique<step::OptimizerStep>(
       step::StepParts{device_.get(), host_.get(), placement_.get(), hybrid_.get(), &nvme_, &optimizer_, values_.get(),
                       &params_, &chunks_, &group_, &reduce_, &gathering_, &drop_rule_},
-      step::StepOptions{options_.compute_dtype, options_.grad_accumulation, options_.prefetch, payloads_});
+      step::StepOptions{options_.compute_dtype, options_.grad_accumulation, options_.prefetch, payloads_,
+                        options_.virtual_clock});
   group_.set_device_scratch(dist::ProcessGroup::DeviceScratch{
       [this](uint64_t bytes) { return placement_->alloc_staging(bytes, "all-gather scratch"); },
       [this](void* p, uint64_t bytes) { placement_->free_staging(p, bytes); },
@@ -100,6 +101,7 @@ Engine::Engine(const EngineOptions& options, std::unique_ptr<dist::Communicator>
 }
 
 Engine::~Engine() {
+  step_->wait_noexcept();  // the update thread writes chunks' memory
   // Let every queued item finish before memory goes away: ahead gathers
   // first (they write the slots), then the device's streams.
   group_.stop_queue();
@@ -247,6 +249,7 @@ uint64_t Engine::numel(uint32_t id) const { return params_.checked(id).numel; }
 
 float* Engine::pin(uint32_t id, bool writable) {
   require_built("param_pin");
+  step_->wait();
   Param& p = params_.checked(id);
   require(!writable || !iteration_active_, PSTAR_ERR_INVALID_STATE,
           [&] { return "param_pin of '" + p.name + "': a writable pin is legal only outside iterations"; });
@@ -273,6 +276,7 @@ float* Engine::pin(uint32_t id, bool writable) {
 
 void Engine::unpin(uint32_t id) {
   require_built("param_unpin");
+  step_->wait();
   Param& p = params_.checked(id);
   require(p.pins > 0, PSTAR_ERR_INVALID_STATE, [&] { return "param_unpin of '" + p.name + "': it is not pinned"; });
   const bool writable = p.pin_writable.back();
@@ -306,6 +310,7 @@ Engine::Param& Engine::value_access(const char* what, uint32_t id, const void* b
   require_built(what);
   Param& p = params_.checked(id);
   require(payloads_, PSTAR_ERR_UNSUPPORTED, [&] { return std::string(what) + ": a dry run holds no values"; });
+  step_->wait();
   require(!iteration_active_, PSTAR_ERR_INVALID_STATE,
           [&] { return std::string(what) + ": not legal inside an iteration"; });
   require(dtype_valid(dtype), PSTAR_ERR_INVALID_ARGUMENT, [&] { return std::string(what) + ": unknown dtype"; });
@@ -339,6 +344,7 @@ void Engine::iteration_begin(pstar_iteration_kind kind) {
           "iteration_begin: an iteration is in progress (end it with pstar_step or pstar_iteration_end, or "
           "abandon it with pstar_iteration_abort)");
   require_nvme_ok("iteration_begin");
+  step_->require_ok();
   nvme_.flush_access();  // values written between iterations reach the drive now
   require(writable_pins_ == 0, PSTAR_ERR_INVALID_STATE,
           "iteration_begin: a parameter is pinned writable (pstar_param_pin); unpin it first, which refreshes its "
@@ -350,6 +356,11 @@ void Engine::iteration_begin(pstar_iteration_kind kind) {
   ++stats_.iterations;
   if (kind == PSTAR_ITERATION_TRAIN) {
     placement_->iteration_begin();
+    // The overlapped step: the chunks whose update is done may come back
+    // now, ahead of their first use.
+    if (step_->overlaps() && options_.prefetch && placement_->follower().following()) {
+      placement_->prefetch_ahead(0);
+    }
     gathering_.iteration_begin();
   }
 }
@@ -374,7 +385,9 @@ void Engine::reset_iteration_state(TensorEvent ev) {
     Param& p = params_[id];
     if (p.has_grad && options_.grad_accumulation && payloads_ && !sharded()) {
       const auto& place = layout_->param(id);
-      if (chunks_[place.chunk].opt_device == nullptr) {
+      // A chunk still awaiting its overlapped update: the update thread
+      // clears its gradient list after the update.
+      if (chunks_[place.chunk].opt_device == nullptr && !chunks_[place.chunk].awaiting_update) {
         std::memset(chunks_[place.chunk].grad32 + place.offset_elems, 0, p.numel * sizeof(float));
       }
     }
@@ -404,6 +417,7 @@ void Engine::iteration_abort() {
           "would need every rank to agree on it; rebuild the group's engines from a checkpoint "
           "(pstar_checkpoint_load) instead");
   require(iteration_active_, PSTAR_ERR_INVALID_STATE, "iteration_abort: no iteration in progress");
+  step_->wait();  // the slots are restored from the masters
   // The caller's work on what it acquired and the gradient finalizes its
   // releases queued (which write grad_sumsq and grad_nonfinite) are done
   // before anything below reads, restores or frees their memory.
@@ -490,6 +504,7 @@ void* Engine::acquire(uint32_t id, pstar_stage stage, void* stream) {
   ChunkState& c = chunks_[place.chunk];
   const bool train = iteration_kind_ == PSTAR_ITERATION_TRAIN;
   if (train) placement_->follower().check(place.chunk);
+  step_->before_acquire(place.chunk);  // its overlapped update, if still running
   // world > 1: gathers the chunk, or waits for its gather ahead.
   const bool gathered_now = gathering_.before_acquire(place.chunk, train, &stats_.bytes_critical);
   if (c.tier == Tier::kHost) {
@@ -686,6 +701,7 @@ pstar_step_result Engine::step() {
           "step: no TRAIN iteration in progress");
   group_.require_ok("step");
   require_nvme_ok("step");
+  step_->wait();  // the previous step's updates (chunks this iteration did not use)
   params_.require_none_acquired("step");
   for (uint32_t id = 0; id < params_.size(); ++id) {
     const Param& p = params_[id];
@@ -718,7 +734,8 @@ pstar_step_result Engine::step() {
   iteration_active_ = false;
   placement_->iteration_end();
   if (nvme_error) std::rethrow_exception(nvme_error);
-  hybrid_->step_ended();  // places the optimizer state when warm-up ends
+  if (hybrid_->places_at_next_step_end()) step_->wait();  // the placement moves fp32 lists
+  hybrid_->step_ended();                                  // places the optimizer state when warm-up ends
   r.step = optimizer_.step();
   r.next_loss_scale = optimizer_.scaler().scale();
   return r;
@@ -730,12 +747,14 @@ pstar_step_result Engine::step() {
 void Engine::hparam_set(pstar_hparam which, double v) {
   require(!(iteration_active_ && iteration_kind_ == PSTAR_ITERATION_TRAIN), PSTAR_ERR_INVALID_STATE,
           "hparam_set: not legal inside a TRAIN iteration (set it between steps)");
+  step_->wait();
   optimizer_.set_hparam(which, v);
 }
 
 double Engine::hparam_get(pstar_hparam which) const { return optimizer_.hparam(which); }
 
 void Engine::fill_stats(pstar_stats* out) const {
+  step_->wait_noexcept();  // statistics stay readable after a failure
   pstar_stats s = stats_;
   const placement::MoveCounters& moved = placement_->counters();
   s.moves_to_device = moved.moves_to_device;

@@ -12,7 +12,10 @@
 // thread runs all-gathers into gather slots and reduce-scatters from
 // reduce-scatter buffers, each untouched by the engine until its ticket is
 // waited for, and the communicator only while the engine's thread does not
-// use it (dist/collective_queue.h).
+// use it (dist/collective_queue.h).  With the overlapped step the update
+// thread runs the CPU updates of the last step on chunks marked
+// awaiting_update, which the engine neither moves nor reads until it has
+// taken them (step/update_worker.h).
 #pragma once
 
 #include <algorithm>
@@ -123,6 +126,11 @@ class Engine : private placement::HybridTable {
   // Gathering ahead along the recorded schedule (experimental;
   // engine_dist.cpp, docs/distributed.md).
   void set_gather_ahead(uint32_t chunks);
+
+  // The overlapped step (experimental; step/update_worker.h): set before
+  // build; on by default.
+  void set_overlap_step(bool enabled);
+  void fill_step_stats(pstar_x_step_stats* out) const;
   void fill_gather_stats(pstar_x_gather_stats* out) const;
 
   // Data parallelism (docs/distributed.md): this engine's rank and the

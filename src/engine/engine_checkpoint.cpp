@@ -10,6 +10,7 @@
 
 #include "checkpoint/engine_state.h"
 #include "engine/engine.h"
+#include "step/optimizer_step.h"
 #include "values/param_values.h"
 #include "util/dtype.h"
 #include "util/error.h"
@@ -140,6 +141,7 @@ void Engine::require_load_complete(const char* what) const {
 
 std::string Engine::checkpoint_save(const char* dir) {
   require_file_call("checkpoint_save", dir);
+  step_->wait();
   require_load_complete("checkpoint_save");
   CheckpointState state(*this);
   return checkpoint::save(state, dir);
@@ -147,12 +149,17 @@ std::string Engine::checkpoint_save(const char* dir) {
 
 void Engine::checkpoint_load(const char* dir) {
   require_file_call("checkpoint_load", dir);
+  // The load rewrites every state: a failure of the update thread is
+  // cleared by it, so the step in flight is waited for without rethrowing.
+  step_->wait_noexcept();
   CheckpointState state(*this);
   checkpoint::load(state, dir, load_incomplete_);
+  step_->clear_failure();
 }
 
 void Engine::export_safetensors(const char* path) {
   require_file_call("export_safetensors", path);
+  step_->wait();
   require_load_complete("export_safetensors");
   CheckpointState state(*this);
   checkpoint::export_safetensors(state, path);

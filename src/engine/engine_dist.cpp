@@ -17,6 +17,7 @@
 #include "dist/layout_agreement.h"
 #include "dist/launch_env.h"
 #include "engine/engine.h"
+#include "step/optimizer_step.h"
 #include "util/error.h"
 
 namespace pstar::engine {
@@ -108,6 +109,21 @@ void Engine::set_gather_ahead(uint32_t chunks) {
     return "set_gather_ahead: " + std::to_string(chunks) + " chunks; at most " + std::to_string(kMaxGatherAhead);
   });
   gathering_.set_depth(chunks);
+}
+
+void Engine::set_overlap_step(bool enabled) {
+  require(!built(), PSTAR_ERR_INVALID_STATE, "set_overlap_step: the engine is built; set it before");
+  step_->set_overlap(enabled);
+}
+
+void Engine::fill_step_stats(pstar_x_step_stats* out) const {
+  step_->wait_noexcept();
+  const step::StepCounters& c = step_->counters();
+  out->overlap = (built() ? step_->overlaps() : step_->overlap_requested()) ? 1 : 0;
+  out->steps_overlapped = c.steps_overlapped;
+  out->chunks_updated = c.chunks_overlapped;
+  out->update_seconds = step_->update_seconds();
+  out->wait_seconds = c.wait_seconds;
 }
 
 void Engine::fill_gather_stats(pstar_x_gather_stats* out) const {

@@ -62,6 +62,10 @@ class HybridPlacement {
   // A TRAIN step completed: once warm-up ends (the options' count of steps),
   // places the optimizer state, once.
   void step_ended();
+  // The next step_ended() places the optimizer state (moves fp32 lists).
+  bool places_at_next_step_end() const {
+    return options_.enabled && !placed_ && train_steps_ + 1 >= options_.warmup_iterations;
+  }
   // The placement itself (step_ended calls it): moves the state of trainable
   // chunks, used last first, while their cost fits the margin; a chunk with
   // a pinned master stays where it is.

@@ -36,6 +36,50 @@ OptimizerStep::OptimizerStep(const StepParts& parts, const StepOptions& options)
 
 size_t OptimizerStep::elem_bytes() const { return dtype_size(options_.compute_dtype); }
 
+void OptimizerStep::attach(const chunk::ChunkLayout* layout) {
+  layout_ = layout;
+  if (overlap_ && options_.payloads && !options_.virtual_clock && !group_.sharded() && !nvme_.requested()) {
+    // A job is the synchronous step's update of one chunk, later.
+    worker_ = std::make_unique<UpdateWorker>(
+        [this](const UpdateWorker::Job& job) {
+          optimizer_.update_chunk(job.elems, job.segments, job.lists);
+          if (!job.clear_gradients) return;
+          for (const optim::Segment& sg : job.segments) {
+            std::memset(const_cast<float*>(job.lists.grad_f32) + sg.begin, 0, (sg.end - sg.begin) * sizeof(float));
+          }
+        },
+        static_cast<uint32_t>(layout->chunks().size()));
+  }
+}
+
+void OptimizerStep::take_done() {
+  if (worker_->in_flight()) worker_->take_done([this](uint32_t k) { chunks_[k].awaiting_update = false; });
+  if (!worker_->failed()) return;
+  // The chunks after the failed one keep their old values: the step is
+  // half applied, so training stays refused until a checkpoint is loaded.
+  try {
+    std::rethrow_exception(worker_->error());
+  } catch (const Error& e) {
+    throw Error(e.status(), std::string("the overlapped step failed on the update thread: ") + e.what() +
+                                "; load a checkpoint to go on");
+  } catch (const std::exception& e) {
+    throw Error(PSTAR_ERR_INTERNAL, std::string("the overlapped step failed on the update thread: ") + e.what() +
+                                        "; load a checkpoint to go on");
+  }
+}
+
+void OptimizerStep::wait() {
+  if (worker_ == nullptr) return;
+  if (worker_->in_flight()) counters_.wait_seconds += worker_->wait_all();
+  take_done();
+}
+
+void OptimizerStep::wait_noexcept() noexcept {
+  if (worker_ == nullptr) return;
+  worker_->wait_all();
+  worker_->take_done([this](uint32_t k) { chunks_[k].awaiting_update = false; });
+}
+
 void OptimizerStep::run(pstar_step_result& r) {
   if (group_.sharded()) {
     run_sharded(r);
@@ -175,28 +219,52 @@ void OptimizerStep::run_local(pstar_step_result& r) {
       for (uint32_t k : host_chunks) chunks_[k].awaiting_update = chunks_[k].tier != Tier::kDevice;
       placement_->rekey_for_next_iteration();
     }
-    // Chunks whose optimizer state is on the NVMe drive stream through the
-    // staging ring (memory/nvme_tier.h); the others are updated in place.  An
-    // I/O error ends the update part way (the engine then refuses training
-    // until a checkpoint is loaded): the prefetch state is put back first.
-    try {
-      nvme_.update_chunks(host_chunks, [&](uint32_t k) {
+    if (worker_ != nullptr) {
+      // The overlapped step: each chunk's segments, constants and host
+      // buffers are fixed now; the update thread runs them in this order
+      // (the next iteration's, when it follows the trace) after the step
+      // returns.  Until its update is done a chunk is awaiting_update:
+      // placement neither fetches nor prefetches it, and its acquire waits
+      // for it (before_acquire).
+      std::vector<UpdateWorker::Job> jobs;
+      for (uint32_t k : host_chunks) {
         ChunkState& c = chunks_[k];
-        if (segments_of(k)) {
-          void* payload = placement_->host_view(k);
-          if (options_.payloads) {  // a dry run places chunks; it computes nothing
-            // One parallel pass over the chunk (optim/chunk_update.h).
-            optimizer_.update_chunk(layout_->chunks()[k].used_elems, segments.segments(), lists_of(c, payload));
+        c.awaiting_update = false;
+        if (!segments_of(k)) continue;
+        jobs.push_back(UpdateWorker::Job{k, layout_->chunks()[k].used_elems, segments.segments(),
+                                         lists_of(c, placement_->host_view(k)), options_.grad_accumulation});
+        c.awaiting_update = true;
+      }
+      if (!jobs.empty()) {
+        ++counters_.steps_overlapped;
+        counters_.chunks_overlapped += jobs.size();
+      }
+      worker_->start(std::move(jobs));
+      if (ahead) placement_->prefetch_ahead(0);  // the chunks that need no update
+    } else {
+      // Chunks whose optimizer state is on the NVMe drive stream through the
+      // staging ring (memory/nvme_tier.h); the others are updated in place.  An
+      // I/O error ends the update part way (the engine then refuses training
+      // until a checkpoint is loaded): the prefetch state is put back first.
+      try {
+        nvme_.update_chunks(host_chunks, [&](uint32_t k) {
+          ChunkState& c = chunks_[k];
+          if (segments_of(k)) {
+            void* payload = placement_->host_view(k);
+            if (options_.payloads) {  // a dry run places chunks; it computes nothing
+              // One parallel pass over the chunk (optim/chunk_update.h).
+              optimizer_.update_chunk(layout_->chunks()[k].used_elems, segments.segments(), lists_of(c, payload));
+            }
           }
-        }
-        if (ahead) {
-          c.awaiting_update = false;
-          placement_->prefetch_ahead(0);  // from the next iteration's start
-        }
-      });
-    } catch (const Error&) {
-      for (uint32_t k : host_chunks) chunks_[k].awaiting_update = false;
-      throw;
+          if (ahead) {
+            c.awaiting_update = false;
+            placement_->prefetch_ahead(0);  // from the next iteration's start
+          }
+        });
+      } catch (const Error&) {
+        for (uint32_t k : host_chunks) chunks_[k].awaiting_update = false;
+        throw;
+      }
     }
     ++counters_.steps;
     optimizer_.end_step(false);

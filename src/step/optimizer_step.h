@@ -25,6 +25,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "chunk/chunk.h"
@@ -40,6 +41,7 @@
 #include "optim/optimizer.h"
 #include "placement/hybrid.h"
 #include "placement/runtime.h"
+#include "step/update_worker.h"
 #include "pstar/pstar.h"
 #include "values/param_values.h"
 
@@ -70,6 +72,10 @@ struct StepOptions {
   bool prefetch = false;
   // False in a dry run: chunks are placed, nothing is computed.
   bool payloads = true;
+  // The device's clock is modelled (options.virtual_clock): the step stays
+  // synchronous, so that what placement does is a function of the calls
+  // alone (an overlapped update's end would be the update thread's timing).
+  bool virtual_clock = false;
 };
 
 // What the steps did (pstar_stats' steps, skipped_steps and
@@ -78,14 +84,18 @@ struct StepCounters {
   uint64_t steps = 0;          // updates applied
   uint64_t skipped_steps = 0;  // skipped for an inf or NaN gradient
   uint64_t bytes_reduce_scattered = 0;
+  uint64_t steps_overlapped = 0;   // steps whose CPU updates ran on the update thread
+  uint64_t chunks_overlapped = 0;  // chunks updated there
+  double wait_seconds = 0.0;       // calls waiting for overlapped updates
 };
 
 class OptimizerStep {
  public:
   OptimizerStep(const StepParts& parts, const StepOptions& options);
 
-  // At build, once the chunks exist.
-  void attach(const chunk::ChunkLayout* layout) { layout_ = layout; }
+  // At build, once the chunks exist: starts the update thread when the
+  // step overlaps.
+  void attach(const chunk::ChunkLayout* layout);
 
   // Gradient accumulation, one process: adds this micro-batch's gradient
   // (the fp32 accumulator on the device) into the parameter's slice of the
@@ -101,9 +111,42 @@ class OptimizerStep {
   void run(pstar_step_result& r);
 
   const StepCounters& counters() const { return counters_; }
+  // Seconds the update thread spent updating (0 without one).
+  double update_seconds() const { return worker_ ? worker_->busy_seconds() : 0.0; }
+
+  // The overlapped step.  overlaps(): this engine's steps return before
+  // their CPU updates are done.  before_acquire(k): chunk k is about to be
+  // used; waits for its update if one is in flight.  wait(): waits for the
+  // step in flight (every call that reads or writes values, lists,
+  // optimizer state or statistics does so first).  Both throw the update
+  // thread's failure, which stays until clear_failure() (a checkpoint load
+  // that completed rewrote every state).  wait_noexcept(): for the
+  // engine's destructor.
+  bool overlaps() const { return worker_ != nullptr; }
+  // Before attach: whether to overlap (the default) where the step can:
+  // one process, payloads, no NVMe tier.
+  void set_overlap(bool on) { overlap_ = on; }
+  bool overlap_requested() const { return overlap_; }
+  // Throws the update thread's failure, if any (no wait).
+  void require_ok() {
+    if (worker_) take_done();
+  }
+  void before_acquire(uint32_t k) {
+    if (worker_ == nullptr) return;
+    if (worker_->in_flight()) counters_.wait_seconds += worker_->wait_for(k);
+    take_done();
+  }
+  void wait();
+  void wait_noexcept() noexcept;
+  void clear_failure() {
+    if (worker_) worker_->clear_failure();
+  }
 
  private:
   void run_local(pstar_step_result& r);
+  // The chunks whose overlapped update is done leave awaiting_update; the
+  // update thread's failure is thrown.
+  void take_done();
   void run_sharded(pstar_step_result& r);
   // Fills the result's loss scale, gradient norm (unscaled) and clipping
   // coefficient from the squared norm of the scaled gradients; returns the
@@ -135,6 +178,8 @@ class OptimizerStep {
   const StepOptions options_;
   const chunk::ChunkLayout* layout_ = nullptr;  // null until attach
   StepCounters counters_;
+  bool overlap_ = true;
+  std::unique_ptr<UpdateWorker> worker_;  // the overlapped step's thread (null: synchronous)
 };
 
 }  // namespace pstar::step

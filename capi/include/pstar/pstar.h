@@ -28,9 +28,9 @@
  *    another call on the same engine is in progress (on another thread, or
  *    made from the log callback during it) returns PSTAR_ERR_BUSY, does
  *    nothing, and its message names both calls.  Handing an engine to
- *    another thread between calls is fine.  Its internal copy and optimizer
- *    threads never call back into the caller except through the log
- *    callback.  Functions marked "any thread" may be called from any thread
+ *    another thread between calls is fine.  Its internal copy, optimizer
+ *    and update threads (the overlapped step) never call back into the
+ *    caller except through the log callback.  Functions marked "any thread" may be called from any thread
  *    at any time.
  *  - fork(): an engine belongs to the process that created it (its threads
  *    exist only there).  In a forked child every call on an engine of the
@@ -1015,6 +1015,56 @@ PSTAR_API pstar_status pstar_x_gather_stats_init(pstar_x_gather_stats *stats);
 
 /** Experimental: fills *stats (initialised by pstar_x_gather_stats_init()). */
 PSTAR_API pstar_status pstar_x_gather_get_stats(pstar_engine *engine, pstar_x_gather_stats *stats);
+
+/** Experimental: the overlapped step (docs/design.md, "The step's
+ *  pipeline").  Nonzero (the default): pstar_step() decides skip or clip
+ *  from the complete gradient norm, queues the CPU updates of the trained
+ *  chunks on a thread of the engine's own, in the order the next TRAIN
+ *  iteration first uses them, and returns; the next iteration's acquire of
+ *  a chunk waits for that chunk's update only.  Every call that reads or
+ *  writes values, masters, optimizer state or statistics
+ *  (pstar_param_read/write, pins, checkpoints, exports, pstar_hparam_set,
+ *  pstar_engine_get_stats, the next pstar_step, pstar_iteration_abort,
+ *  destroy) first waits for the step in flight.  The results are the bits
+ *  of the synchronous step.  0: pstar_step() returns once every update is
+ *  done.  The step is synchronous whatever this says with world_size > 1,
+ *  with an NVMe tier (pstar_x_engine_set_nvme()), on the virtual clock
+ *  (options.virtual_clock: what placement does stays a function of the
+ *  calls alone) and in a dry run (nothing is computed).  Legal before
+ *  pstar_engine_build() only. */
+PSTAR_API pstar_status pstar_x_engine_set_overlap_step(pstar_engine *engine, int enabled);
+
+/** Current version of pstar_x_step_stats. */
+#define PSTAR_X_STEP_STATS_VERSION 1
+
+/** Experimental: what the overlapped step did since the engine was built. */
+typedef struct pstar_x_step_stats {
+  /** sizeof(pstar_x_step_stats) as the caller compiled it. */
+  uint32_t size;
+  /** PSTAR_X_STEP_STATS_VERSION as the caller compiled it. */
+  uint32_t version;
+  /** Nonzero: the engine overlaps its steps (set, and possible here). */
+  int32_t overlap;
+  /** Zero (alignment of the fields below). */
+  int32_t reserved;
+  /** Steps whose CPU updates ran on the engine's update thread. */
+  uint64_t steps_overlapped;
+  /** Chunks updated there. */
+  uint64_t chunks_updated;
+  /** Seconds the update thread spent updating chunks, summed. */
+  double update_seconds;
+  /** Seconds calls waited for overlapped updates (an acquire for its
+   *  chunk's, the others for the whole step), summed: the part of the
+   *  updates the caller saw. */
+  double wait_seconds;
+} pstar_x_step_stats;
+
+/** Experimental: sets *stats's size and version and zeroes the rest. */
+PSTAR_API pstar_status pstar_x_step_stats_init(pstar_x_step_stats *stats);
+
+/** Experimental: fills *stats (initialised by pstar_x_step_stats_init()).
+ *  Waits for the step in flight first. */
+PSTAR_API pstar_status pstar_x_step_get_stats(pstar_engine *engine, pstar_x_step_stats *stats);
 
 #endif /* PSTAR_EXPERIMENTAL_API */
 

@@ -1,0 +1,242 @@
+// pstar-bench overlap: iterations with the synchronous and the overlapped
+// step (pstar_x_engine_set_overlap_step), the caller's compute modelled.
+//
+//   pstar-bench overlap [--layers 16] [--layer-elems 4194304]
+//                       [--ratios 0.5,1,2,4] [--iters 5] [--reps 5] [--json]
+//
+// A GPT-shaped replay on the emulated device with unlimited capacity:
+// `layers` trainable parameters of `layer-elems` fp16 elements, one chunk
+// each.  A TRAIN iteration acquires them in order for FORWARD and in
+// reverse for BACKWARD; the caller's compute for each use is the calling
+// thread sleeping (as beside a GPU, whose kernels leave the host free; as
+// in `pstar-bench gather`); the gradient is the accumulator as the engine
+// zeroes it (the update's arithmetic does not depend on the values).  The
+// step moves every trained chunk to the host for the CPU optimizer, as on
+// a GPU.
+//
+// Two engines with the same model, one synchronous and one overlapped, run
+// in the same process.  First the Adam time: the synchronous pstar_step's
+// median over `iters` iterations without compute (adam_s).  Then, for each
+// ratio R, the compute per iteration is R * adam_s, split evenly over the
+// 2 * layers uses, and the two engines take turns, `reps` times: a block of
+// `iters` iterations on one, then on the other.  An overlapped block ends
+// with a call that waits for its last step (pstar_x_step_get_stats), so
+// its time includes every update it started.  iteration_s_* are the
+// medians over the reps of block time / iters; speedup is their ratio;
+// exposed_optimizer_fraction is the overlapped engine's wait for updates
+// per iteration (pstar_x_step_stats.wait_seconds) over adam_s.
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <iostream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <pstar/pstar.h>
+
+#include "bench_util.h"
+
+namespace pstar::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct OverlapOptions {
+  int layers = 16;
+  double layer_elems = 4194304;
+  std::string ratios = "0.5,1,2,4";
+  int iters = 5;
+  int reps = 5;
+  int threads = 1;
+  bool json = false;
+};
+
+#define PSTAR_CHECK(call) check((call), #call)
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+class Model {
+ public:
+  Model(const OverlapOptions& o, bool overlap) : layers_(static_cast<uint32_t>(o.layers)) {
+    pstar_engine_options opts;
+    PSTAR_CHECK(pstar_engine_options_init(&opts));
+    opts.device = PSTAR_DEVICE_EMULATED;
+    opts.device_capacity_bytes = 0;  // unlimited
+    opts.compute_dtype = PSTAR_DTYPE_F16;
+    opts.chunk_elems = static_cast<uint64_t>(o.layer_elems);
+    opts.threads = static_cast<uint32_t>(o.threads);
+    PSTAR_CHECK(pstar_engine_create(&opts, &e_));
+    PSTAR_CHECK(pstar_x_engine_set_overlap_step(e_, overlap ? 1 : 0));
+    const int64_t shape[1] = {static_cast<int64_t>(o.layer_elems)};
+    ids_.resize(layers_);
+    for (uint32_t i = 0; i < layers_; ++i) {
+      const std::string name = "layer" + std::to_string(i);
+      PSTAR_CHECK(pstar_param_register(e_, name.c_str(), 1, shape, 0, &ids_[i]));
+    }
+    PSTAR_CHECK(pstar_engine_build(e_));
+    PSTAR_CHECK(pstar_engine_compute_stream(e_, &stream_));
+  }
+  ~Model() { pstar_engine_destroy(e_); }
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+
+  // One TRAIN iteration with `use_s` seconds of compute per use; returns
+  // the seconds pstar_step took.
+  double iteration(double use_s) {
+    PSTAR_CHECK(pstar_iteration_begin(e_, PSTAR_ITERATION_TRAIN));
+    void* ptr = nullptr;
+    for (uint32_t i = 0; i < layers_; ++i) {
+      PSTAR_CHECK(pstar_param_acquire(e_, ids_[i], PSTAR_STAGE_FORWARD, stream_, &ptr));
+      compute(use_s);
+      PSTAR_CHECK(pstar_param_release(e_, ids_[i], stream_));
+    }
+    for (uint32_t i = layers_; i-- > 0;) {
+      PSTAR_CHECK(pstar_param_acquire(e_, ids_[i], PSTAR_STAGE_BACKWARD, stream_, &ptr));
+      compute(use_s);
+      PSTAR_CHECK(pstar_param_release(e_, ids_[i], stream_));
+    }
+    const auto t0 = Clock::now();
+    pstar_step_result r;
+    PSTAR_CHECK(pstar_step_result_init(&r));
+    PSTAR_CHECK(pstar_step(e_, &r));
+    return seconds_since(t0);
+  }
+  // Waits for the step in flight; returns the step statistics.
+  pstar_x_step_stats stats() {
+    pstar_x_step_stats s;
+    PSTAR_CHECK(pstar_x_step_stats_init(&s));
+    PSTAR_CHECK(pstar_x_step_get_stats(e_, &s));
+    return s;
+  }
+
+ private:
+  static void compute(double s) {
+    if (s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(s));
+  }
+  uint32_t layers_;
+  pstar_engine* e_ = nullptr;
+  void* stream_ = nullptr;
+  std::vector<uint32_t> ids_;
+};
+
+std::vector<double> parse_ratios(const std::string& text) {
+  std::vector<double> out;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    size_t used = 0;
+    const double r = std::stod(item, &used);
+    if (used != item.size() || !(r > 0)) throw std::invalid_argument("ratio '" + item + "'");
+    out.push_back(r);
+  }
+  if (out.empty()) throw std::invalid_argument("no ratio");
+  return out;
+}
+
+int run_overlap(const OverlapOptions& o) {
+  std::vector<double> ratios;
+  try {
+    ratios = parse_ratios(o.ratios);
+  } catch (const std::exception& e) {
+    std::cerr << "pstar-bench overlap: --ratios: " << e.what() << "\n";
+    return 2;
+  }
+  if (o.layers < 1 || o.iters < 1 || o.reps < 1 || !(o.layer_elems >= 1024)) {
+    std::cerr << "pstar-bench overlap: --layers, --iters and --reps must be at least 1, --layer-elems 1024\n";
+    return 2;
+  }
+  Model sync(o, false), overlap(o, true);
+  const pstar_x_step_stats probe = overlap.stats();
+  if (probe.overlap == 0) {
+    std::cerr << "pstar-bench overlap: the engine does not overlap its step here\n";
+    return 1;
+  }
+  // Warm-up: two iterations each record the trace and reach steady state.
+  for (int i = 0; i < 2; ++i) {
+    sync.iteration(0);
+    overlap.iteration(0);
+  }
+  overlap.stats();
+  std::vector<double> steps;
+  for (int i = 0; i < o.iters; ++i) steps.push_back(sync.iteration(0));
+  const double adam_s = median(steps);
+  const double uses = 2.0 * o.layers;
+
+  for (double ratio : ratios) {
+    const double use_s = ratio * adam_s / uses;
+    std::vector<double> t_sync, t_overlap, exposed;
+    for (int rep = 0; rep < o.reps; ++rep) {
+      auto t0 = Clock::now();
+      for (int i = 0; i < o.iters; ++i) sync.iteration(use_s);
+      t_sync.push_back(seconds_since(t0) / o.iters);
+      const pstar_x_step_stats before = overlap.stats();
+      t0 = Clock::now();
+      for (int i = 0; i < o.iters; ++i) overlap.iteration(use_s);
+      const pstar_x_step_stats after = overlap.stats();  // waits for the last step
+      t_overlap.push_back(seconds_since(t0) / o.iters);
+      exposed.push_back((after.wait_seconds - before.wait_seconds) / o.iters / adam_s);
+    }
+    const double s = median(t_sync), v = median(t_overlap), x = median(exposed);
+    if (o.json) {
+      nlohmann::json j;
+      j["bench"] = "overlap";
+      j["compute_to_adam"] = ratio;
+      j["layers"] = o.layers;
+      j["layer_elems"] = static_cast<uint64_t>(o.layer_elems);
+      j["adam_s"] = adam_s;
+      j["iteration_s_sync"] = s;
+      j["iteration_s_overlap"] = v;
+      j["speedup"] = s / v;
+      j["exposed_optimizer_fraction"] = x;
+      j["ideal_speedup"] = (1.0 + ratio) / std::max(1.0, ratio);
+      j["iters"] = o.iters;
+      j["threads"] = o.threads;
+      j["reps"] = o.reps;
+      j["samples_sync_s"] = t_sync;
+      j["samples_overlap_s"] = t_overlap;
+      j["library_version"] = pstar_version_string();
+      std::cout << j.dump() << std::endl;
+    } else {
+      std::printf(
+          "overlap: compute/adam %.2f: iteration %.4f s sync, %.4f s overlapped: speedup %.3f (ideal %.3f), "
+          "exposed optimizer %.3f of adam_s %.4f s\n",
+          ratio, s, v, s / v, (1.0 + ratio) / std::max(1.0, ratio), x, adam_s);
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+CLI::App* add_overlap_subcommand(CLI::App& app, std::function<int()>* run) {
+  auto o = std::make_shared<OverlapOptions>();
+  CLI::App* cmd =
+      app.add_subcommand("overlap", "iterations with the synchronous and the overlapped step, compute modelled");
+  cmd->add_option("--layers", o->layers, "trainable parameters, one chunk each")->capture_default_str();
+  cmd->add_option("--layer-elems", o->layer_elems, "elements per parameter (fp16)")->capture_default_str();
+  cmd->add_option("--ratios", o->ratios, "compute per iteration over Adam time, comma-separated")
+      ->capture_default_str();
+  cmd->add_option("--iters", o->iters, "TRAIN iterations per block")->capture_default_str();
+  cmd->add_option("--reps", o->reps, "blocks per engine and ratio (medians reported)")->capture_default_str();
+  cmd->add_option("--threads", o->threads, "the CPU update's threads (options.threads; 0: one per core)")
+      ->capture_default_str();
+  cmd->add_flag("--json", o->json, "one JSON object on stdout per ratio");
+  *run = [o] {
+    try {
+      return run_overlap(*o);
+    } catch (const CallError& e) {
+      std::cerr << "pstar-bench overlap: " << e.what() << "\n";
+      return 1;
+    }
+  };
+  return cmd;
+}
+
+}  // namespace pstar::bench

@@ -1,0 +1,123 @@
+// UpdateWorker: the CPU updates of an overlapped step, run on a thread of
+// the engine's own while the caller goes on with the next iteration.
+//
+// Design:
+//  - The engine's thread decides everything at pstar_step: skip or clip
+//    from the complete norm, which chunks are updated, in which order (the
+//    next iteration's first use when it follows the trace), each chunk's
+//    segments with their constants, and the host buffers (the chunk is on
+//    the host; its D2H copy completed before start()).  start() hands that
+//    list over; the worker runs the chunks' updates in list order, one
+//    after the other (each split over the optimizer's threads as in a
+//    synchronous step, so the bits are the same).
+//  - Completion is a prefix: the worker publishes how many jobs are done
+//    (an atomic count, release); the engine's thread reads it without a
+//    lock (take_done(), on every acquire) and waits on the condition
+//    variable only for a chunk it needs now (wait_for) or for all
+//    (wait_all).
+//  - While a chunk's job is not done, the engine's thread must neither move
+//    nor read nor write its payload or fp32 lists: the chunk carries
+//    awaiting_update (placement neither fetches nor prefetches it), and
+//    every call that reads or writes values, lists or optimizer state waits
+//    for the whole step first.
+//  - An exception in a job ends the step in flight: the jobs after it are
+//    not run, waits return, and the failure is kept (failed(), error())
+//    until the engine clears it.  The updated chunks keep their new values;
+//    the others keep the old ones.
+//  - One step in flight at a time: start() requires the previous one taken
+//    in full.  The destructor waits for the step in flight and joins.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "optim/chunk_update.h"
+
+namespace pstar::step {
+
+class UpdateWorker {
+ public:
+  // One chunk's CPU update.
+  struct Job {
+    uint32_t chunk = 0;
+    uint64_t elems = 0;  // elements [0, elems) of the lists
+    std::vector<optim::Segment> segments;
+    optim::ChunkLists lists;
+    // Gradient accumulation: the segments' part of the fp32 gradient list
+    // is zeroed after the update (the step consumes it).
+    bool clear_gradients = false;
+  };
+
+  // Runs one job on the update thread (the optimizer step's update of a
+  // chunk); an exception ends the step in flight.
+  using RunJob = std::function<void(const Job&)>;
+
+  // `chunks`: the engine's chunk count (positions are kept per chunk).
+  UpdateWorker(RunJob run_job, uint32_t chunks);
+  ~UpdateWorker();
+  UpdateWorker(const UpdateWorker&) = delete;
+  UpdateWorker& operator=(const UpdateWorker&) = delete;
+
+  // Hands over one step's jobs, in the order they run.  Engine thread;
+  // nothing in flight.
+  void start(std::vector<Job> jobs);
+  // A step handed over whose completion the engine has not taken in full.
+  bool in_flight() const { return in_flight_; }
+  // Calls on_done(chunk) for every job completed since the last call, in
+  // job order.  Lock-free unless a job completed.
+  template <typename F>
+  void take_done(F&& on_done) {
+    if (!in_flight_) return;
+    const size_t n = completed_.load(std::memory_order_acquire);
+    if (n == taken_) return;
+    for (; taken_ < n; ++taken_) on_done(jobs_[taken_].chunk);
+    if (taken_ == jobs_.size()) finish();
+  }
+  // Waits until chunk k's job (if it has one in flight) completed; returns
+  // the seconds waited.
+  double wait_for(uint32_t k);
+  // Waits until every job completed; returns the seconds waited.
+  double wait_all();
+
+  // A job threw: the step in flight ended there.
+  bool failed() const { return error_ != nullptr; }
+  std::exception_ptr error() const { return error_; }
+  void clear_failure() { error_ = nullptr; }
+
+  // Seconds the worker spent in jobs (all steps).
+  double busy_seconds() const { return busy_seconds_.load(std::memory_order_relaxed); }
+
+ private:
+  void run();
+  void finish();
+  double wait_until(size_t count);
+
+  const RunJob run_job_;
+  // Engine thread: the jobs of the step in flight, the prefix taken, and
+  // each chunk's position in jobs_ (-1: none).
+  std::vector<Job> jobs_;
+  size_t taken_ = 0;
+  std::vector<int64_t> position_;
+  bool in_flight_ = false;
+  std::exception_ptr error_;  // set by finish() from failure_
+
+  // Shared with the worker, under mu_ except completed_.
+  std::mutex mu_;
+  std::condition_variable work_cv_;  // a step to run, or stop
+  std::condition_variable done_cv_;  // a job completed
+  bool has_work_ = false;
+  bool stop_ = false;
+  std::atomic<size_t> completed_{0};
+  std::exception_ptr failure_;  // written by the worker before it publishes the end
+  std::atomic<double> busy_seconds_{0.0};
+  std::thread thread_;
+};
+
+}  // namespace pstar::step

@@ -1,0 +1,292 @@
+/* The overlapped step (pstar_x_engine_set_overlap_step): pstar_step returns
+ * before the CPU updates are done, the update thread runs them in the next
+ * iteration's order, and each acquire waits for its chunk's update only.
+ *
+ * Only the timing may differ from the synchronous step: the weights, every
+ * step result and the values read between steps must be the same bits,
+ * under every policy, with tight and unlimited capacity, prefetch on and
+ * off, gradient accumulation, skipped steps, EVAL iterations between
+ * steps, reads and writes right after a step, pins, hybrid placement and
+ * strict mode.  Where the step cannot overlap (the virtual clock, a dry
+ * run) the engine says so in its step statistics. */
+#define PSTAR_EXPERIMENTAL_API 1
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "capi_test_util.h"
+
+enum { P = 9, CHUNK = 1024, MAXN = 2048, ITERS = 6 };
+
+/* Several parameters per chunk, a jumbo one (2048) and a frozen one. */
+static const int64_t kNumel[P] = {512, 500, 1024, 1000, 700, 300, 640, 2048, 900};
+static const int kFrozen = 5;
+
+typedef struct ocfg {
+  pstar_dtype dtype;
+  pstar_policy policy;
+  int prefetch;
+  uint64_t capacity;
+  int overlap;
+  int hybrid;
+  int strict;
+  int virtual_clock;
+  int grad_accumulation; /* two micro-batches per step */
+  int overflow_at;       /* step with an infinite gradient, or -1 */
+  int eval_after;        /* an EVAL iteration after this step, or -1 */
+  int rw_after;          /* values read, changed and written after this step, or -1 */
+  int pin_after;         /* a read-only pin after this step, or -1 */
+} ocfg;
+
+typedef struct orun {
+  float w[P][MAXN];
+  float mid[P][MAXN]; /* values read right after step rw_after */
+  double grad_norm[ITERS];
+  float loss_scale[ITERS], clip_coef[ITERS];
+  int skipped[ITERS];
+  pstar_x_step_stats step_stats;
+} orun;
+
+static ocfg base_cfg(void) {
+  ocfg c;
+  memset(&c, 0, sizeof c);
+  c.dtype = PSTAR_DTYPE_BF16;
+  c.policy = PSTAR_POLICY_OPT;
+  c.prefetch = 1;
+  c.overlap = 1;
+  c.overflow_at = -1;
+  c.eval_after = -1;
+  c.rw_after = -1;
+  c.pin_after = -1;
+  return c;
+}
+
+static void micro_batch(pstar_engine *e, const uint32_t *id, const ocfg *c, int step, int mb) {
+  static float g[MAXN];
+  void *w = NULL;
+  for (int i = 0; i <= P; ++i) { /* parameter 0 used again last: a tied weight */
+    const int p = i == P ? 0 : i;
+    T_OK(pstar_param_acquire(e, id[p], PSTAR_STAGE_FORWARD, NULL, &w));
+    T_OK(pstar_param_release(e, id[p], NULL));
+  }
+  for (int i = P; i >= 0; --i) {
+    const int p = i == P ? 0 : i;
+    if (p == kFrozen) continue;
+    w = t_acquire(e, id[p], PSTAR_STAGE_BACKWARD);
+    for (int j = 0; j < kNumel[p]; ++j) {
+      g[j] = t_load(w, c->dtype, (size_t)j) * 0.01f + (float)((j + step + i + mb) % 7 - 3) / 64.0f;
+    }
+    if (step == c->overflow_at && p == 3) g[7] = INFINITY;
+    T_OK(pstar_grad_write(e, id[p], g, (uint64_t)kNumel[p], PSTAR_DTYPE_F32, PSTAR_MEM_HOST, NULL));
+    T_OK(pstar_param_release(e, id[p], NULL));
+  }
+}
+
+static void eval_iteration(pstar_engine *e, const uint32_t *id, const ocfg *c, float *sum) {
+  T_OK(pstar_iteration_begin(e, PSTAR_ITERATION_EVAL));
+  for (int p = P; p-- > 0;) { /* another order than the trace's */
+    const void *w = t_acquire(e, id[p], PSTAR_STAGE_FORWARD);
+    for (int j = 0; j < kNumel[p]; j += 97) *sum += t_load(w, c->dtype, (size_t)j);
+    T_OK(pstar_param_release(e, id[p], NULL));
+  }
+  T_OK(pstar_iteration_end(e));
+}
+
+static void run_cfg(const ocfg *c, orun *out) {
+  pstar_engine_options o = t_options(c->dtype, CHUNK);
+  o.threads = 2;
+  o.placement_policy = c->policy;
+  o.prefetch = c->prefetch;
+  o.device_capacity_bytes = c->capacity;
+  o.hybrid_optimizer = c->hybrid;
+  o.strict = c->strict;
+  o.strict_seed = 5;
+  o.virtual_clock = c->virtual_clock;
+  o.grad_accumulation = c->grad_accumulation;
+  o.loss_scale_initial = 1024.0f;
+  o.clip_norm = 2.0f;
+  pstar_engine *e = t_create(&o);
+  T_OK(pstar_x_engine_set_overlap_step(e, c->overlap));
+  uint32_t id[P];
+  char name[8];
+  for (int i = 0; i < P; ++i) {
+    snprintf(name, sizeof name, "p%d", i);
+    id[i] = t_register(e, name, kNumel[i], i == kFrozen ? PSTAR_PARAM_FROZEN : 0);
+  }
+  T_OK(pstar_engine_build(e));
+  T_OK(pstar_param_set_lr_scale(e, id[4], 0.5f));
+  T_OK(pstar_param_set_weight_decay(e, id[1], 0));
+  for (int i = 0; i < P; ++i) {
+    t_fill(out->w[i], (size_t)kNumel[i], (uint32_t)i + 7, 0.5f);
+    t_write_f32(e, id[i], out->w[i], (uint64_t)kNumel[i]);
+  }
+  float eval_sum = 0.0f;
+  for (int s = 0; s < ITERS; ++s) {
+    T_OK(pstar_iteration_begin(e, PSTAR_ITERATION_TRAIN));
+    for (int mb = 0; mb < (c->grad_accumulation ? 2 : 1); ++mb) micro_batch(e, id, c, s, mb);
+    pstar_step_result r = PSTAR_STEP_RESULT_INIT;
+    T_OK(pstar_step(e, &r));
+    out->grad_norm[s] = r.grad_norm;
+    out->loss_scale[s] = r.loss_scale;
+    out->clip_coef[s] = r.clip_coef;
+    out->skipped[s] = r.skipped;
+    if (s == c->eval_after) eval_iteration(e, id, c, &eval_sum);
+    if (s == c->rw_after) {
+      /* Right after the step: the reads wait for its updates. */
+      static float v[MAXN];
+      for (int i = 0; i < P; ++i) t_read_f32(e, id[i], out->mid[i], (uint64_t)kNumel[i]);
+      for (int i = 0; i < P; ++i) {
+        for (int j = 0; j < kNumel[i]; ++j) v[j] = out->mid[i][j] * 0.75f + 0.001f * (float)(j % 5);
+        t_write_f32(e, id[i], v, (uint64_t)kNumel[i]);
+      }
+    }
+    if (s == c->pin_after && !c->hybrid) {
+      void *m = NULL;
+      pstar_dtype dt = PSTAR_DTYPE_F16;
+      T_OK(pstar_param_pin(e, id[2], 0, &m, &dt));
+      cr_assert_eq(dt, PSTAR_DTYPE_F32);
+      out->mid[2][0] = ((const float *)m)[0] + ((const float *)m)[kNumel[2] - 1]; /* the updated master */
+      T_OK(pstar_param_unpin(e, id[2]));
+    }
+  }
+  cr_assert(isfinite(eval_sum));
+  T_OK(pstar_x_step_stats_init(&out->step_stats));
+  T_OK(pstar_x_step_get_stats(e, &out->step_stats));
+  for (int i = 0; i < P; ++i) t_read_f32(e, id[i], out->w[i], (uint64_t)kNumel[i]);
+  T_OK(pstar_engine_destroy(e));
+}
+
+/* The least device capacity the model trains in: the jumbo chunk, its fp32
+ * gradient buffer and one regular chunk. */
+static uint64_t least_capacity(pstar_dtype d) { return (2048 + CHUNK) * t_dtype_size(d) + 2048 * 4; }
+
+static void check_identical(ocfg c, const char *what) {
+  static orun ref, r;
+  ocfg sync = c;
+  sync.overlap = 0;
+  const uint64_t least = least_capacity(c.dtype);
+  const uint64_t caps[3] = {0, least + CHUNK * t_dtype_size(c.dtype), least}; /* all chunks fit, or evictions */
+  for (int pi = 0; pi < 3; ++pi) {
+    for (int k = 0; k < 3; ++k) {
+      sync.policy = c.policy = (pstar_policy)pi;
+      sync.capacity = c.capacity = caps[k];
+      memset(&ref, 0, sizeof ref);
+      memset(&r, 0, sizeof r);
+      run_cfg(&sync, &ref);
+      run_cfg(&c, &r);
+      cr_assert_eq(ref.step_stats.overlap, 0, "%s: the synchronous engine says it overlaps", what);
+      if (!c.virtual_clock) {
+        cr_assert_eq(r.step_stats.overlap, 1, "%s: policy %d, capacity %d: no overlap", what, pi, k);
+        if (!c.hybrid) cr_assert_gt(r.step_stats.steps_overlapped, 0u, "%s: no step overlapped", what);
+      }
+      cr_assert_eq(memcmp(r.w, ref.w, sizeof r.w), 0, "%s: policy %d, capacity %d: weights differ", what, pi, k);
+      cr_assert_eq(memcmp(r.mid, ref.mid, sizeof r.mid), 0, "%s: policy %d, capacity %d: values read differ", what,
+                   pi, k);
+      cr_assert_eq(memcmp(r.grad_norm, ref.grad_norm, sizeof r.grad_norm), 0, "%s: gradient norms differ", what);
+      cr_assert_eq(memcmp(r.loss_scale, ref.loss_scale, sizeof r.loss_scale), 0, "%s: loss scales differ", what);
+      cr_assert_eq(memcmp(r.clip_coef, ref.clip_coef, sizeof r.clip_coef), 0, "%s: clip coefficients differ", what);
+      cr_assert_eq(memcmp(r.skipped, ref.skipped, sizeof r.skipped), 0, "%s: skipped steps differ", what);
+      for (int s = 0; s < ITERS; ++s) cr_assert_eq(r.skipped[s], s == c.overflow_at, "%s: step %d", what, s);
+    }
+  }
+}
+
+Test(overlap, bits_as_the_synchronous_step_bf16) {
+  ocfg c = base_cfg();
+  check_identical(c, "bf16");
+  c.prefetch = 0;
+  check_identical(c, "bf16, no prefetch");
+}
+
+Test(overlap, bits_as_the_synchronous_step_f16_f32) {
+  ocfg c = base_cfg();
+  c.dtype = PSTAR_DTYPE_F16;
+  check_identical(c, "f16");
+  c.dtype = PSTAR_DTYPE_F32;
+  check_identical(c, "f32");
+}
+
+Test(overlap, gradient_accumulation_and_skipped_steps) {
+  ocfg c = base_cfg();
+  c.grad_accumulation = 1;
+  check_identical(c, "accumulation");
+  c.overflow_at = 3;
+  check_identical(c, "accumulation, overflow");
+  c.grad_accumulation = 0;
+  c.dtype = PSTAR_DTYPE_F16;
+  check_identical(c, "f16, overflow");
+}
+
+Test(overlap, eval_iterations_values_and_pins_between_steps) {
+  ocfg c = base_cfg();
+  c.eval_after = 1;
+  c.rw_after = 2;
+  c.pin_after = 3;
+  check_identical(c, "eval, read/write, pin");
+  c.grad_accumulation = 1;
+  check_identical(c, "eval, read/write, pin, accumulation");
+}
+
+Test(overlap, hybrid_placement) {
+  ocfg c = base_cfg();
+  c.hybrid = 1;
+  c.overflow_at = 4;
+  check_identical(c, "hybrid");
+  c.grad_accumulation = 1;
+  check_identical(c, "hybrid, accumulation");
+}
+
+Test(overlap, strict_mode, .timeout = 120) {
+  ocfg c = base_cfg();
+  c.strict = 1;
+  c.eval_after = 2;
+  c.rw_after = 3;
+  c.overflow_at = 4;
+  check_identical(c, "strict");
+  c.grad_accumulation = 1;
+  check_identical(c, "strict, accumulation");
+}
+
+Test(overlap, virtual_clock_stays_synchronous) {
+  ocfg c = base_cfg();
+  c.virtual_clock = 1;
+  check_identical(c, "virtual clock");
+  static orun r;
+  run_cfg(&c, &r);
+  cr_assert_eq(r.step_stats.overlap, 0, "on the virtual clock the step is synchronous");
+  cr_assert_eq(r.step_stats.steps_overlapped, 0u);
+}
+
+Test(overlap, the_setting_and_its_statistics) {
+  pstar_engine_options o = t_options(PSTAR_DTYPE_BF16, CHUNK);
+  pstar_engine *e = t_create(&o);
+  pstar_x_step_stats s;
+  T_OK(pstar_x_step_stats_init(&s));
+  cr_assert_eq(s.size, sizeof s);
+  cr_assert_eq(s.version, PSTAR_X_STEP_STATS_VERSION);
+  T_OK(pstar_x_step_get_stats(e, &s));
+  cr_assert_eq(s.overlap, 1, "on by default");
+  T_OK(pstar_x_engine_set_overlap_step(e, 0));
+  T_OK(pstar_x_step_get_stats(e, &s));
+  cr_assert_eq(s.overlap, 0);
+  T_OK(pstar_x_engine_set_overlap_step(e, 1));
+  t_register(e, "w", 100, 0);
+  T_OK(pstar_engine_build(e));
+  T_FAIL(pstar_x_engine_set_overlap_step(e, 0), PSTAR_ERR_INVALID_STATE, "before");
+  T_FAIL(pstar_x_step_get_stats(e, NULL), PSTAR_ERR_INVALID_ARGUMENT, "");
+  s.size = 4;
+  T_FAIL(pstar_x_step_get_stats(e, &s), PSTAR_ERR_VERSION, "step stats");
+  T_FAIL(pstar_x_engine_set_overlap_step(NULL, 1), PSTAR_ERR_INVALID_HANDLE, "NULL");
+  T_OK(pstar_engine_destroy(e));
+
+  o.dry_run = 1;
+  o.virtual_clock = 1;
+  e = t_create(&o);
+  t_register(e, "w", 100, 0);
+  T_OK(pstar_engine_build(e));
+  T_OK(pstar_x_step_stats_init(&s));
+  T_OK(pstar_x_step_get_stats(e, &s));
+  cr_assert_eq(s.overlap, 0, "a dry run computes nothing: no update thread");
+  T_OK(pstar_engine_destroy(e));
+}
