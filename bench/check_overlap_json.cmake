@@ -1,0 +1,28 @@
+# Runs a small `pstar-bench overlap --json` and checks its lines: one JSON
+# object per ratio, with the fixed keys (no timing assertion).
+# Usage: cmake -DBENCH=<path to pstar-bench> -P check_overlap_json.cmake
+include(${CMAKE_CURRENT_LIST_DIR}/bench_json.cmake)
+bench_run(out overlap --layers 4 --layer-elems 65536 --ratios 0.5,2 --iters 2 --reps 2 --json)
+string(REPLACE "\n" ";" lines "${out}")
+list(LENGTH lines n)
+if(NOT n EQUAL 2)
+  message(FATAL_ERROR "expected 2 lines of JSON (one per ratio), got ${n}:\n${out}")
+endif()
+set(expected_ratio 0.5 2)
+foreach(i 0 1)
+  list(GET lines ${i} line)
+  list(GET expected_ratio ${i} ratio)
+  bench_json_keys("${line}" bench compute_to_adam adam_s iteration_s_sync iteration_s_overlap speedup
+                  exposed_optimizer_fraction layers iters reps)
+  if(NOT v_bench STREQUAL "overlap")
+    message(FATAL_ERROR "\"bench\" is '${v_bench}', expected 'overlap'")
+  endif()
+  if(NOT v_compute_to_adam EQUAL ratio)
+    message(FATAL_ERROR "compute_to_adam is ${v_compute_to_adam}, expected ${ratio}")
+  endif()
+  bench_json_positive("${line}" adam_s iteration_s_sync iteration_s_overlap speedup)
+  if(NOT v_layers EQUAL 4 OR NOT v_iters EQUAL 2 OR NOT v_reps EQUAL 2)
+    message(FATAL_ERROR "layers/iters/reps are ${v_layers}/${v_iters}/${v_reps}, expected 4/2/2")
+  endif()
+endforeach()
+message(STATUS "pstar-bench overlap JSON OK:\n${out}")
