@@ -41,6 +41,8 @@ class CudaEvent final : public Event {
 
 constexpr int kThreads = 256;
 constexpr int kMaxBlocks = 4096;
+// The finalize kernel's threads are the norm's lanes (host_kernels.h).
+static_assert(static_cast<size_t>(kThreads) == kNormLanes, "one finalize thread per norm lane");
 
 __global__ void accumulate_kernel(float* acc, const void* src, pstar_dtype dtype, size_t n) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
@@ -50,8 +52,10 @@ __global__ void accumulate_kernel(float* acc, const void* src, pstar_dtype dtype
 }
 
 // One block per kNormBlockElems-element block: writes the rounded gradient
-// and that block's fp64 squared sum; the host adds the partials in block
-// order, so the norm does not depend on the grid shape.
+// and that block's fp64 squared sum, thread t summing lane t and the shared
+// memory tree adding the lanes (the order host_kernels.h fixes, so the bits
+// equal the host's); the host adds the partials in block order, so the norm
+// does not depend on the grid shape.
 __global__ void finalize_kernel(const float* acc, void* slot, pstar_dtype dtype, size_t n, double* partials,
                                 int* nonfinite) {
   __shared__ double sums[kThreads];

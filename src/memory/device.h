@@ -126,8 +126,9 @@ class Device {
                                pstar_mem_space space, size_t n) = 0;
 
   // Writes acc rounded to `dtype` into slot[0..n), then computes over the
-  // rounded values the squared sum in fp64, summed per block of
-  // kNormBlockElems elements in block order, and whether any value is not
+  // rounded values the squared sum in fp64, in the order host_kernels.h
+  // fixes (blocks of kNormBlockElems in block order, kNormLanes lanes and a
+  // tree within a block), and whether any value is not
   // finite.  Results are written to *sumsq and *nonfinite (host memory)
   // once `stream` reaches this point; read them after synchronizing.
   virtual void grad_finalize(Stream* stream, const float* acc, void* slot, pstar_dtype dtype, size_t n, double* sumsq,
@@ -149,5 +150,10 @@ class Device {
 // Elements per fp64 partial of the gradient norm (independent of threads,
 // tiers and arrival order).
 constexpr size_t kNormBlockElems = 4096;
+// Lanes of a block's partial: value j of a block goes to lane j % kNormLanes,
+// and the lanes are added as a halving tree (memory/host_kernels.h).  The
+// CUDA finalize kernel runs one thread per lane, so the host and the device
+// give the same bits.
+constexpr size_t kNormLanes = 256;
 
 }  // namespace pstar::memory

@@ -1,49 +1,104 @@
 #include "memory/host_kernels.h"
 
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 
 #include "memory/device.h"
+#include "optim/adam.h"
 #include "util/dtype.h"
 
 namespace pstar::memory {
+namespace {
 
-void host_grad_accumulate(float* acc, const void* src, pstar_dtype src_dtype, size_t n) {
+static_assert(kNormBlockElems % kNormLanes == 0, "a full block is whole rows of lanes");
+static_assert((kNormLanes & (kNormLanes - 1)) == 0, "the lane tree halves down to one lane");
+
+// One block of the norm (host_kernels.h): the lanes, then the tree.  With
+// `slot`, each value is first rounded through `dtype` and stored there.
+double block_sumsq_scalar(const float* acc, void* slot, pstar_dtype dtype, size_t n) {
+  double lanes[kNormLanes] = {};
+  for (size_t j = 0; j < n; ++j) {
+    double g = acc[j];
+    if (slot != nullptr) {
+      store_as(slot, dtype, j, acc[j]);
+      g = load_as(slot, dtype, j);
+    }
+    lanes[j % kNormLanes] += g * g;
+  }
+  for (size_t w = kNormLanes / 2; w > 0; w /= 2) {
+    for (size_t t = 0; t < w; ++t) lanes[t] += lanes[t + w];
+  }
+  return lanes[0];
+}
+
+void finalize_scalar(const float* acc, void* slot, pstar_dtype dtype, size_t n, double* sumsq) {
+  const size_t esize = dtype_size(dtype);
+  double total = 0.0;
+  for (size_t b = 0; b < n; b += kNormBlockElems) {
+    const size_t len = n - b < kNormBlockElems ? n - b : kNormBlockElems;
+    void* block_slot = slot == nullptr ? nullptr : static_cast<char*>(slot) + b * esize;
+    total += block_sumsq_scalar(acc + b, block_slot, dtype, len);
+  }
+  *sumsq = total;
+}
+
+void accumulate_scalar(float* acc, const void* src, pstar_dtype src_dtype, size_t n) {
   for (size_t i = 0; i < n; ++i) acc[i] += load_as(src, src_dtype, i);
 }
 
-void host_grad_norm(const float* g, size_t n, double* sumsq, int* nonfinite) {
-  double total = 0.0;
-  int bad = 0;
-  for (size_t b = 0; b < n; b += kNormBlockElems) {
-    const size_t e = b + kNormBlockElems < n ? b + kNormBlockElems : n;
-    double block = 0.0;
-    for (size_t i = b; i < e; ++i) {
-      const double v = g[i];
-      if (!std::isfinite(v)) bad = 1;
-      block += v * v;
-    }
-    total += block;
+}  // namespace
+
+bool host_kernel_isa_supported(HostKernelIsa isa) {
+  return isa == HostKernelIsa::kScalar || optim::adam_isa_supported(optim::AdamIsa::kAvx2);
+}
+
+HostKernelIsa host_kernel_default_isa() {
+  static const HostKernelIsa isa = [] {
+    const char* want = std::getenv("PSTAR_ADAM_ISA");
+    if (want != nullptr && std::strcmp(want, "scalar") == 0) return HostKernelIsa::kScalar;
+    return host_kernel_isa_supported(HostKernelIsa::kAvx2) ? HostKernelIsa::kAvx2 : HostKernelIsa::kScalar;
+  }();
+  return isa;
+}
+
+void host_grad_accumulate(HostKernelIsa isa, float* acc, const void* src, pstar_dtype src_dtype, size_t n) {
+  if (isa == HostKernelIsa::kAvx2) {
+    detail::grad_accumulate_avx2(acc, src, src_dtype, n);
+  } else {
+    accumulate_scalar(acc, src, src_dtype, n);
   }
-  *sumsq = total;
-  *nonfinite = bad;
+}
+
+void host_grad_norm(HostKernelIsa isa, const float* g, size_t n, double* sumsq, int* nonfinite) {
+  if (isa == HostKernelIsa::kAvx2) {
+    detail::grad_finalize_avx2(g, nullptr, PSTAR_DTYPE_F32, n, sumsq);
+  } else {
+    finalize_scalar(g, nullptr, PSTAR_DTYPE_F32, n, sumsq);
+  }
+  *nonfinite = std::isfinite(*sumsq) ? 0 : 1;
+}
+
+void host_grad_finalize(HostKernelIsa isa, const float* acc, void* slot, pstar_dtype dtype, size_t n, double* sumsq,
+                        int* nonfinite) {
+  if (isa == HostKernelIsa::kAvx2) {
+    detail::grad_finalize_avx2(acc, slot, dtype, n, sumsq);
+  } else {
+    finalize_scalar(acc, slot, dtype, n, sumsq);
+  }
+  *nonfinite = std::isfinite(*sumsq) ? 0 : 1;
+}
+
+void host_grad_accumulate(float* acc, const void* src, pstar_dtype src_dtype, size_t n) {
+  host_grad_accumulate(host_kernel_default_isa(), acc, src, src_dtype, n);
+}
+
+void host_grad_norm(const float* g, size_t n, double* sumsq, int* nonfinite) {
+  host_grad_norm(host_kernel_default_isa(), g, n, sumsq, nonfinite);
 }
 
 void host_grad_finalize(const float* acc, void* slot, pstar_dtype dtype, size_t n, double* sumsq, int* nonfinite) {
-  double total = 0.0;
-  int bad = 0;
-  for (size_t b = 0; b < n; b += kNormBlockElems) {
-    const size_t e = b + kNormBlockElems < n ? b + kNormBlockElems : n;
-    double block = 0.0;
-    for (size_t i = b; i < e; ++i) {
-      store_as(slot, dtype, i, acc[i]);
-      const double g = load_as(slot, dtype, i);
-      if (!std::isfinite(g)) bad = 1;
-      block += g * g;
-    }
-    total += block;
-  }
-  *sumsq = total;
-  *nonfinite = bad;
+  host_grad_finalize(host_kernel_default_isa(), acc, slot, dtype, n, sumsq, nonfinite);
 }
 
 }  // namespace pstar::memory

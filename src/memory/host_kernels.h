@@ -1,5 +1,25 @@
 // Host implementations of the device-side gradient operations, used by the
-// emulated device and by tests as the reference for the CUDA kernels.
+// emulated and the modelled device, by the sharded step on the host, and by
+// tests as the reference for the CUDA kernels.
+//
+// The squared norm's order of operations is part of the contract, so that
+// every path gives the same bits (the CUDA finalize kernel included):
+//  - the n values are cut into blocks of kNormBlockElems (memory/device.h),
+//    and the blocks' partials are added in block order into one fp64 sum;
+//  - within a block, value j goes to lane j % kNormLanes; a lane adds the
+//    squares (fp64, each square rounded, then added) of its values in index
+//    order, starting from 0.0;
+//  - the lanes are then added as a tree: for w = kNormLanes/2, ..., 1, lane
+//    t += lane t + w for every t < w; the block's partial is lane 0.
+// That is the CUDA kernel's thread-per-lane loop and shared-memory tree, and
+// on the host it vectorizes: the AVX2 path (host_kernels_avx2.cpp) does the
+// same additions in the same order, lanes side by side.
+//
+// A value is not finite exactly when its block's partial is not: every
+// finite value's square is finite in fp64 (|x| < 2^128 for fp32, so
+// x^2 < 2^256) and so is a sum of fewer than 2^40 of them, while a square of
+// inf or NaN is inf or NaN and stays so through additions of non-negative
+// terms.  The flag is computed from the partials.
 #pragma once
 
 #include <cstddef>
@@ -8,10 +28,35 @@
 
 namespace pstar::memory {
 
+// Which code the host gradient operations run.  kAvx2 needs AVX2, FMA and
+// F16C (optim::adam_isa_supported(kAvx2)); both give the same bits.
+enum class HostKernelIsa { kScalar, kAvx2 };
+
+bool host_kernel_isa_supported(HostKernelIsa isa);
+// kAvx2 where the CPU has it, unless PSTAR_ADAM_ISA=scalar asks for the
+// scalar paths everywhere.
+HostKernelIsa host_kernel_default_isa();
+
+// acc[i] += src[i] (src converted from src_dtype to fp32, exactly).
 void host_grad_accumulate(float* acc, const void* src, pstar_dtype src_dtype, size_t n);
-// Squared sum (fp64, per block of kNormBlockElems in block order) and
-// inf/NaN flag of n fp32 gradient values.
+// Squared sum (fp64, in the order above) and inf/NaN flag of n fp32
+// gradient values.
 void host_grad_norm(const float* g, size_t n, double* sumsq, int* nonfinite);
+// Writes acc rounded to `dtype` into slot[0..n), then the squared sum and
+// the flag of the rounded values, as host_grad_norm.
 void host_grad_finalize(const float* acc, void* slot, pstar_dtype dtype, size_t n, double* sumsq, int* nonfinite);
+
+// The same, on a chosen path (tests compare the paths).
+void host_grad_accumulate(HostKernelIsa isa, float* acc, const void* src, pstar_dtype src_dtype, size_t n);
+void host_grad_norm(HostKernelIsa isa, const float* g, size_t n, double* sumsq, int* nonfinite);
+void host_grad_finalize(HostKernelIsa isa, const float* acc, void* slot, pstar_dtype dtype, size_t n, double* sumsq,
+                        int* nonfinite);
+
+namespace detail {
+// The AVX2 path (host_kernels_avx2.cpp): call only where kAvx2 is supported.
+void grad_accumulate_avx2(float* acc, const void* src, pstar_dtype src_dtype, size_t n);
+// slot == nullptr: the norm of acc itself (host_grad_norm).
+void grad_finalize_avx2(const float* acc, void* slot, pstar_dtype dtype, size_t n, double* sumsq);
+}  // namespace detail
 
 }  // namespace pstar::memory

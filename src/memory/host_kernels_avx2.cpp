@@ -1,0 +1,173 @@
+// The AVX2 + F16C path of the host gradient operations (host_kernels.h).
+//
+// Same bits as the scalar path: the conversions are those of util/dtype.h
+// (util/convert_avx2.h), and the norm does the scalar path's additions in
+// its order, sixteen lanes of the kNormLanes side by side: for each group
+// of sixteen lanes, four vectors of fp64 partials walk down the block's
+// rows (lane t of row r is value r * kNormLanes + t), then the tree adds
+// the lanes four at a time while four or more remain.  Every product and
+// sum is its own rounding (the project builds with -ffp-contract=off, so
+// no multiply and add are fused).  Functions carry target attributes
+// instead of the file being built with -mavx2 (see optim/adam_avx2.cpp).
+#include "memory/host_kernels.h"
+
+#include "memory/device.h"
+#include "util/dtype.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+
+#include "util/convert_avx2.h"
+
+namespace pstar::memory::detail {
+namespace {
+
+using simd::all_normal;
+using simd::bf16_round_hi;
+using simd::bf16_round_hi_normal;
+
+constexpr size_t kGroupLanes = 16;  // lanes per group: four vectors of four doubles
+static_assert(kNormLanes % kGroupLanes == 0, "lane groups tile the lanes");
+
+// Sixteen values from `acc` rounded through dtype D, stored into `slot`
+// (unless it is null), returned as fp32 in g0 (first eight) and g1.
+template <pstar_dtype D>
+PSTAR_AVX2 void round16(const float* acc, void* slot, size_t i, __m256& g0, __m256& g1) {
+  const __m256 x0 = _mm256_loadu_ps(acc + i), x1 = _mm256_loadu_ps(acc + i + 8);
+  if (D == PSTAR_DTYPE_F32) {
+    if (slot != nullptr) {
+      _mm256_storeu_ps(static_cast<float*>(slot) + i, x0);
+      _mm256_storeu_ps(static_cast<float*>(slot) + i + 8, x1);
+    }
+    g0 = x0;
+    g1 = x1;
+  } else if (D == PSTAR_DTYPE_F16) {
+    const __m128i h0 = simd::f16_pack8(x0), h1 = simd::f16_pack8(x1);
+    __m128i* s = reinterpret_cast<__m128i*>(static_cast<uint16_t*>(slot) + i);
+    _mm_storeu_si128(s, h0);
+    _mm_storeu_si128(s + 1, h1);
+    g0 = _mm256_cvtph_ps(h0);
+    g1 = _mm256_cvtph_ps(h1);
+  } else {
+    const __m256i xa = _mm256_castps_si256(x0), xb = _mm256_castps_si256(x1);
+    __m256i ha, hb;
+    if (all_normal(xa, xb)) {
+      ha = bf16_round_hi_normal(xa);
+      hb = bf16_round_hi_normal(xb);
+    } else {
+      ha = bf16_round_hi(x0);
+      hb = bf16_round_hi(x1);
+    }
+    const __m256i hi_mask = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
+    g0 = _mm256_castsi256_ps(_mm256_and_si256(ha, hi_mask));
+    g1 = _mm256_castsi256_ps(_mm256_and_si256(hb, hi_mask));
+    const __m256i packed =
+        _mm256_permute4x64_epi64(_mm256_packus_epi32(_mm256_srli_epi32(ha, 16), _mm256_srli_epi32(hb, 16)), 0xd8);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(slot) + i), packed);
+  }
+}
+
+PSTAR_AVX2 __m256d square_add(__m256d sum, __m128 g) {
+  const __m256d d = _mm256_cvtps_pd(g);
+  return _mm256_add_pd(sum, _mm256_mul_pd(d, d));
+}
+
+// One block of n <= kNormBlockElems values (host_kernels.h's order).
+template <pstar_dtype D>
+__attribute__((target("avx2,fma,f16c"))) double block_sumsq(const float* acc, void* slot, size_t n) {
+  alignas(32) double lanes[kNormLanes];
+  const size_t rows = n / kNormLanes, rem = n % kNormLanes;
+  for (size_t t0 = 0; t0 < kNormLanes; t0 += kGroupLanes) {
+    __m256d s0 = _mm256_setzero_pd(), s1 = s0, s2 = s0, s3 = s0;
+    const size_t vec_rows = rows + (t0 + kGroupLanes <= rem ? 1 : 0);
+    for (size_t r = 0; r < vec_rows; ++r) {
+      __m256 g0, g1;
+      round16<D>(acc, slot, r * kNormLanes + t0, g0, g1);
+      s0 = square_add(s0, _mm256_castps256_ps128(g0));
+      s1 = square_add(s1, _mm256_extractf128_ps(g0, 1));
+      s2 = square_add(s2, _mm256_castps256_ps128(g1));
+      s3 = square_add(s3, _mm256_extractf128_ps(g1, 1));
+    }
+    _mm256_store_pd(lanes + t0, s0);
+    _mm256_store_pd(lanes + t0 + 4, s1);
+    _mm256_store_pd(lanes + t0 + 8, s2);
+    _mm256_store_pd(lanes + t0 + 12, s3);
+    // The last, partial row where it cuts this group: lane by lane.
+    for (size_t t = t0; t < rem && t < t0 + kGroupLanes && vec_rows == rows; ++t) {
+      const size_t i = rows * kNormLanes + t;
+      double g = acc[i];
+      if (D != PSTAR_DTYPE_F32 || slot != nullptr) {
+        store_as(slot, D, i, acc[i]);
+        g = load_as(slot, D, i);
+      }
+      lanes[t] += g * g;
+    }
+  }
+  size_t w = kNormLanes / 2;
+  for (; w >= 4; w /= 2) {
+    for (size_t t = 0; t < w; t += 4) {
+      _mm256_store_pd(lanes + t, _mm256_add_pd(_mm256_load_pd(lanes + t), _mm256_load_pd(lanes + t + w)));
+    }
+  }
+  for (; w > 0; w /= 2) {
+    for (size_t t = 0; t < w; ++t) lanes[t] += lanes[t + w];
+  }
+  return lanes[0];
+}
+
+template <pstar_dtype D>
+double sumsq(const float* acc, void* slot, size_t n) {
+  double total = 0.0;
+  for (size_t b = 0; b < n; b += kNormBlockElems) {
+    const size_t len = n - b < kNormBlockElems ? n - b : kNormBlockElems;
+    void* block_slot = slot == nullptr ? nullptr : static_cast<char*>(slot) + b * dtype_size(D);
+    total += block_sumsq<D>(acc + b, block_slot, len);
+  }
+  return total;
+}
+
+template <pstar_dtype D>
+__attribute__((target("avx2,fma,f16c"))) void accumulate(float* acc, const void* src, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 g;
+    if (D == PSTAR_DTYPE_F32) {
+      g = _mm256_loadu_ps(static_cast<const float*>(src) + i);
+    } else if (D == PSTAR_DTYPE_F16) {
+      g = simd::load_f16x8(static_cast<const uint16_t*>(src) + i);
+    } else {
+      g = simd::load_bf16x8(static_cast<const uint16_t*>(src) + i);
+    }
+    _mm256_storeu_ps(acc + i, _mm256_add_ps(_mm256_loadu_ps(acc + i), g));
+  }
+  for (; i < n; ++i) acc[i] += load_as(src, D, i);
+}
+
+}  // namespace
+
+void grad_accumulate_avx2(float* acc, const void* src, pstar_dtype src_dtype, size_t n) {
+  switch (src_dtype) {
+    case PSTAR_DTYPE_F32: accumulate<PSTAR_DTYPE_F32>(acc, src, n); return;
+    case PSTAR_DTYPE_F16: accumulate<PSTAR_DTYPE_F16>(acc, src, n); return;
+    default: accumulate<PSTAR_DTYPE_BF16>(acc, src, n); return;  // as load_as() treats every other value
+  }
+}
+
+void grad_finalize_avx2(const float* acc, void* slot, pstar_dtype dtype, size_t n, double* out) {
+  switch (dtype) {
+    case PSTAR_DTYPE_F32: *out = sumsq<PSTAR_DTYPE_F32>(acc, slot, n); return;
+    case PSTAR_DTYPE_F16: *out = sumsq<PSTAR_DTYPE_F16>(acc, slot, n); return;
+    default: *out = sumsq<PSTAR_DTYPE_BF16>(acc, slot, n); return;
+  }
+}
+
+}  // namespace pstar::memory::detail
+
+#else  // not x86: never selected (host_kernel_isa_supported says no)
+
+namespace pstar::memory::detail {
+void grad_accumulate_avx2(float*, const void*, pstar_dtype, size_t) {}
+void grad_finalize_avx2(const float*, void*, pstar_dtype, size_t, double* out) { *out = 0.0; }
+}  // namespace pstar::memory::detail
+
+#endif

@@ -1,0 +1,182 @@
+// The host gradient operations (src/memory/host_kernels.h): the norm's
+// order of operations against a reference written here as the CUDA kernel
+// runs (one thread per lane striding the block, then the shared-memory
+// tree), and the AVX2 path against the scalar one, bit for bit, over sizes
+// that cut blocks, rows and lane groups, the three dtypes, and values that
+// round, overflow, underflow or are not finite.
+#include <criterion/criterion.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "memory/device.h"
+#include "memory/host_kernels.h"
+#include "util/dtype.h"
+
+using pstar::memory::HostKernelIsa;
+using pstar::memory::kNormBlockElems;
+using pstar::memory::kNormLanes;
+
+namespace {
+
+const size_t kSizes[] = {0, 1, 7, 15, 16, 17, 255, 256, 257, 300, 4095, 4096, 4097, 10000, 3 * 4096 + 300};
+const pstar_dtype kDtypes[] = {PSTAR_DTYPE_F32, PSTAR_DTYPE_F16, PSTAR_DTYPE_BF16};
+
+uint64_t bits(double d) {
+  uint64_t u;
+  std::memcpy(&u, &d, sizeof u);
+  return u;
+}
+
+// The norm as the CUDA finalize kernel computes it, written out plainly:
+// per block, thread t sums values t, t + lanes, ...; a halving tree adds
+// the threads' sums; the host adds the blocks' partials in order.
+double reference_sumsq(const std::vector<float>& rounded) {
+  double total = 0.0;
+  for (size_t begin = 0; begin < rounded.size(); begin += kNormBlockElems) {
+    const size_t end = std::min(begin + kNormBlockElems, rounded.size());
+    std::vector<double> sums(kNormLanes, 0.0);
+    for (size_t t = 0; t < kNormLanes; ++t) {
+      double s = 0.0;
+      for (size_t i = begin + t; i < end; i += kNormLanes) {
+        const double g = rounded[i];
+        s += g * g;
+      }
+      sums[t] = s;
+    }
+    for (size_t w = kNormLanes / 2; w > 0; w /= 2) {
+      for (size_t t = 0; t < w; ++t) sums[t] += sums[t + w];
+    }
+    total += sums[0];
+  }
+  return total;
+}
+
+// Values of every magnitude (fp16 subnormals and overflow among them), in
+// both signs.
+std::vector<float> gradients(size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> mant(0.5f, 1.0f);
+  std::uniform_int_distribution<int> expo(-30, 15);  // below fp16 overflow
+  std::vector<float> g(n);
+  for (size_t i = 0; i < n; ++i) {
+    const float v = std::ldexp(mant(rng), expo(rng));
+    g[i] = (rng() & 1) ? -v : v;
+  }
+  return g;
+}
+
+std::vector<HostKernelIsa> paths() {
+  std::vector<HostKernelIsa> out{HostKernelIsa::kScalar};
+  if (pstar::memory::host_kernel_isa_supported(HostKernelIsa::kAvx2)) {
+    out.push_back(HostKernelIsa::kAvx2);
+  } else {
+    cr_log_warn("skipped: the AVX2 path (no AVX2, FMA and F16C on this CPU); only the scalar path checked");
+  }
+  return out;
+}
+
+}  // namespace
+
+Test(host_kernels, finalize_matches_the_cuda_order_and_dtype_rounding) {
+  for (HostKernelIsa isa : paths()) {
+    for (pstar_dtype dt : kDtypes) {
+      for (size_t n : kSizes) {
+        const std::vector<float> acc = gradients(n, n * 7 + dt);
+        std::vector<uint8_t> slot(n * pstar::dtype_size(dt) + 1, 0xee);
+        double sumsq = -1.0;
+        int bad = -1;
+        pstar::memory::host_grad_finalize(isa, acc.data(), slot.data(), dt, n, &sumsq, &bad);
+        std::vector<float> rounded(n);
+        for (size_t i = 0; i < n; ++i) {
+          std::vector<uint8_t> one(4);
+          pstar::store_as(one.data(), dt, 0, acc[i]);
+          cr_assert_eq(std::memcmp(slot.data() + i * pstar::dtype_size(dt), one.data(), pstar::dtype_size(dt)), 0,
+                       "dtype %d n %zu: element %zu stored differently from store_as", dt, n, i);
+          rounded[i] = pstar::load_as(one.data(), dt, 0);
+        }
+        cr_assert_eq(slot.back(), 0xee, "wrote past the slot");
+        const bool any_inf = std::any_of(rounded.begin(), rounded.end(), [](float v) { return !std::isfinite(v); });
+        cr_assert_eq(bad, any_inf ? 1 : 0, "dtype %d n %zu: flag", dt, n);
+        if (!any_inf) {
+          cr_assert_eq(bits(sumsq), bits(reference_sumsq(rounded)), "isa %d dtype %d n %zu: %.17g", static_cast<int>(isa),
+                       dt, n, sumsq);
+        }
+      }
+    }
+  }
+}
+
+Test(host_kernels, norm_matches_the_cuda_order) {
+  for (HostKernelIsa isa : paths()) {
+    for (size_t n : kSizes) {
+      std::vector<float> g = gradients(n, n + 3);
+      for (float& v : g) v = std::ldexp(v, -10);  // fp32 gradients: no overflow
+      double sumsq = -1.0;
+      int bad = -1;
+      pstar::memory::host_grad_norm(isa, g.data(), n, &sumsq, &bad);
+      cr_assert_eq(bits(sumsq), bits(reference_sumsq(g)), "n %zu", n);
+      cr_assert_eq(bad, 0);
+    }
+  }
+}
+
+Test(host_kernels, paths_agree_on_non_finite_and_special_values) {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  const float specials[] = {0.0f, -0.0f, 1e-40f, -1e-45f, 65504.0f, 65520.0f, 3.0e38f, inf, -inf, nan};
+  const std::vector<HostKernelIsa> isas = paths();
+  for (pstar_dtype dt : kDtypes) {
+    for (size_t where : {size_t{0}, size_t{300}, size_t{4095}, size_t{4100}}) {
+      for (float sv : specials) {
+        const size_t n = 4096 + 300;
+        std::vector<float> acc = gradients(n, where);
+        acc[where] = sv;
+        std::vector<std::vector<uint8_t>> slots;
+        std::vector<double> sums;
+        std::vector<int> flags;
+        for (HostKernelIsa isa : isas) {
+          slots.emplace_back(n * pstar::dtype_size(dt));
+          sums.push_back(0.0);
+          flags.push_back(-1);
+          pstar::memory::host_grad_finalize(isa, acc.data(), slots.back().data(), dt, n, &sums.back(), &flags.back());
+        }
+        float rounded;
+        {
+          std::vector<uint8_t> one(4);
+          pstar::store_as(one.data(), dt, 0, sv);
+          rounded = pstar::load_as(one.data(), dt, 0);
+        }
+        cr_assert_eq(flags[0], std::isfinite(rounded) ? 0 : 1, "dtype %d value %g at %zu", dt, sv, where);
+        for (size_t k = 1; k < isas.size(); ++k) {
+          cr_assert(slots[k] == slots[0], "dtype %d value %g at %zu: slots differ", dt, sv, where);
+          cr_assert_eq(flags[k], flags[0]);
+          cr_assert(bits(sums[k]) == bits(sums[0]) || (std::isnan(sums[k]) && std::isnan(sums[0])),
+                    "dtype %d value %g at %zu: sums differ", dt, sv, where);
+        }
+      }
+    }
+  }
+}
+
+Test(host_kernels, accumulate_paths_agree) {
+  for (pstar_dtype dt : kDtypes) {
+    for (size_t n : kSizes) {
+      const std::vector<float> src32 = gradients(n, n * 5 + dt);
+      std::vector<uint8_t> src(n * pstar::dtype_size(dt));
+      for (size_t i = 0; i < n; ++i) pstar::store_as(src.data(), dt, i, src32[i]);
+      std::vector<float> want = gradients(n, n + 11);
+      std::vector<float> start = want;
+      for (size_t i = 0; i < n; ++i) want[i] += pstar::load_as(src.data(), dt, i);
+      for (HostKernelIsa isa : paths()) {
+        std::vector<float> acc = start;
+        pstar::memory::host_grad_accumulate(isa, acc.data(), src.data(), dt, n);
+        cr_assert(std::memcmp(acc.data(), want.data(), n * sizeof(float)) == 0, "dtype %d n %zu", dt, n);
+      }
+    }
+  }
+}
