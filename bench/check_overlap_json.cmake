@@ -13,7 +13,8 @@ foreach(i 0 1)
   list(GET lines ${i} line)
   list(GET expected_ratio ${i} ratio)
   bench_json_keys("${line}" bench compute_to_adam adam_s iteration_s_sync iteration_s_overlap speedup
-                  exposed_optimizer_fraction layers iters reps)
+                  exposed_optimizer_fraction ideal_speedup first_use_bound_speedup layers iters
+                  reps)
   if(NOT v_bench STREQUAL "overlap")
     message(FATAL_ERROR "\"bench\" is '${v_bench}', expected 'overlap'")
   endif()

@@ -75,6 +75,11 @@ struct ChunkState : Chunk, Fp32Lists {
   // good.  The gathered full chunk is Chunk's payload (tier kNotGathered
   // when not gathered); its Fp32Lists are shards too.
   void* shard = nullptr;
+  // One process without gradient accumulation: trainable parameters of the
+  // chunk whose gradient this iteration has not yet finalized into its slot.
+  // At 0 the chunk's backward is over; unless its optimizer state is on the
+  // device, it leaves the device then, not at the step.
+  uint32_t grads_to_come = 0;
 };
 
 // The elements of a parameter placed at `place` in rank `rank`'s shard of

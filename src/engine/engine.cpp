@@ -234,6 +234,7 @@ void Engine::build() {
   }
   placement_->choose_static_chunks(largest_grad);
   for (uint32_t id = 0; id < params_.size(); ++id) params_.apply(id, TensorEvent::kBuild);
+  count_gradients_to_come();
   log::info("engine built: " + std::to_string(params_.size()) + " parameters in " + std::to_string(chunks_.size()) +
             " chunks");
 }
@@ -401,6 +402,7 @@ void Engine::reset_iteration_state(TensorEvent ev) {
   }
   drop_rule_.close_backward();
   if (options_.grad_accumulation) hybrid_->clear_gradients();
+  count_gradients_to_come();
 }
 
 // Abandons the iteration in progress (pstar_iteration_abort), typically from
@@ -579,6 +581,7 @@ void Engine::release(uint32_t id, void* stream) {
   }
   const auto& place = layout_->param(id);
   ChunkState& c = chunks_[place.chunk];
+  bool finalized = false;
   if (ev == TensorEvent::kReleaseBackwardLast && !p.frozen() && sharded()) {
     // world > 1: the gradient stays in its fp32 buffer until the chunk's
     // reduce-scatter (the drop rule below), the slot keeps the weight.
@@ -598,15 +601,42 @@ void Engine::release(uint32_t id, void* stream) {
     p.slot_is_grad = true;
     p.has_grad = true;
     c.ready = done;  // the payload is valid once the slot is written
+    finalized = true;
   }
   c.last_use = device_->record(s);
   params_.apply(id, ev);
   --c.compute_refs;
+  if (finalized && c.grads_to_come > 0 && --c.grads_to_come == 0) gradients_leave(place.chunk);
   // world > 1: the drop rule (dist/drop_rule.h).
   switch (drop_rule_.after_release(id, place.chunk, p.acquired_stage, c.compute_refs)) {
     case dist::DropRule::Action::kReduceThenDrop: reduce_chunk(place.chunk); [[fallthrough]];
     case dist::DropRule::Action::kDrop: gathering_.drop(place.chunk, true); break;
     case dist::DropRule::Action::kKeep: break;
+  }
+}
+
+// Chunk k's backward is over: every trainable parameter's gradient is in
+// its slot.  Its optimizer state on the host, the step would evict it for
+// the CPU update; it leaves now instead, the copy queued behind the
+// finalize on the D2H stream, so that it runs under the rest of the
+// backward and the device memory is free from here on.  A chunk whose state
+// is on the device (hybrid) stays: its update runs there.  Placement only:
+// the bytes and the values are those of an eviction at the step.
+void Engine::gradients_leave(uint32_t k) {
+  ChunkState& c = chunks_[k];
+  if (c.tier == Tier::kDevice && c.evictable()) placement_->evict(k);
+}
+
+// Each chunk's trainable parameters, the gradients its backward finalizes
+// (world 1, no accumulation; otherwise no chunk leaves early).
+void Engine::count_gradients_to_come() {
+  const bool leave_early = !sharded() && !options_.grad_accumulation;
+  for (uint32_t k = 0; k < chunks_.size(); ++k) {
+    uint32_t n = 0;
+    if (leave_early) {
+      for (uint32_t id : layout_->chunks()[k].params) n += params_[id].frozen() ? 0 : 1;
+    }
+    chunks_[k].grads_to_come = n;
   }
 }
 

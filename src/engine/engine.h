@@ -176,6 +176,8 @@ class Engine : private placement::HybridTable {
   chunk::Fp32Lists& lists_at(uint32_t k) override { return chunks_[k]; }
 
   void reset_iteration_state(chunk::TensorEvent ev);
+  void count_gradients_to_come();
+  void gradients_leave(uint32_t k);
 
   void release_optimizer_buffers(ChunkState& c, uint64_t fp32_bytes);
 

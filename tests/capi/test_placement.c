@@ -172,3 +172,57 @@ Test(placement, static_policy_keeps_a_prefix_resident_and_opt_moves_no_more) {
                   chunks, (unsigned long long)opt_bytes, (unsigned long long)st_bytes);
   }
 }
+
+/* Gradients leave during backward: once every trainable parameter of a chunk
+ * has its gradient (its last backward use released), the chunk goes to the
+ * host for the CPU optimizer then, not at the step.  Three chunks, the
+ * first holding two parameters and a frozen one; unlimited capacity, so no
+ * eviction is placement's.  With gradient accumulation the chunks stay
+ * until the step (the gradient is already on the host, folded; the slot
+ * still holds the weight). */
+static void gradients_leave_run(int grad_accumulation) {
+  enum { M = 512 };
+  pstar_engine_options o = t_options(PSTAR_DTYPE_BF16, 2 * M);
+  o.grad_accumulation = grad_accumulation;
+  pstar_engine *e = t_create(&o);
+  /* chunk 0: a, b (M each); chunk 1: frozen f and c; chunk 2: d (2M) */
+  const uint32_t a = t_register(e, "a", M, 0), b = t_register(e, "b", M, 0);
+  const uint32_t f = t_register(e, "f", M, PSTAR_PARAM_FROZEN), c = t_register(e, "c", M, 0);
+  const uint32_t d = t_register(e, "d", 2 * M, 0);
+  T_OK(pstar_engine_build(e));
+  const uint32_t fwd[] = {a, b, f, c, d};
+  const uint32_t bwd[] = {d, c, b, a}; /* f takes no gradient */
+  const uint64_t chunk_bytes = 2 * M * 2;
+  float g[2 * M];
+  for (int j = 0; j < 2 * M; ++j) g[j] = (float)(j % 5 - 2) / 32.0f;
+  for (int it = 0; it < 3; ++it) {
+    T_OK(pstar_iteration_begin(e, PSTAR_ITERATION_TRAIN));
+    for (int i = 0; i < 5; ++i) {
+      t_acquire(e, fwd[i], PSTAR_STAGE_FORWARD);
+      T_OK(pstar_param_release(e, fwd[i], NULL));
+    }
+    const pstar_stats start = t_stats(e);
+    /* evictions expected after each backward release */
+    const uint64_t leave[] = {1, 2, 2, 3};
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t p = bwd[i];
+      t_acquire(e, p, PSTAR_STAGE_BACKWARD);
+      T_OK(pstar_grad_write(e, p, g, p == d ? 2 * M : M, PSTAR_DTYPE_F32, PSTAR_MEM_HOST, NULL));
+      T_OK(pstar_param_release(e, p, NULL));
+      const pstar_stats now = t_stats(e);
+      const uint64_t want = grad_accumulation ? 0 : leave[i];
+      cr_assert_eq(now.evictions - start.evictions, want, "iteration %d, after the backward of parameter %d: %llu",
+                   it, i, (unsigned long long)(now.evictions - start.evictions));
+      cr_assert_eq(now.bytes_device_to_host - start.bytes_device_to_host, want * chunk_bytes);
+    }
+    T_OK(pstar_step(e, NULL));
+    const pstar_stats after = t_stats(e);
+    /* The step evicts only what had not left: with accumulation all three. */
+    cr_assert_eq(after.evictions - start.evictions, 3, "iteration %d: %llu evictions in backward and step", it,
+                 (unsigned long long)(after.evictions - start.evictions));
+  }
+  pstar_engine_destroy(e);
+}
+
+Test(placement, gradients_leave_when_their_chunks_backward_ends) { gradients_leave_run(0); }
+Test(placement, with_gradient_accumulation_chunks_leave_at_the_step) { gradients_leave_run(1); }
