@@ -1,5 +1,7 @@
 /* Training-step time of the engine on the CUDA device, three placements of
- * one model measured in the same run:
+ * one model measured in the same run, each with the synchronous and with the
+ * overlapped step (pstar_x_engine_set_overlap_step; the engine's default),
+ * run one after the other:
  *   - roomy: the device holds every compute chunk (nothing moves after the
  *     first iteration; the baseline);
  *   - constrained: the device holds half of the compute chunks, so chunks move
@@ -7,10 +9,12 @@
  *   - roomy + hybrid: the roomy device with room for the optimizer state of
  *     three chunks more, which the hybrid placement keeps and updates on the
  *     GPU (the rest is updated by the CPU).
- * Prints the median iteration time of each and the ratios, and writes
+ * Prints the median iteration time of each, the ratios, the overlapped
+ * step's speedup and the time its caller waited for updates, and writes
  * cuda_engine_bench.json into the folder given as the first argument.  A
  * benchmark, not a test: it asserts nothing about time.  Exits 77 with
  * "skipped: no CUDA device" where CUDA cannot be used. */
+#define PSTAR_EXPERIMENTAL_API 1
 #include <pstar/pstar.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +28,7 @@ typedef struct {
   double bytes_moved_per_iteration;
   uint32_t optimizer_chunks_on_device;
   uint64_t evictions;
+  double update_wait_s; /* overlapped: the caller's wait for updates per iteration */
 } result;
 
 static double now_s(void) {
@@ -37,12 +42,13 @@ static int cmp_double(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
-static pstar_status run(uint64_t capacity, int hybrid, result *r) {
+static pstar_status run(uint64_t capacity, int hybrid, int overlap, result *r) {
   static float buf[kElems];
   double t[kIterations];
   pstar_engine_options o;
   pstar_engine *e = NULL;
   pstar_stats s0, s1;
+  pstar_x_step_stats x0, x1;
   uint32_t id[kParams];
   int64_t shape[1] = {kElems};
   pstar_status st;
@@ -55,6 +61,7 @@ static pstar_status run(uint64_t capacity, int hybrid, result *r) {
   o.hybrid_optimizer = hybrid;
   if ((st = pstar_engine_create(&o, &e)) != PSTAR_OK) return st;
 #define TRY(call) do { if ((st = (call)) != PSTAR_OK) goto done; } while (0)
+  TRY(pstar_x_engine_set_overlap_step(e, overlap));
   for (p = 0; p < kParams; ++p) {
     char name[16];
     sprintf(name, "w%d", p);
@@ -70,6 +77,8 @@ static pstar_status run(uint64_t capacity, int hybrid, result *r) {
     if (it == 2) {
       pstar_stats_init(&s0);
       TRY(pstar_engine_get_stats(e, &s0));
+      pstar_x_step_stats_init(&x0);
+      TRY(pstar_x_step_get_stats(e, &x0));
     }
     t0 = now_s();
     TRY(pstar_iteration_begin(e, PSTAR_ITERATION_TRAIN));
@@ -83,8 +92,14 @@ static pstar_status run(uint64_t capacity, int hybrid, result *r) {
       TRY(pstar_param_release(e, id[p], NULL));
     }
     TRY(pstar_step(e, NULL));
+    /* An overlapped iteration's time is counted up to its step's return;
+     * its updates run under the next iteration, whose acquires wait for
+     * them.  The last one is waited for below, outside the medians. */
     t[it] = now_s() - t0;
   }
+  pstar_x_step_stats_init(&x1);
+  TRY(pstar_x_step_get_stats(e, &x1));
+  r->update_wait_s = (x1.wait_seconds - x0.wait_seconds) / (kIterations - 2);
   pstar_stats_init(&s1);
   TRY(pstar_engine_get_stats(e, &s1));
   /* Iterations 0 and 1 are warm-up (the trace, the first placement). */
@@ -108,7 +123,7 @@ int main(int argc, char **argv) {
   const uint64_t room = (uint64_t)8 * kElems * 4;
   const char *names[3] = {"roomy", "constrained", "roomy_hybrid"};
   uint64_t caps[3];
-  result r[3];
+  result r[3], sync[3];
   int k;
   char path[4096];
   FILE *f;
@@ -128,24 +143,35 @@ int main(int argc, char **argv) {
   /* Room for the optimizer state (12 B/element) and payload of 3 chunks more. */
   caps[2] = caps[0] + (uint64_t)3 * kChunkElems * 14;
   for (k = 0; k < 3; ++k) {
-    st = run(caps[k], k == 2, &r[k]);
-    if (st != PSTAR_OK) {
-      fprintf(stderr, "%s: %s: %s\n", names[k], pstar_status_name(st), pstar_last_error_message());
-      return 1;
+    int mode;
+    for (mode = 0; mode < 2; ++mode) {
+      result *out = mode == 0 ? &sync[k] : &r[k];
+      st = run(caps[k], k == 2, mode, out);
+      if (st != PSTAR_OK) {
+        fprintf(stderr, "%s (%s step): %s: %s\n", names[k], mode ? "overlapped" : "synchronous", pstar_status_name(st),
+                pstar_last_error_message());
+        return 1;
+      }
     }
-    printf("%-19s capacity %6.1f MiB: %8.2f ms/iteration, %7.1f MiB moved/iteration, %llu evictions, %u optimizer chunks on GPU\n",
-           names[k], caps[k] / 1048576.0, r[k].median_s * 1e3, r[k].bytes_moved_per_iteration / 1048576.0,
+    printf("%-19s capacity %6.1f MiB: %8.2f ms/iteration overlapped, %8.2f synchronous (speedup %.3f, update wait "
+           "%.2f ms), %7.1f MiB moved/iteration, %llu evictions, %u optimizer chunks on GPU\n",
+           names[k], caps[k] / 1048576.0, r[k].median_s * 1e3, sync[k].median_s * 1e3,
+           sync[k].median_s / r[k].median_s, r[k].update_wait_s * 1e3, r[k].bytes_moved_per_iteration / 1048576.0,
            (unsigned long long)r[k].evictions, r[k].optimizer_chunks_on_device);
   }
-  printf("ratio constrained/roomy %.3f, roomy_hybrid/roomy %.3f\n", r[1].median_s / r[0].median_s,
+  printf("ratio constrained/roomy %.3f, roomy_hybrid/roomy %.3f (overlapped)\n", r[1].median_s / r[0].median_s,
          r[2].median_s / r[0].median_s);
   snprintf(path, sizeof path, "%s/cuda_engine_bench.json", out_dir);
   if ((f = fopen(path, "w")) != NULL) {
     fprintf(f, "{\"bench\":\"cuda_engine\",\"params\":%d,\"elements\":%d,\"chunk_elems\":%d", kParams, kElems,
             kChunkElems);
-    for (k = 0; k < 3; ++k)
-      fprintf(f, ",\"%s_ms\":%.3f,\"%s_mib_moved\":%.1f", names[k], r[k].median_s * 1e3, names[k],
-              r[k].bytes_moved_per_iteration / 1048576.0);
+    for (k = 0; k < 3; ++k) {
+      fprintf(f, ",\"%s_ms\":%.3f,\"%s_sync_ms\":%.3f,\"%s_overlap_speedup\":%.4f,\"%s_update_wait_ms\":%.3f",
+              names[k], r[k].median_s * 1e3, names[k], sync[k].median_s * 1e3, names[k],
+              sync[k].median_s / r[k].median_s, names[k], r[k].update_wait_s * 1e3);
+      fprintf(f, ",\"%s_mib_moved\":%.1f,\"%s_sync_mib_moved\":%.1f", names[k],
+              r[k].bytes_moved_per_iteration / 1048576.0, names[k], sync[k].bytes_moved_per_iteration / 1048576.0);
+    }
     fprintf(f, ",\"ratio_constrained_roomy\":%.4f,\"ratio_hybrid_roomy\":%.4f}\n",
             r[1].median_s / r[0].median_s, r[2].median_s / r[0].median_s);
     fclose(f);
