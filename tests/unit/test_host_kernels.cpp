@@ -175,7 +175,7 @@ Test(host_kernels, accumulate_paths_agree) {
       for (HostKernelIsa isa : paths()) {
         std::vector<float> acc = start;
         pstar::memory::host_grad_accumulate(isa, acc.data(), src.data(), dt, n);
-        cr_assert(std::memcmp(acc.data(), want.data(), n * sizeof(float)) == 0, "dtype %d n %zu", dt, n);
+        cr_assert(n == 0 || std::memcmp(acc.data(), want.data(), n * sizeof(float)) == 0, "dtype %d n %zu", dt, n);
       }
     }
   }
