@@ -193,6 +193,8 @@ int run_overlap(const OverlapOptions& o) {
       exposed.push_back((after.wait_seconds - before.wait_seconds) / o.iters / adam_s);
     }
     const double s = median(t_sync), v = median(t_overlap), x = median(exposed);
+    const double ideal = (1.0 + ratio) / std::max(1.0, ratio);
+    const double first_use_bound = (1.0 + ratio) / (ratio / 2 + std::max(ratio / 2, 1.0));
     if (o.json) {
       nlohmann::json j;
       j["bench"] = "overlap";
@@ -204,8 +206,8 @@ int run_overlap(const OverlapOptions& o) {
       j["iteration_s_overlap"] = v;
       j["speedup"] = s / v;
       j["exposed_optimizer_fraction"] = x;
-      j["ideal_speedup"] = (1.0 + ratio) / std::max(1.0, ratio);
-      j["first_use_bound_speedup"] = (1.0 + ratio) / (ratio / 2 + std::max(ratio / 2, 1.0));
+      j["ideal_speedup"] = ideal;
+      j["first_use_bound_speedup"] = first_use_bound;
       j["iters"] = o.iters;
       j["threads"] = o.threads;
       j["reps"] = o.reps;
@@ -217,8 +219,7 @@ int run_overlap(const OverlapOptions& o) {
       std::printf(
           "overlap: compute/adam %.2f: iteration %.4f s sync, %.4f s overlapped: speedup %.3f (ideal %.3f, "
           "first-use bound %.3f), exposed optimizer %.3f of adam_s %.4f s\n",
-          ratio, s, v, s / v, (1.0 + ratio) / std::max(1.0, ratio),
-          (1.0 + ratio) / (ratio / 2 + std::max(ratio / 2, 1.0)), x, adam_s);
+          ratio, s, v, s / v, ideal, first_use_bound, x, adam_s);
     }
   }
   return 0;

@@ -628,15 +628,14 @@ void Engine::gradients_leave(uint32_t k) {
 }
 
 // Each chunk's trainable parameters, the gradients its backward finalizes
-// (world 1, no accumulation; otherwise no chunk leaves early).
+// (world 1, no accumulation; otherwise no chunk leaves early).  The layout
+// packs trainable and frozen parameters into separate chunks, so that is
+// every parameter of a trainable chunk.
 void Engine::count_gradients_to_come() {
   const bool leave_early = !sharded() && !options_.grad_accumulation;
   for (uint32_t k = 0; k < chunks_.size(); ++k) {
-    uint32_t n = 0;
-    if (leave_early) {
-      for (uint32_t id : layout_->chunks()[k].params) n += params_[id].frozen() ? 0 : 1;
-    }
-    chunks_[k].grads_to_come = n;
+    const auto& info = layout_->chunks()[k];
+    chunks_[k].grads_to_come = leave_early && !info.frozen ? static_cast<uint32_t>(info.params.size()) : 0;
   }
 }
 

@@ -1,11 +1,9 @@
 #include "memory/host_kernels.h"
 
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
 
 #include "memory/device.h"
-#include "optim/adam.h"
+#include "optim/adam_kernel.h"
 #include "util/dtype.h"
 
 namespace pstar::memory {
@@ -53,12 +51,11 @@ bool host_kernel_isa_supported(HostKernelIsa isa) {
   return isa == HostKernelIsa::kScalar || optim::adam_isa_supported(optim::AdamIsa::kAvx2);
 }
 
+// The Adam path's choice (PSTAR_ADAM_ISA, else the best the CPU has): every
+// path above scalar has AVX2, FMA and F16C.
 HostKernelIsa host_kernel_default_isa() {
-  static const HostKernelIsa isa = [] {
-    const char* want = std::getenv("PSTAR_ADAM_ISA");
-    if (want != nullptr && std::strcmp(want, "scalar") == 0) return HostKernelIsa::kScalar;
-    return host_kernel_isa_supported(HostKernelIsa::kAvx2) ? HostKernelIsa::kAvx2 : HostKernelIsa::kScalar;
-  }();
+  static const HostKernelIsa isa =
+      optim::adam_default_isa() == optim::AdamIsa::kScalar ? HostKernelIsa::kScalar : HostKernelIsa::kAvx2;
   return isa;
 }
 
@@ -70,15 +67,7 @@ void host_grad_accumulate(HostKernelIsa isa, float* acc, const void* src, pstar_
   }
 }
 
-void host_grad_norm(HostKernelIsa isa, const float* g, size_t n, double* sumsq, int* nonfinite) {
-  if (isa == HostKernelIsa::kAvx2) {
-    detail::grad_finalize_avx2(g, nullptr, PSTAR_DTYPE_F32, n, sumsq);
-  } else {
-    finalize_scalar(g, nullptr, PSTAR_DTYPE_F32, n, sumsq);
-  }
-  *nonfinite = std::isfinite(*sumsq) ? 0 : 1;
-}
-
+// slot == nullptr: the norm of acc itself (host_grad_norm).
 void host_grad_finalize(HostKernelIsa isa, const float* acc, void* slot, pstar_dtype dtype, size_t n, double* sumsq,
                         int* nonfinite) {
   if (isa == HostKernelIsa::kAvx2) {
@@ -87,6 +76,10 @@ void host_grad_finalize(HostKernelIsa isa, const float* acc, void* slot, pstar_d
     finalize_scalar(acc, slot, dtype, n, sumsq);
   }
   *nonfinite = std::isfinite(*sumsq) ? 0 : 1;
+}
+
+void host_grad_norm(HostKernelIsa isa, const float* g, size_t n, double* sumsq, int* nonfinite) {
+  host_grad_finalize(isa, g, nullptr, PSTAR_DTYPE_F32, n, sumsq, nonfinite);
 }
 
 void host_grad_accumulate(float* acc, const void* src, pstar_dtype src_dtype, size_t n) {

@@ -22,10 +22,6 @@
 namespace pstar::memory::detail {
 namespace {
 
-using simd::all_normal;
-using simd::bf16_round_hi;
-using simd::bf16_round_hi_normal;
-
 constexpr size_t kGroupLanes = 16;  // lanes per group: four vectors of four doubles
 static_assert(kNormLanes % kGroupLanes == 0, "lane groups tile the lanes");
 
@@ -49,21 +45,13 @@ PSTAR_AVX2 void round16(const float* acc, void* slot, size_t i, __m256& g0, __m2
     g0 = _mm256_cvtph_ps(h0);
     g1 = _mm256_cvtph_ps(h1);
   } else {
-    const __m256i xa = _mm256_castps_si256(x0), xb = _mm256_castps_si256(x1);
     __m256i ha, hb;
-    if (all_normal(xa, xb)) {
-      ha = bf16_round_hi_normal(xa);
-      hb = bf16_round_hi_normal(xb);
-    } else {
-      ha = bf16_round_hi(x0);
-      hb = bf16_round_hi(x1);
-    }
+    simd::bf16_round_hi16(x0, x1, ha, hb);
+    // The rounded value as fp32 is its high half with the low bits cleared.
     const __m256i hi_mask = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
     g0 = _mm256_castsi256_ps(_mm256_and_si256(ha, hi_mask));
     g1 = _mm256_castsi256_ps(_mm256_and_si256(hb, hi_mask));
-    const __m256i packed =
-        _mm256_permute4x64_epi64(_mm256_packus_epi32(_mm256_srli_epi32(ha, 16), _mm256_srli_epi32(hb, 16)), 0xd8);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(slot) + i), packed);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(slot) + i), simd::bf16_pack_hi16(ha, hb));
   }
 }
 

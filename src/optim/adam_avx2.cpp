@@ -106,8 +106,8 @@ __attribute__((target("avx2,fma,f16c"))) void run(const AdamStepConstants& c, co
       _mm256_storeu_ps(s + 8, p1);
     } else if (D == PSTAR_DTYPE_F16) {
       __m128i* s = reinterpret_cast<__m128i*>(static_cast<uint16_t*>(slot) + i);
-      _mm_storeu_si128(s, _mm256_cvtps_ph(p0, _MM_FROUND_TO_NEAREST_INT));
-      _mm_storeu_si128(s + 1, _mm256_cvtps_ph(p1, _MM_FROUND_TO_NEAREST_INT));
+      _mm_storeu_si128(s, simd::f16_pack8(p0));
+      _mm_storeu_si128(s + 1, simd::f16_pack8(p1));
     } else {
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(slot) + i), bf16_pack16(p0, p1));
     }

@@ -53,19 +53,30 @@ PSTAR_AVX2 __m256i bf16_round_hi_normal(__m256i x) {
   return _mm256_add_epi32(_mm256_add_epi32(x, _mm256_set1_epi32(0x7fff)), lsb);
 }
 
+// f32_to_bf16() on sixteen lanes, two vectors of eight, the results in the
+// high 16 bits of each 32-bit lane of ha and hb (the low bits are garbage).
+PSTAR_AVX2 void bf16_round_hi16(__m256 a, __m256 b, __m256i& ha, __m256i& hb) {
+  const __m256i xa = _mm256_castps_si256(a), xb = _mm256_castps_si256(b);
+  if (all_normal(xa, xb)) {  // the common case: weights are normal numbers
+    ha = bf16_round_hi_normal(xa);
+    hb = bf16_round_hi_normal(xb);
+  } else {
+    ha = bf16_round_hi(a);
+    hb = bf16_round_hi(b);
+  }
+}
+
+// Sixteen bf16 values, in order, from the high halves of ha and hb.
+PSTAR_AVX2 __m256i bf16_pack_hi16(__m256i ha, __m256i hb) {
+  // packus works within 128-bit lanes: a0-3 b0-3 a4-7 b4-7; reorder.
+  return _mm256_permute4x64_epi64(_mm256_packus_epi32(_mm256_srli_epi32(ha, 16), _mm256_srli_epi32(hb, 16)), 0xd8);
+}
+
 // Sixteen bf16 values, in order, from two vectors of eight.
 PSTAR_AVX2 __m256i bf16_pack16(__m256 a, __m256 b) {
-  const __m256i xa = _mm256_castps_si256(a), xb = _mm256_castps_si256(b);
   __m256i ha, hb;
-  if (all_normal(xa, xb)) {  // the common case: weights are normal numbers
-    ha = _mm256_srli_epi32(bf16_round_hi_normal(xa), 16);
-    hb = _mm256_srli_epi32(bf16_round_hi_normal(xb), 16);
-  } else {
-    ha = _mm256_srli_epi32(bf16_round_hi(a), 16);
-    hb = _mm256_srli_epi32(bf16_round_hi(b), 16);
-  }
-  // packus works within 128-bit lanes: a0-3 b0-3 a4-7 b4-7; reorder.
-  return _mm256_permute4x64_epi64(_mm256_packus_epi32(ha, hb), 0xd8);
+  bf16_round_hi16(a, b, ha, hb);
+  return bf16_pack_hi16(ha, hb);
 }
 
 PSTAR_AVX2 __m256 load_bf16x8(const uint16_t* s) {
