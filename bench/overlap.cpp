@@ -26,14 +26,23 @@
 // exposed_optimizer_fraction is the overlapped engine's wait for updates
 // per iteration (pstar_x_step_stats.wait_seconds) over adam_s.
 //
-// Two bounds come with each line.  ideal_speedup, (1 + R) / max(1, R), is
+// A third engine overlaps its step with the speculative update
+// (pstar_x_engine_set_speculative_update, no bound on its memory): the
+// *_speculative keys, with the share of chunk updates it kept and how many
+// it discarded (none: the replay neither clips nor overflows).
+//
+// The bounds that come with each line.  ideal_speedup, (1 + R) / max(1, R), is
 // the update hidden under the whole compute.  first_use_bound_speedup is
 // what the overlapped step can reach here: the updates start once the
 // backward's norm decides skip and clip, and a chunk's forward use needs
 // its update, so an iteration takes at least the backward's compute (R/2)
 // plus the longer of the forward's compute (R/2) and the update (1):
 // (1 + R) / (R/2 + max(R/2, 1)), in units of adam_s, the engines' own
-// copies and gradient work left out.
+// copies and gradient work left out.  speculative_bound_speedup: with the
+// updates starting as each chunk's backward ends, the backward hides
+// min(R/2, 1) of them; the rest, u = max(0, 1 - R/2), belong to the first
+// chunks of the forward and gate it: (1 + R) / (R/2 + max(u, u R/2) +
+// (1 - u) R/2), 1.6 at R = 1 and 1.5 (the ideal) at R = 2.
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -73,7 +82,8 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 
 class Model {
  public:
-  Model(const OverlapOptions& o, bool overlap) : layers_(static_cast<uint32_t>(o.layers)) {
+  // speculate: pstar_x_engine_set_speculative_update with no bound.
+  Model(const OverlapOptions& o, bool overlap, bool speculate = false) : layers_(static_cast<uint32_t>(o.layers)) {
     pstar_engine_options opts;
     PSTAR_CHECK(pstar_engine_options_init(&opts));
     opts.device = PSTAR_DEVICE_EMULATED;
@@ -83,6 +93,7 @@ class Model {
     opts.threads = static_cast<uint32_t>(o.threads);
     PSTAR_CHECK(pstar_engine_create(&opts, &e_));
     PSTAR_CHECK(pstar_x_engine_set_overlap_step(e_, overlap ? 1 : 0));
+    PSTAR_CHECK(pstar_x_engine_set_speculative_update(e_, speculate ? UINT64_MAX : 0));
     const int64_t shape[1] = {static_cast<int64_t>(o.layer_elems)};
     ids_.resize(layers_);
     for (uint32_t i = 0; i < layers_; ++i) {
@@ -161,7 +172,7 @@ int run_overlap(const OverlapOptions& o) {
     std::cerr << "pstar-bench overlap: --layers, --iters and --reps must be at least 1, --layer-elems 1024\n";
     return 2;
   }
-  Model sync(o, false), overlap(o, true);
+  Model sync(o, false), overlap(o, true), speculative(o, true, true);
   const pstar_x_step_stats probe = overlap.stats();
   if (probe.overlap == 0) {
     std::cerr << "pstar-bench overlap: the engine does not overlap its step here\n";
@@ -171,8 +182,10 @@ int run_overlap(const OverlapOptions& o) {
   for (int i = 0; i < 2; ++i) {
     sync.iteration(0);
     overlap.iteration(0);
+    speculative.iteration(0);
   }
   overlap.stats();
+  speculative.stats();
   std::vector<double> steps;
   for (int i = 0; i < o.iters; ++i) steps.push_back(sync.iteration(0));
   const double adam_s = median(steps);
@@ -180,7 +193,8 @@ int run_overlap(const OverlapOptions& o) {
 
   for (double ratio : ratios) {
     const double use_s = ratio * adam_s / uses;
-    std::vector<double> t_sync, t_overlap, exposed;
+    std::vector<double> t_sync, t_overlap, exposed, t_spec, exposed_spec;
+    uint64_t kept = 0, discarded = 0;
     for (int rep = 0; rep < o.reps; ++rep) {
       auto t0 = Clock::now();
       for (int i = 0; i < o.iters; ++i) sync.iteration(use_s);
@@ -191,8 +205,22 @@ int run_overlap(const OverlapOptions& o) {
       const pstar_x_step_stats after = overlap.stats();  // waits for the last step
       t_overlap.push_back(seconds_since(t0) / o.iters);
       exposed.push_back((after.wait_seconds - before.wait_seconds) / o.iters / adam_s);
+      const pstar_x_step_stats spec_before = speculative.stats();
+      t0 = Clock::now();
+      for (int i = 0; i < o.iters; ++i) speculative.iteration(use_s);
+      const pstar_x_step_stats spec_after = speculative.stats();
+      t_spec.push_back(seconds_since(t0) / o.iters);
+      exposed_spec.push_back((spec_after.wait_seconds - spec_before.wait_seconds) / o.iters / adam_s);
+      kept += spec_after.chunks_speculated - spec_before.chunks_speculated;
+      discarded += spec_after.speculations_discarded - spec_before.speculations_discarded;
     }
     const double s = median(t_sync), v = median(t_overlap), x = median(exposed);
+    const double vs = median(t_spec), xs = median(exposed_spec);
+    // Speculation: the updates run from the first chunk's end of backward,
+    // so the backward's compute (R/2) hides min(R/2, 1) of them; the rest,
+    // a fraction u of the chunks, the first ones of the forward, gate it.
+    const double u = std::max(0.0, 1.0 - ratio / 2);
+    const double speculative_bound = (1.0 + ratio) / (ratio / 2 + std::max(u, u * ratio / 2) + (1 - u) * ratio / 2);
     const double ideal = (1.0 + ratio) / std::max(1.0, ratio);
     const double first_use_bound = (1.0 + ratio) / (ratio / 2 + std::max(ratio / 2, 1.0));
     if (o.json) {
@@ -208,6 +236,14 @@ int run_overlap(const OverlapOptions& o) {
       j["exposed_optimizer_fraction"] = x;
       j["ideal_speedup"] = ideal;
       j["first_use_bound_speedup"] = first_use_bound;
+      j["iteration_s_speculative"] = vs;
+      j["speedup_speculative"] = s / vs;
+      j["exposed_optimizer_fraction_speculative"] = xs;
+      j["speculative_bound_speedup"] = speculative_bound;
+      j["chunks_speculated_fraction"] =
+          static_cast<double>(kept) / (static_cast<double>(o.reps) * o.iters * static_cast<double>(o.layers));
+      j["speculations_discarded"] = discarded;
+      j["samples_speculative_s"] = t_spec;
       j["iters"] = o.iters;
       j["threads"] = o.threads;
       j["reps"] = o.reps;
@@ -218,8 +254,9 @@ int run_overlap(const OverlapOptions& o) {
     } else {
       std::printf(
           "overlap: compute/adam %.2f: iteration %.4f s sync, %.4f s overlapped: speedup %.3f (ideal %.3f, "
-          "first-use bound %.3f), exposed optimizer %.3f of adam_s %.4f s\n",
-          ratio, s, v, s / v, ideal, first_use_bound, x, adam_s);
+          "first-use bound %.3f), exposed optimizer %.3f of adam_s %.4f s; speculative %.4f s: speedup %.3f "
+          "(bound %.3f), exposed %.3f\n",
+          ratio, s, v, s / v, ideal, first_use_bound, x, adam_s, vs, s / vs, speculative_bound, xs);
     }
   }
   return 0;

@@ -145,7 +145,8 @@ constexpr size_t kStatsSizes[PSTAR_STATS_VERSION] = {offsetof(pstar_stats, trace
                                                      offsetof(pstar_stats, clock_seconds), sizeof(pstar_stats)};
 constexpr size_t kNvmeStatsSizes[PSTAR_X_NVME_STATS_VERSION] = {sizeof(pstar_x_nvme_stats)};
 constexpr size_t kGatherStatsSizes[PSTAR_X_GATHER_STATS_VERSION] = {sizeof(pstar_x_gather_stats)};
-constexpr size_t kStepStatsSizes[PSTAR_X_STEP_STATS_VERSION] = {sizeof(pstar_x_step_stats)};
+constexpr size_t kStepStatsSizes[PSTAR_X_STEP_STATS_VERSION] = {offsetof(pstar_x_step_stats, chunks_speculated),
+                                                                sizeof(pstar_x_step_stats)};
 constexpr size_t kNvmeOptionsSizes[PSTAR_X_NVME_OPTIONS_VERSION] = {sizeof(pstar_x_nvme_options)};
 
 }  // namespace
@@ -475,6 +476,11 @@ pstar_status pstar_x_gather_get_stats(pstar_engine* engine, pstar_x_gather_stats
 
 pstar_status pstar_x_engine_set_overlap_step(pstar_engine* engine, int enabled) {
   return guarded([&] { EngineCall(engine, "pstar_x_engine_set_overlap_step")->set_overlap_step(enabled != 0); });
+}
+
+pstar_status pstar_x_engine_set_speculative_update(pstar_engine* engine, uint64_t max_bytes) {
+  return guarded(
+      [&] { EngineCall(engine, "pstar_x_engine_set_speculative_update")->set_speculative_update(max_bytes); });
 }
 
 pstar_status pstar_x_step_stats_init(pstar_x_step_stats* stats) {

@@ -101,7 +101,8 @@ Engine::Engine(const EngineOptions& options, std::unique_ptr<dist::Communicator>
 }
 
 Engine::~Engine() {
-  step_->wait_noexcept();  // the update thread writes chunks' memory
+  step_->discard_speculation();  // the update thread writes buffers of the step's own
+  step_->wait_noexcept();        // and chunks' memory
   // Let every queued item finish before memory goes away: ahead gathers
   // first (they write the slots), then the device's streams.
   group_.stop_queue();
@@ -613,6 +614,7 @@ void Engine::release(uint32_t id, void* stream) {
     case dist::DropRule::Action::kDrop: gathering_.drop(place.chunk, true); break;
     case dist::DropRule::Action::kKeep: break;
   }
+  step_->poll_speculation();  // chunks whose copy to the host completed go to the update thread
 }
 
 // Chunk k's backward is over: every trainable parameter's gradient is in
@@ -625,6 +627,7 @@ void Engine::release(uint32_t id, void* stream) {
 void Engine::gradients_leave(uint32_t k) {
   ChunkState& c = chunks_[k];
   if (c.tier == Tier::kDevice && c.evictable()) placement_->evict(k);
+  step_->gradients_left(k);  // the speculative update, once it is on the host
 }
 
 // Each chunk's trainable parameters, the gradients its backward finalizes
@@ -730,7 +733,7 @@ pstar_step_result Engine::step() {
           "step: no TRAIN iteration in progress");
   group_.require_ok("step");
   require_nvme_ok("step");
-  step_->wait();  // the previous step's updates (chunks this iteration did not use)
+  step_->wait_previous_step();  // its updates (chunks this iteration did not use); speculation goes on
   params_.require_none_acquired("step");
   for (uint32_t id = 0; id < params_.size(); ++id) {
     const Param& p = params_[id];

@@ -130,6 +130,7 @@ class Engine : private placement::HybridTable {
   // The overlapped step (experimental; step/update_worker.h): set before
   // build; on by default.
   void set_overlap_step(bool enabled);
+  void set_speculative_update(uint64_t max_bytes);
   void fill_step_stats(pstar_x_step_stats* out) const;
   void fill_gather_stats(pstar_x_gather_stats* out) const;
 

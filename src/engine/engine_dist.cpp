@@ -10,7 +10,9 @@
 // (below).  So every rank issues the same collectives in the same order as
 // long as the ranks make the same calls, whatever their capacities and
 // non-model bytes.
+#include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <string>
 
 #include "dist/group.h"
@@ -116,14 +118,26 @@ void Engine::set_overlap_step(bool enabled) {
   step_->set_overlap(enabled);
 }
 
+void Engine::set_speculative_update(uint64_t max_bytes) {
+  require(!built(), PSTAR_ERR_INVALID_STATE, "set_speculative_update: the engine is built; set it before");
+  step_->set_speculation_budget(max_bytes);
+}
+
 void Engine::fill_step_stats(pstar_x_step_stats* out) const {
   step_->wait_noexcept();
   const step::StepCounters& c = step_->counters();
-  out->overlap = (built() ? step_->overlaps() : step_->overlap_requested()) ? 1 : 0;
-  out->steps_overlapped = c.steps_overlapped;
-  out->chunks_updated = c.chunks_overlapped;
-  out->update_seconds = step_->update_seconds();
-  out->wait_seconds = c.wait_seconds;
+  pstar_x_step_stats s{};
+  s.overlap = (built() ? step_->overlaps() : step_->overlap_requested()) ? 1 : 0;
+  s.steps_overlapped = c.steps_overlapped;
+  s.chunks_updated = c.chunks_overlapped;
+  s.update_seconds = step_->update_seconds();
+  s.wait_seconds = c.wait_seconds;
+  s.chunks_speculated = c.chunks_speculated;
+  s.speculations_discarded = c.speculations_discarded;
+  // An older caller's struct is shorter: only its fields are written.
+  s.size = out->size;
+  s.version = out->version;
+  std::memcpy(out, &s, std::min<size_t>(out->size, sizeof s));
 }
 
 void Engine::fill_gather_stats(pstar_x_gather_stats* out) const {

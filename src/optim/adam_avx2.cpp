@@ -80,6 +80,9 @@ __attribute__((target("avx2,fma,f16c"))) void run(const AdamStepConstants& c, co
   float* const master = r.master;
   float* const exp_avg = r.exp_avg;
   float* const exp_avg_sq = r.exp_avg_sq;
+  const float* const master_in = r.master_in != nullptr ? r.master_in : master;
+  const float* const exp_avg_in = r.exp_avg_in != nullptr ? r.exp_avg_in : exp_avg;
+  const float* const exp_avg_sq_in = r.exp_avg_sq_in != nullptr ? r.exp_avg_sq_in : exp_avg_sq;
   // Locals, not r's members: the stores through float* could alias r, which
   // would make the compiler reload them every iteration.
   void* const slot = r.slot;
@@ -89,9 +92,9 @@ __attribute__((target("avx2,fma,f16c"))) void run(const AdamStepConstants& c, co
   for (; i + 16 <= n; i += 16) {
     const __m256 g0 = load_grad<D, kGradF32>(g32, slot, i);
     const __m256 g1 = load_grad<D, kGradF32>(g32, slot, i + 8);
-    __m256 p0 = _mm256_loadu_ps(master + i), p1 = _mm256_loadu_ps(master + i + 8);
-    __m256 m0 = _mm256_loadu_ps(exp_avg + i), m1 = _mm256_loadu_ps(exp_avg + i + 8);
-    __m256 v0 = _mm256_loadu_ps(exp_avg_sq + i), v1 = _mm256_loadu_ps(exp_avg_sq + i + 8);
+    __m256 p0 = _mm256_loadu_ps(master_in + i), p1 = _mm256_loadu_ps(master_in + i + 8);
+    __m256 m0 = _mm256_loadu_ps(exp_avg_in + i), m1 = _mm256_loadu_ps(exp_avg_in + i + 8);
+    __m256 v0 = _mm256_loadu_ps(exp_avg_sq_in + i), v1 = _mm256_loadu_ps(exp_avg_sq_in + i + 8);
     adam8(k, g0, p0, m0, v0);
     adam8(k, g1, p1, m1, v1);
     _mm256_storeu_ps(master + i, p0);
@@ -116,7 +119,11 @@ __attribute__((target("avx2,fma,f16c"))) void run(const AdamStepConstants& c, co
   // same single-rounding FMA instruction).
   for (; i < n; ++i) {
     const float g = kGradF32 ? g32[i] : load_as(slot, D, i);
-    const float w = adam_element(c, g, master[i], exp_avg[i], exp_avg_sq[i]);
+    float p = master_in[i], m = exp_avg_in[i], v = exp_avg_sq_in[i];
+    const float w = adam_element(c, g, p, m, v);
+    master[i] = p;
+    exp_avg[i] = m;
+    exp_avg_sq[i] = v;
     store_as(slot, D, i, w);
   }
 }

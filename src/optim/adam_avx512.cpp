@@ -120,6 +120,9 @@ PSTAR_AVX512 __m512 load_grad_full(const float* g32, const void* slot, size_t i)
   float* const master = r.master;                                                                                      \
   float* const exp_avg = r.exp_avg;                                                                                    \
   float* const exp_avg_sq = r.exp_avg_sq;                                                                              \
+  const float* const master_in = r.master_in != nullptr ? r.master_in : master;                                        \
+  const float* const exp_avg_in = r.exp_avg_in != nullptr ? r.exp_avg_in : exp_avg;                                    \
+  const float* const exp_avg_sq_in = r.exp_avg_sq_in != nullptr ? r.exp_avg_sq_in : exp_avg_sq;                        \
   void* const slot = r.slot; /* locals: stores through float* could alias r */                                         \
   const float* const g32 = r.grad_f32;                                                                                 \
   const size_t n = r.n;                                                                                                \
@@ -127,9 +130,9 @@ PSTAR_AVX512 __m512 load_grad_full(const float* g32, const void* slot, size_t i)
   for (; i + 32 <= n; i += 32) {                                                                                       \
     const __m512 g0 = load_grad_full<D, kGradF32>(g32, slot, i);                                                       \
     const __m512 g1 = load_grad_full<D, kGradF32>(g32, slot, i + 16);                                                  \
-    __m512 p0 = _mm512_loadu_ps(master + i), p1 = _mm512_loadu_ps(master + i + 16);                                    \
-    __m512 m0 = _mm512_loadu_ps(exp_avg + i), m1 = _mm512_loadu_ps(exp_avg + i + 16);                                  \
-    __m512 v0 = _mm512_loadu_ps(exp_avg_sq + i), v1 = _mm512_loadu_ps(exp_avg_sq + i + 16);                            \
+    __m512 p0 = _mm512_loadu_ps(master_in + i), p1 = _mm512_loadu_ps(master_in + i + 16);                              \
+    __m512 m0 = _mm512_loadu_ps(exp_avg_in + i), m1 = _mm512_loadu_ps(exp_avg_in + i + 16);                            \
+    __m512 v0 = _mm512_loadu_ps(exp_avg_sq_in + i), v1 = _mm512_loadu_ps(exp_avg_sq_in + i + 16);                      \
     adam16(k, g0, p0, m0, v0);                                                                                         \
     adam16(k, g1, p1, m1, v1);                                                                                         \
     _mm512_storeu_ps(master + i, p0);                                                                                  \
@@ -157,9 +160,9 @@ PSTAR_AVX512 __m512 load_grad_full(const float* g32, const void* slot, size_t i)
     const size_t left = n - i;                                                                                         \
     const __mmask16 mask = left >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << left) - 1u);    \
     const __m512 g = load_grad<D, kGradF32>(g32, slot, i, mask);                                                       \
-    __m512 p = _mm512_maskz_loadu_ps(mask, master + i);                                                                \
-    __m512 m = _mm512_maskz_loadu_ps(mask, exp_avg + i);                                                               \
-    __m512 v = _mm512_maskz_loadu_ps(mask, exp_avg_sq + i);                                                            \
+    __m512 p = _mm512_maskz_loadu_ps(mask, master_in + i);                                                             \
+    __m512 m = _mm512_maskz_loadu_ps(mask, exp_avg_in + i);                                                            \
+    __m512 v = _mm512_maskz_loadu_ps(mask, exp_avg_sq_in + i);                                                         \
     adam16(k, g, p, m, v);                                                                                             \
     _mm512_mask_storeu_ps(master + i, mask, p);                                                                        \
     _mm512_mask_storeu_ps(exp_avg + i, mask, m);                                                                       \

@@ -60,9 +60,16 @@ const CpuFeatures& cpu() {
 }
 
 void adam_update_scalar(const AdamStepConstants& c, const AdamRange& r) {
+  const float* const pi = r.master_in != nullptr ? r.master_in : r.master;
+  const float* const mi = r.exp_avg_in != nullptr ? r.exp_avg_in : r.exp_avg;
+  const float* const vi = r.exp_avg_sq_in != nullptr ? r.exp_avg_sq_in : r.exp_avg_sq;
   for (size_t i = 0; i < r.n; ++i) {
     const float g = r.grad_f32 != nullptr ? r.grad_f32[i] : load_as(r.slot, r.dtype, i);
-    const float w = adam_element(c, g, r.master[i], r.exp_avg[i], r.exp_avg_sq[i]);
+    float p = pi[i], m = mi[i], v = vi[i];
+    const float w = adam_element(c, g, p, m, v);
+    r.master[i] = p;
+    r.exp_avg[i] = m;
+    r.exp_avg_sq[i] = v;
     store_as(r.slot, r.dtype, i, w);
   }
 }

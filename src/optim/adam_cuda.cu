@@ -166,6 +166,9 @@ void launch(cudaStream_t s, const AdamStepConstants& c, const AdamRange& r) {
 
 void adam_update_cuda(void* stream, const AdamStepConstants& c, const AdamRange& r) {
   if (r.n == 0) return;
+  if (r.master_in != nullptr || r.exp_avg_in != nullptr || r.exp_avg_sq_in != nullptr) {
+    internal_error("adam_update_cuda: the device kernel updates in place (AdamRange's *_in lists are host-only)");
+  }
   const auto s = static_cast<cudaStream_t>(stream);
   switch (r.dtype) {
     case PSTAR_DTYPE_F16: launch<PSTAR_DTYPE_F16>(s, c, r); break;

@@ -25,9 +25,17 @@ enum class AdamIsa {
 };
 
 struct AdamRange {
-  float* master = nullptr;      // n fp32 master weights, updated in place
-  float* exp_avg = nullptr;     // n first moments
-  float* exp_avg_sq = nullptr;  // n second moments
+  float* master = nullptr;      // n fp32 master weights: the results
+  float* exp_avg = nullptr;     // n first moments: the results
+  float* exp_avg_sq = nullptr;  // n second moments: the results
+  // Out of place: the lists read, when set (all three or none).  Null: the
+  // update reads master, exp_avg and exp_avg_sq and writes them in place.
+  // A speculative update (step/speculation.h) reads the chunk's lists and
+  // writes fresh buffers, so that the inputs survive a discarded result.
+  // The host kernels only; the CUDA kernel updates in place.
+  const float* master_in = nullptr;
+  const float* exp_avg_in = nullptr;
+  const float* exp_avg_sq_in = nullptr;
   // The compute-dtype slot: holds the gradient on entry unless grad_f32 is
   // set, and the new weight on exit.
   void* slot = nullptr;

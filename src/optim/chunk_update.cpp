@@ -15,6 +15,11 @@ AdamRange ChunkLists::range(uint64_t lo, uint64_t hi) const {
   r.dtype = dtype;
   r.grad_f32 = grad_f32 != nullptr ? grad_f32 + lo : nullptr;
   r.n = hi - lo;
+  if (master_in != nullptr) {
+    r.master_in = master_in + lo;
+    r.exp_avg_in = exp_avg_in + lo;
+    r.exp_avg_sq_in = exp_avg_sq_in + lo;
+  }
   return r;
 }
 

@@ -41,6 +41,11 @@ struct ChunkLists {
   const float* grad_f32 = nullptr;  // separate fp32 gradient list, or null
   void* slot = nullptr;             // the compute-dtype payload
   pstar_dtype dtype = PSTAR_DTYPE_BF16;
+  // Out of place (AdamRange): the fp32 lists read, null to update master,
+  // exp_avg and exp_avg_sq in place.
+  const float* master_in = nullptr;
+  const float* exp_avg_in = nullptr;
+  const float* exp_avg_sq_in = nullptr;
 
   // The kernel's range for elements [lo, hi).
   AdamRange range(uint64_t lo, uint64_t hi) const;

@@ -24,8 +24,9 @@ double Optimizer::clip_coef(double grad_norm) const {
 }
 
 SegmentList Optimizer::begin_step(double clip_coef) {
+  SegmentList segments = next_step_segments(clip_coef);
   ++step_;
-  return SegmentList(hyper_, step_, clip_coef / static_cast<double>(scaler_.scale()));
+  return segments;
 }
 
 // Each value is checked as the float it is stored as (pstar.h); the

@@ -47,6 +47,11 @@ class Optimizer {
   // for its constants (the gradient multiplier is clip_coef over the loss
   // scale, which changes only at end_step).
   SegmentList begin_step(double clip_coef);
+  // The segment builder begin_step(clip_coef) would return now, without
+  // beginning the step (the constants of a speculative update).
+  SegmentList next_step_segments(double clip_coef) const {
+    return SegmentList(hyper_, step_ + 1, clip_coef / static_cast<double>(scaler_.scale()));
+  }
   // Records the step's outcome (applied, or skipped for an inf or NaN
   // gradient) in the loss scaler.
   void end_step(bool skipped) { scaler_.update(skipped); }

@@ -42,6 +42,9 @@ void OptimizerStep::attach(const chunk::ChunkLayout* layout) {
     // A job is the synchronous step's update of one chunk, later.
     worker_ = std::make_unique<UpdateWorker>(
         [this](const UpdateWorker::Job& job) {
+          // A speculative job works on a copy of the payload (the gradients
+          // in the chunk's own stay for a discarded result).
+          if (job.copy_slot_from != nullptr) std::memcpy(job.lists.slot, job.copy_slot_from, job.slot_bytes);
           optimizer_.update_chunk(job.elems, job.segments, job.lists);
           if (!job.clear_gradients) return;
           for (const optim::Segment& sg : job.segments) {
@@ -49,6 +52,8 @@ void OptimizerStep::attach(const chunk::ChunkLayout* layout) {
           }
         },
         static_cast<uint32_t>(layout->chunks().size()));
+    spec_state_.assign(layout->chunks().size(), SpecState::kNone);
+    spec_pos_.assign(layout->chunks().size(), 0);
   }
 }
 
@@ -69,6 +74,12 @@ void OptimizerStep::take_done() {
 }
 
 void OptimizerStep::wait() {
+  if (worker_ == nullptr) return;
+  discard_speculation();
+  wait_previous_step();
+}
+
+void OptimizerStep::wait_previous_step() {
   if (worker_ == nullptr) return;
   if (worker_->in_flight()) counters_.wait_seconds += worker_->wait_all();
   take_done();
@@ -123,6 +134,14 @@ void OptimizerStep::fold_gradient(uint32_t id, memory::Stream* s) {
 void OptimizerStep::run_local(pstar_step_result& r) {
   // Every finalize has been queued; wait for their results.
   device_->synchronize(device_->compute_stream());
+  // The speculative updates stop here: the one running completes; those
+  // completed are kept below where their constants are the step's.  Any
+  // left when this returns or throws are discarded.
+  const size_t speculated = end_speculation();
+  struct DiscardLeft {
+    OptimizerStep* step;
+    ~DiscardLeft() { step->discard_speculation(); }
+  } discard_left{this};
 
   double sumsq = 0.0;
   bool overflow = false;
@@ -154,13 +173,8 @@ void OptimizerStep::run_local(pstar_step_result& r) {
     optim::SegmentList segments = optimizer_.begin_step(clip_coef);
     auto segments_of = [&](uint32_t k) {
       segments.clear();
-      for (uint32_t id : layout_->chunks()[k].params) {
-        if (!params_[id].has_grad) continue;
-        const auto& place = layout_->param(id);
-        segments.add(place.offset_elems, place.offset_elems + place.numel, params_[id].lr_scale,
-                     params_[id].weight_decay);
-        ++r.params_updated;
-      }
+      add_segments(k, segments);
+      r.params_updated += segments.segments().size();
       return !segments.empty();
     };
     auto lists_of = [&](const ChunkState& c, void* payload) {
@@ -231,6 +245,10 @@ void OptimizerStep::run_local(pstar_step_result& r) {
         ChunkState& c = chunks_[k];
         c.awaiting_update = false;
         if (!segments_of(k)) continue;
+        if (keep_speculated(k, speculated, segments.segments())) {
+          ++counters_.chunks_overlapped;
+          continue;
+        }
         jobs.push_back(UpdateWorker::Job{k, layout_->chunks()[k].used_elems, segments.segments(),
                                          lists_of(c, placement_->host_view(k)), options_.grad_accumulation});
         c.awaiting_update = true;

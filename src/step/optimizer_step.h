@@ -25,6 +25,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <vector>
 
@@ -85,8 +86,10 @@ struct StepCounters {
   uint64_t skipped_steps = 0;  // skipped for an inf or NaN gradient
   uint64_t bytes_reduce_scattered = 0;
   uint64_t steps_overlapped = 0;   // steps whose CPU updates ran on the update thread
-  uint64_t chunks_overlapped = 0;  // chunks updated there
-  double wait_seconds = 0.0;       // calls waiting for overlapped updates
+  uint64_t chunks_overlapped = 0;  // chunks updated there (kept speculations included)
+  uint64_t chunks_speculated = 0;  // speculative updates a step kept
+  uint64_t speculations_discarded = 0;
+  double wait_seconds = 0.0;  // calls waiting for overlapped updates
 };
 
 class OptimizerStep {
@@ -133,17 +136,67 @@ class OptimizerStep {
   }
   void before_acquire(uint32_t k) {
     if (worker_ == nullptr) return;
+    if (spec_state_[k] != SpecState::kNone) discard_speculation();  // used again: its result would be stale
     if (worker_->in_flight()) counters_.wait_seconds += worker_->wait_for(k);
     take_done();
   }
+  // wait() also discards the speculation under way (the call may read or
+  // write what it read); wait_previous_step() leaves it (pstar_step, which
+  // takes its results).
   void wait();
+  void wait_previous_step();
   void wait_noexcept() noexcept;
+
+  // The speculative update (pstar_x_engine_set_speculative_update; see
+  // step/speculation.cpp): during the backward, each chunk whose gradients
+  // have left for the host is updated out of place on the update thread,
+  // with the constants of an unclipped, applied step; run() keeps a result
+  // whose constants are the step's and discards the others.
+  //   set_speculation_budget: before attach; the host bytes of result
+  //     buffers held at once (0: none).
+  //   gradients_left(k): chunk k's backward is over and it was evicted
+  //     (Engine::gradients_leave); it is handed over once its copy to the
+  //     host completed.
+  //   poll_speculation(): on every acquire and release, hands over the
+  //     chunks whose copy completed (a query of one event when none did).
+  //   discard_speculation(): ends it and frees the results (anything that
+  //     reads or writes values, an abort, destroy).
+  void set_speculation_budget(uint64_t bytes) { spec_budget_ = bytes; }
+  void gradients_left(uint32_t k);
+  void poll_speculation() {
+    if (!spec_pending_.empty()) hand_over_speculation();
+  }
+  void discard_speculation() noexcept;
   void clear_failure() {
     if (worker_) worker_->clear_failure();
   }
 
  private:
   void run_local(pstar_step_result& r);
+
+  // One chunk handed to the update thread for a speculative update: the
+  // constants it used and its result buffers (the chunk's lists' and
+  // payload's sizes).  Owned here until kept (swapped into the chunk) or
+  // discarded (released).
+  struct Speculated {
+    uint32_t chunk = 0;
+    std::vector<optim::Segment> segments;
+    float* master = nullptr;
+    float* exp_avg = nullptr;
+    float* exp_avg_sq = nullptr;
+    void* payload = nullptr;
+  };
+  enum class SpecState : uint8_t { kNone, kPending, kHanded };
+  bool speculates() const { return worker_ != nullptr && spec_budget_ > 0 && !options_.grad_accumulation; }
+  void hand_over_speculation();
+  // The chunks' parameters with a gradient as segments of `list`.
+  void add_segments(uint32_t k, optim::SegmentList& list) const;
+  void release_speculated(Speculated& s) noexcept;
+  // run_local: ends the speculation; returns how many of spec_ completed.
+  size_t end_speculation();
+  // run_local: chunk k's completed speculative result, when its constants
+  // are `segments`, becomes the chunk's lists and payload; true if kept.
+  bool keep_speculated(uint32_t k, size_t completed, const std::vector<optim::Segment>& segments);
   // The chunks whose overlapped update is done leave awaiting_update; the
   // update thread's failure is thrown.
   void take_done();
@@ -180,6 +233,17 @@ class OptimizerStep {
   StepCounters counters_;
   bool overlap_ = true;
   std::unique_ptr<UpdateWorker> worker_;  // the overlapped step's thread (null: synchronous)
+  // Speculation (engine thread).  Invariants: spec_state_[k] is kPending
+  // exactly for the chunks in spec_pending_ and kHanded exactly for those
+  // in spec_ (at spec_pos_[k]); a handed chunk is on the host and
+  // awaiting_update; spec_bytes_ is the bytes of spec_'s buffers and never
+  // exceeds spec_budget_.
+  uint64_t spec_budget_ = 0;
+  uint64_t spec_bytes_ = 0;
+  std::deque<uint32_t> spec_pending_;  // evicted, their D2H copy maybe running
+  std::vector<Speculated> spec_;       // handed over, in order
+  std::vector<SpecState> spec_state_;  // per chunk
+  std::vector<uint32_t> spec_pos_;     // per chunk: index in spec_ when kHanded
 };
 
 }  // namespace pstar::step

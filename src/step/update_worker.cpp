@@ -45,11 +45,21 @@ void UpdateWorker::start(std::vector<Job> jobs) {
 
 void UpdateWorker::run() {
   for (;;) {
+    const Job* speculative = nullptr;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      work_cv_.wait(lock, [&] { return has_work_ || stop_; });
+      work_cv_.wait(lock, [&] { return has_work_ || stop_ || (!spec_closed_ && spec_started_ < spec_jobs_.size()); });
       if (stop_) return;
-      has_work_ = false;
+      if (has_work_) {
+        has_work_ = false;
+      } else {
+        speculative = &spec_jobs_[spec_started_++];
+        spec_running_ = true;
+      }
+    }
+    if (speculative != nullptr) {
+      run_speculative(*speculative);
+      continue;
     }
     // jobs_ is not touched by the engine's thread until the last job is
     // published (finish() runs after completed_ reaches the end).
@@ -73,6 +83,47 @@ void UpdateWorker::run() {
       if (failure) break;
     }
   }
+}
+
+void UpdateWorker::run_speculative(const Job& job) {
+  const auto t0 = std::chrono::steady_clock::now();
+  bool ok = true;
+  try {
+    run_job_(job);
+  } catch (...) {
+    ok = false;  // the step recomputes this chunk in place
+  }
+  busy_seconds_.store(busy_seconds_.load(std::memory_order_relaxed) + seconds_since(t0), std::memory_order_relaxed);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    spec_running_ = false;
+    if (ok) {
+      ++spec_done_;
+    } else {
+      spec_closed_ = true;  // completion stays a prefix
+    }
+  }
+  done_cv_.notify_all();
+}
+
+void UpdateWorker::speculate(Job job) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    spec_jobs_.push_back(std::move(job));
+  }
+  work_cv_.notify_one();
+}
+
+size_t UpdateWorker::end_speculation() {
+  std::unique_lock<std::mutex> lock(mu_);
+  spec_closed_ = true;
+  done_cv_.wait(lock, [&] { return !spec_running_; });
+  const size_t done = spec_done_;
+  spec_jobs_.clear();
+  spec_started_ = 0;
+  spec_done_ = 0;
+  spec_closed_ = false;
+  return done;
 }
 
 double UpdateWorker::wait_until(size_t count) {

@@ -26,12 +26,21 @@
 //    the others keep the old ones.
 //  - One step in flight at a time: start() requires the previous one taken
 //    in full.  The destructor waits for the step in flight and joins.
+//  - Speculation (OptimizerStep's speculative update, during the backward):
+//    speculate() queues a job that writes only buffers of its own (out of
+//    place); the worker runs such jobs in hand-over order after the step in
+//    flight's jobs.  end_speculation() stops it: no queued speculative job
+//    starts any more, the running one completes, and the count of completed
+//    ones (a prefix of the hand-over order) is returned.  A speculative job
+//    that throws only ends the speculation (the step recomputes that chunk
+//    in place and reports its own errors); it is not a failure of a step.
 #pragma once
 
 #include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <exception>
 #include <functional>
 #include <mutex>
@@ -53,6 +62,12 @@ class UpdateWorker {
     // Gradient accumulation: the segments' part of the fp32 gradient list
     // is zeroed after the update (the step consumes it).
     bool clear_gradients = false;
+    // Speculative: the chunk's compute payload (slot_bytes) is copied into
+    // lists.slot before the update, which reads the gradients there and
+    // writes the new weights in place of them; the fp32 lists are read
+    // from lists.*_in.  The chunk's own buffers are only read.
+    const void* copy_slot_from = nullptr;
+    uint64_t slot_bytes = 0;
   };
 
   // Runs one job on the update thread (the optimizer step's update of a
@@ -91,11 +106,18 @@ class UpdateWorker {
   std::exception_ptr error() const { return error_; }
   void clear_failure() { error_ = nullptr; }
 
+  // Speculation (see the top of this file).  Engine thread.  speculate()
+  // queues one job; end_speculation() returns how many of the jobs queued
+  // since the last end_speculation() completed, in order, and forgets them.
+  void speculate(Job job);
+  size_t end_speculation();
+
   // Seconds the worker spent in jobs (all steps).
   double busy_seconds() const { return busy_seconds_.load(std::memory_order_relaxed); }
 
  private:
   void run();
+  void run_speculative(const Job& job);
   void finish();
   double wait_until(size_t count);
 
@@ -116,6 +138,14 @@ class UpdateWorker {
   bool stop_ = false;
   std::atomic<size_t> completed_{0};
   std::exception_ptr failure_;  // written by the worker before it publishes the end
+  // Speculative jobs, in hand-over order (a deque: the worker holds a
+  // reference to the one it runs while the engine appends), the next to
+  // start, the completed prefix, and whether one runs now.  Under mu_.
+  std::deque<Job> spec_jobs_;
+  size_t spec_started_ = 0;
+  size_t spec_done_ = 0;
+  bool spec_running_ = false;
+  bool spec_closed_ = false;  // no further speculative job starts
   std::atomic<double> busy_seconds_{0.0};
   std::thread thread_;
 };

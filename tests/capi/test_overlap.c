@@ -11,6 +11,8 @@
  * run) the engine says so in its step statistics. */
 #define PSTAR_EXPERIMENTAL_API 1
 #include <math.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,6 +39,9 @@ typedef struct ocfg {
   int eval_after;        /* an EVAL iteration after this step, or -1 */
   int rw_after;          /* values read, changed and written after this step, or -1 */
   int pin_after;         /* a read-only pin after this step, or -1 */
+  uint64_t speculate;    /* pstar_x_engine_set_speculative_update's bytes */
+  float clip_norm;
+  int pin_in_backward; /* a read-only pin half way through this step's backward, or -1 */
 } ocfg;
 
 typedef struct orun {
@@ -59,6 +64,8 @@ static ocfg base_cfg(void) {
   c.eval_after = -1;
   c.rw_after = -1;
   c.pin_after = -1;
+  c.clip_norm = 2.0f;
+  c.pin_in_backward = -1;
   return c;
 }
 
@@ -80,6 +87,15 @@ static void micro_batch(pstar_engine *e, const uint32_t *id, const ocfg *c, int 
     if (step == c->overflow_at && p == 3) g[7] = INFINITY;
     T_OK(pstar_grad_write(e, id[p], g, (uint64_t)kNumel[p], PSTAR_DTYPE_F32, PSTAR_MEM_HOST, NULL));
     T_OK(pstar_param_release(e, id[p], NULL));
+    if (step == c->pin_in_backward && mb == 0 && i == 4) {
+      /* The chunks of parameters 4-8 are done: their speculation is under
+       * way; a pin reads a master and so discards it. */
+      void *m = NULL;
+      pstar_dtype dt = PSTAR_DTYPE_F16;
+      T_OK(pstar_param_pin(e, id[6], 0, &m, &dt));
+      cr_assert(isfinite(((const float *)m)[1]));
+      T_OK(pstar_param_unpin(e, id[6]));
+    }
   }
 }
 
@@ -105,9 +121,10 @@ static void run_cfg(const ocfg *c, orun *out) {
   o.virtual_clock = c->virtual_clock;
   o.grad_accumulation = c->grad_accumulation;
   o.loss_scale_initial = 1024.0f;
-  o.clip_norm = 2.0f;
+  o.clip_norm = c->clip_norm;
   pstar_engine *e = t_create(&o);
   T_OK(pstar_x_engine_set_overlap_step(e, c->overlap));
+  T_OK(pstar_x_engine_set_speculative_update(e, c->speculate));
   uint32_t id[P];
   char name[8];
   for (int i = 0; i < P; ++i) {
@@ -165,6 +182,7 @@ static void check_identical(ocfg c, const char *what) {
   static orun ref, r;
   ocfg sync = c;
   sync.overlap = 0;
+  sync.speculate = 0;
   const uint64_t least = least_capacity(c.dtype);
   const uint64_t caps[3] = {0, least + CHUNK * t_dtype_size(c.dtype), least}; /* all chunks fit, or evictions */
   for (int pi = 0; pi < 3; ++pi) {
@@ -188,6 +206,31 @@ static void check_identical(ocfg c, const char *what) {
       cr_assert_eq(memcmp(r.clip_coef, ref.clip_coef, sizeof r.clip_coef), 0, "%s: clip coefficients differ", what);
       cr_assert_eq(memcmp(r.skipped, ref.skipped, sizeof r.skipped), 0, "%s: skipped steps differ", what);
       for (int s = 0; s < ITERS; ++s) cr_assert_eq(r.skipped[s], s == c.overflow_at, "%s: step %d", what, s);
+      if (c.speculate == 0 || c.virtual_clock || c.grad_accumulation) {
+        cr_assert_eq(r.step_stats.chunks_speculated + r.step_stats.speculations_discarded, 0u,
+                     "%s: speculation without being asked for or possible", what);
+        continue;
+      }
+      /* A step applied with coefficient 1 keeps the speculated chunks; a
+       * clipped or skipped one discards them. */
+      int applied_unclipped = 0, clipped_or_skipped = 0;
+      for (int s = 0; s < ITERS; ++s) {
+        if (!ref.skipped[s] && ref.clip_coef[s] == 1.0f) {
+          ++applied_unclipped;
+        } else {
+          ++clipped_or_skipped;
+        }
+      }
+      if (applied_unclipped > 0) {
+        cr_assert_gt(r.step_stats.chunks_speculated, 0u, "%s: policy %d, capacity %d: no speculation kept", what, pi,
+                     k);
+      } else {
+        cr_assert_eq(r.step_stats.chunks_speculated, 0u, "%s: kept a speculation of a clipped step", what);
+      }
+      if (clipped_or_skipped > 0 || c.pin_in_backward >= 0) {
+        cr_assert_gt(r.step_stats.speculations_discarded, 0u, "%s: policy %d, capacity %d: none discarded", what, pi,
+                     k);
+      }
     }
   }
 }
@@ -248,6 +291,51 @@ Test(overlap, strict_mode, .timeout = 120) {
   check_identical(c, "strict, accumulation");
 }
 
+/* The speculative update: chunks updated during the backward, kept by an
+ * unclipped applied step, discarded by a clipped or skipped one, by a pin
+ * in the backward, or never started for want of budget; always the bits of
+ * the synchronous step. */
+Test(overlap, speculative_update_kept_or_discarded, .timeout = 120) {
+  ocfg c = base_cfg();
+  c.speculate = UINT64_MAX;
+  c.clip_norm = 1e6f; /* never clips: every applied step keeps */
+  check_identical(c, "speculation, no clipping");
+  c.prefetch = 0;
+  check_identical(c, "speculation, no clipping, no prefetch");
+  c.prefetch = 1;
+  c.dtype = PSTAR_DTYPE_F16;
+  c.overflow_at = 2;
+  check_identical(c, "speculation, f16, overflow");
+  c.dtype = PSTAR_DTYPE_BF16;
+  c.overflow_at = -1;
+  c.clip_norm = 2.0f;
+  check_identical(c, "speculation, clipping at 2");
+  c.clip_norm = 0.0f; /* clipping off */
+  c.eval_after = 1;
+  c.rw_after = 2;
+  c.pin_after = 3;
+  c.pin_in_backward = 4;
+  check_identical(c, "speculation, eval, read/write, pins");
+}
+
+Test(overlap, speculative_update_budget_hybrid_strict, .timeout = 120) {
+  ocfg c = base_cfg();
+  c.clip_norm = 0.0f;
+  c.speculate = 3 * CHUNK * 4 + CHUNK * 2; /* one regular bf16 chunk at a time */
+  check_identical(c, "speculation, budget of one chunk");
+  c.speculate = UINT64_MAX;
+  c.hybrid = 1;
+  check_identical(c, "speculation, hybrid");
+  c.hybrid = 0;
+  c.strict = 1;
+  c.overflow_at = 3;
+  check_identical(c, "speculation, strict");
+  c.strict = 0;
+  c.overflow_at = -1;
+  c.grad_accumulation = 1; /* no speculation: the gradients are complete at the step only */
+  check_identical(c, "speculation asked, accumulation");
+}
+
 Test(overlap, virtual_clock_stays_synchronous) {
   ocfg c = base_cfg();
   c.virtual_clock = 1;
@@ -278,6 +366,16 @@ Test(overlap, the_setting_and_its_statistics) {
   s.size = 4;
   T_FAIL(pstar_x_step_get_stats(e, &s), PSTAR_ERR_VERSION, "step stats");
   T_FAIL(pstar_x_engine_set_overlap_step(NULL, 1), PSTAR_ERR_INVALID_HANDLE, "NULL");
+  T_FAIL(pstar_x_engine_set_speculative_update(e, 1), PSTAR_ERR_INVALID_STATE, "before");
+  T_FAIL(pstar_x_engine_set_speculative_update(NULL, 1), PSTAR_ERR_INVALID_HANDLE, "NULL");
+  /* A version-1 caller's struct (before the speculation counters). */
+  pstar_x_step_stats v1;
+  memset(&v1, 0xab, sizeof v1);
+  v1.size = (uint32_t)offsetof(pstar_x_step_stats, chunks_speculated);
+  v1.version = 1;
+  T_OK(pstar_x_step_get_stats(e, &v1));
+  cr_assert_eq(v1.overlap, 1);
+  cr_assert_eq(v1.chunks_speculated, 0xababababababababull, "written past a version-1 struct");
   T_OK(pstar_engine_destroy(e));
 
   o.dry_run = 1;

@@ -675,6 +675,54 @@ Test(adam_kernels, split_ranges_on_a_thread_pool_give_the_same_bits) {
   }
 }
 
+// Out of place (AdamRange's *_in lists, the speculative update): every path
+// writes the bits of its in-place update into the output lists, reads the
+// input lists only, and leaves them as they were; with the fp32 gradient
+// list and with the gradient in the slot, over ragged lengths.
+Test(adam_kernels, out_of_place_gives_the_in_place_bits_and_keeps_the_inputs) {
+  for (const Path& path : supported_paths()) {
+    for (pstar_dtype d : {PSTAR_DTYPE_BF16, PSTAR_DTYPE_F16, PSTAR_DTYPE_F32}) {
+      for (bool grad_f32 : {false, true}) {
+        for (size_t n : {size_t{1}, size_t{15}, size_t{33}, size_t{4099}}) {
+          Config cfg;
+          cfg.dtype = d;
+          cfg.grad_f32 = grad_f32;
+          cfg.n = n;
+          cfg.seed = 900 + n;
+          State in_place(n, d), inputs(n, d), out(n, d);
+          init_state(cfg, in_place);
+          for (size_t i = 0; i < n; ++i) {  // moments from earlier steps, so that reading them matters
+            in_place.m[i] = static_cast<float>(i % 5) * 0.01f - 0.02f;
+            in_place.v[i] = static_cast<float>(i % 3 + 1) * 1e-4f;
+          }
+          Rng rng(cfg.seed);
+          std::vector<uint8_t> gbuf(n * dtype_size(d));
+          make_grads(cfg, 1, rng, gbuf, d);
+          std::memcpy(in_place.slot.data(), gbuf.data(), gbuf.size());
+          for (size_t i = 0; i < n; ++i) in_place.grad32[i] = 0.5f - static_cast<float>(i % 11) * 0.1f;
+          inputs = in_place;
+          out = in_place;  // the slot and the gradient list; the fp32 outputs are overwritten
+          std::fill(out.master.begin(), out.master.end(), -7.0f);
+          std::fill(out.m.begin(), out.m.end(), -7.0f);
+          std::fill(out.v.begin(), out.v.end(), -7.0f);
+          const State kept = inputs;
+          const AdamStepConstants c = adam_constants(cfg.hyper(), 2, cfg.grad_mul(), true);
+          path.run(c, in_place.range(cfg));
+          AdamRange r = out.range(cfg);
+          r.master_in = inputs.master.data();
+          r.exp_avg_in = inputs.m.data();
+          r.exp_avg_sq_in = inputs.v.data();
+          path.run(c, r);
+          cr_assert(out.same_bits(in_place), "path %s %s: out of place differs from in place: %s", path.name.c_str(),
+                    cfg.str().c_str(), out.first_difference(in_place, d).c_str());
+          cr_assert(inputs.same_bits(kept), "path %s %s: out of place changed its inputs", path.name.c_str(),
+                    cfg.str().c_str());
+        }
+      }
+    }
+  }
+}
+
 // ---- dispatch ----------------------------------------------------------------
 
 namespace {

@@ -147,3 +147,41 @@ Test(update_worker, the_destructor_waits_for_the_step_in_flight) {
   opener.join();
   cr_assert(r.snapshot() == std::vector<uint32_t>({0, 1}), "both jobs ran before the worker went");
 }
+
+// Speculative jobs run in hand-over order after the step in flight;
+// end_speculation lets the running one finish, starts no other, and returns
+// the completed prefix; a throwing speculative job only stops the
+// speculation (no failure is kept).
+Test(update_worker, speculation_runs_after_the_step_and_ends_on_request) {
+  Recorder r;
+  r.gated = 5;
+  UpdateWorker w(r.run(), 8);
+  w.start(jobs_of({0, 1}));
+  for (uint32_t k : {4u, 5u, 6u}) w.speculate(jobs_of({k})[0]);
+  w.wait_all();
+  cr_assert(take(w) == std::vector<uint32_t>({0, 1}));
+  // Job 4 done, job 5 at its gate (running), job 6 queued.
+  while (r.snapshot().size() < 3) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::thread opener([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    r.gate.release();
+  });
+  const size_t done = w.end_speculation();  // waits for job 5
+  opener.join();
+  cr_assert_eq(done, 2u, "4 and 5 completed, 6 never started");
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  cr_assert(r.snapshot() == std::vector<uint32_t>({0, 1, 4, 5}), "job 6 did not run");
+  cr_assert_eq(w.end_speculation(), 0u, "nothing handed since");
+
+  r.failing = 2;
+  for (uint32_t k : {3u, 2u, 7u}) w.speculate(jobs_of({k})[0]);
+  while (r.snapshot().size() < 5) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  cr_assert_eq(w.end_speculation(), 1u, "3 completed; 2 threw, so 7 never started");
+  cr_assert(r.snapshot() == std::vector<uint32_t>({0, 1, 4, 5, 3}));
+  cr_assert_not(w.failed(), "a speculative job's exception is not a step's failure");
+  r.failing = UINT32_MAX;
+  w.start(jobs_of({2}));
+  w.wait_all();
+  cr_assert(take(w) == std::vector<uint32_t>({2}));
+}

@@ -1034,8 +1034,26 @@ PSTAR_API pstar_status pstar_x_gather_get_stats(pstar_engine *engine, pstar_x_ga
  *  pstar_engine_build() only. */
 PSTAR_API pstar_status pstar_x_engine_set_overlap_step(pstar_engine *engine, int enabled);
 
-/** Current version of pstar_x_step_stats. */
-#define PSTAR_X_STEP_STATS_VERSION 1
+/** Experimental: the speculative update (docs/design.md, "The speculative
+ *  update").  With the overlapped step, a chunk whose backward is over is
+ *  updated during the rest of the backward, before the norm is complete,
+ *  as if the step were applied unclipped: out of place, into buffers of
+ *  the engine's own (three fp32 lists and a compute payload per chunk).
+ *  pstar_step() keeps a chunk's result when its constants are those the
+ *  step computes (the step is not skipped and the clipping coefficient is
+ *  exactly 1) and discards it otherwise, updating that chunk in place as
+ *  without speculation: the bits are the same either way.  max_bytes
+ *  bounds the host memory those buffers hold at once (0, the default: no
+ *  speculation; UINT64_MAX: as much as the model needs, about 14 bytes per
+ *  fp16 parameter).  Speculation needs one process without gradient
+ *  accumulation and an overlapped step; a chunk with pinned masters or
+ *  optimizer state on the accelerator is not speculated.  Legal before
+ *  pstar_engine_build() only. */
+PSTAR_API pstar_status pstar_x_engine_set_speculative_update(pstar_engine *engine, uint64_t max_bytes);
+
+/** Current version of pstar_x_step_stats.  Version 2 added
+ *  chunks_speculated and speculations_discarded. */
+#define PSTAR_X_STEP_STATS_VERSION 2
 
 /** Experimental: what the overlapped step did since the engine was built. */
 typedef struct pstar_x_step_stats {
@@ -1057,6 +1075,12 @@ typedef struct pstar_x_step_stats {
    *  chunk's, the others for the whole step), summed: the part of the
    *  updates the caller saw. */
   double wait_seconds;
+  /** Chunks whose speculative update a step kept (counted in
+   *  chunks_updated too). */
+  uint64_t chunks_speculated;
+  /** Speculative updates a step, an abort or another call discarded
+   *  (computed, or queued, and then not kept). */
+  uint64_t speculations_discarded;
 } pstar_x_step_stats;
 
 /** Experimental: sets *stats's size and version and zeroes the rest. */
