@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <iterator>
+#include <new>
 #include <string>
 
 #include "memory/host_kernels.h"
@@ -17,6 +18,18 @@ namespace {
 
 // Allocation alignment: the chunk layout aligns every parameter to 256 bytes.
 constexpr size_t kAlignBytes = 256;
+
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kAddressSanitizer = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr bool kAddressSanitizer = true;
+#else
+constexpr bool kAddressSanitizer = false;
+#endif
+#else
+constexpr bool kAddressSanitizer = false;
+#endif
 
 // done_ is atomic so that queries (on every acquire) take no lock; the
 // mutex and condition variable serve waiting only.  complete() stores under
@@ -41,9 +54,13 @@ class EmulatedEvent final : public Event {
   std::atomic<bool> done_{false};
 };
 
-void* aligned_allocate(size_t bytes) {
+size_t rounded_size(size_t bytes) {
   const size_t rounded = (bytes + kAlignBytes - 1) / kAlignBytes * kAlignBytes;
-  void* p = std::aligned_alloc(kAlignBytes, rounded == 0 ? kAlignBytes : rounded);
+  return rounded == 0 ? kAlignBytes : rounded;
+}
+
+void* aligned_allocate(size_t bytes) {
+  void* p = std::aligned_alloc(kAlignBytes, rounded_size(bytes));
   if (p == nullptr) {
     throw Error(PSTAR_ERR_OUT_OF_MEMORY, "host allocation of " + std::to_string(bytes) + " bytes failed");
   }
@@ -116,6 +133,7 @@ class EmulatedDevice::Queue final : public Stream {
 
 EmulatedDevice::EmulatedDevice(bool strict, uint64_t seed)
     : strict_(strict),
+      caching_(!strict && !kAddressSanitizer),
       adam_isa_(optim::adam_default_isa()),
       compute_(std::make_unique<Queue>(strict, seed * 3 + 1)),
       h2d_(std::make_unique<Queue>(strict, seed * 3 + 2)),
@@ -126,9 +144,22 @@ EmulatedDevice::~EmulatedDevice() {
   h2d_.reset();
   d2h_.reset();
   compute_.reset();
+  for (auto& [size, blocks] : cache_) {
+    for (void* p : blocks) std::free(p);
+  }
 }
 
 void* EmulatedDevice::allocate(size_t bytes) {
+  if (caching_) {
+    std::lock_guard<std::mutex> lock(cache_mu_);
+    auto it = cache_.find(rounded_size(bytes));
+    if (it != cache_.end() && !it->second.empty()) {
+      void* p = it->second.back();
+      it->second.pop_back();
+      cached_bytes_ -= it->first;
+      return p;
+    }
+  }
   void* p = aligned_allocate(bytes);
   if (strict_) {
     std::memset(p, kPoisonByte, bytes);
@@ -145,9 +176,28 @@ void* EmulatedDevice::allocate(size_t bytes) {
 
 void EmulatedDevice::deallocate(void* ptr, size_t bytes) {
   if (ptr != nullptr && strict_) {
-    std::memset(ptr, kPoisonByte, bytes);
     std::lock_guard<std::mutex> lock(allocations_mu_);
-    allocations_.erase(reinterpret_cast<uintptr_t>(ptr));
+    const auto it = allocations_.find(reinterpret_cast<uintptr_t>(ptr));
+    // The cache (non-strict) reuses a buffer by the size its free names:
+    // strict mode checks that the size is the allocation's.
+    if (it == allocations_.end() || it->second != bytes) {
+      internal_error("emulated device: freeing " + std::to_string(bytes) + " bytes that are not one allocation");
+    }
+    std::memset(ptr, kPoisonByte, bytes);
+    allocations_.erase(it);
+  }
+  if (ptr != nullptr && caching_) {
+    const size_t size = rounded_size(bytes);
+    std::lock_guard<std::mutex> lock(cache_mu_);
+    if (cached_bytes_ + size <= kEmulatedCacheBytes) {
+      try {
+        cache_[size].push_back(ptr);
+        cached_bytes_ += size;
+        return;
+      } catch (const std::bad_alloc&) {
+        // no room to remember it: freed below
+      }
+    }
   }
   std::free(ptr);
 }

@@ -60,45 +60,54 @@ PSTAR_AVX2 __m256d square_add(__m256d sum, __m128 g) {
   return _mm256_add_pd(sum, _mm256_mul_pd(d, d));
 }
 
-// One block of n <= kNormBlockElems values (host_kernels.h's order).
+// Sixteen values from i on (rounded through D into the slot) squared into
+// sixteen lanes' partials.
+template <pstar_dtype D>
+PSTAR_AVX2 void add_group(const float* acc, void* slot, size_t i, double* lanes) {
+  __m256 g0, g1;
+  round16<D>(acc, slot, i, g0, g1);
+  _mm256_store_pd(lanes, square_add(_mm256_load_pd(lanes), _mm256_castps256_ps128(g0)));
+  _mm256_store_pd(lanes + 4, square_add(_mm256_load_pd(lanes + 4), _mm256_extractf128_ps(g0, 1)));
+  _mm256_store_pd(lanes + 8, square_add(_mm256_load_pd(lanes + 8), _mm256_castps256_ps128(g1)));
+  _mm256_store_pd(lanes + 12, square_add(_mm256_load_pd(lanes + 12), _mm256_extractf128_ps(g1, 1)));
+}
+
+// One block of n <= kNormBlockElems values (host_kernels.h's order).  The
+// block is read row by row (kNormLanes values each), in memory order, so
+// that the gradient and the slot stream through the cache; each lane's
+// partial lives in `lanes` (in L1) and takes its rows in order, so the sums
+// are those of the lane order whichever way the loops run.  Reading by
+// lane group (a column of rows at a time, 1 KiB apart) made the finalize
+// memory-latency bound: as much CPU time as the Adam update in
+// pstar-bench overlap's backward.
 template <pstar_dtype D>
 __attribute__((target("avx2,fma,f16c"))) double block_sumsq(const float* acc, void* slot, size_t n) {
   alignas(32) double lanes[kNormLanes];
+  for (size_t t = 0; t < kNormLanes; t += 4) _mm256_store_pd(lanes + t, _mm256_setzero_pd());
   const size_t rows = n / kNormLanes, rem = n % kNormLanes;
-  for (size_t t0 = 0; t0 < kNormLanes; t0 += kGroupLanes) {
-    __m256d s0 = _mm256_setzero_pd(), s1 = s0, s2 = s0, s3 = s0;
-    const size_t vec_rows = rows + (t0 + kGroupLanes <= rem ? 1 : 0);
-    for (size_t r = 0; r < vec_rows; ++r) {
-      __m256 g0, g1;
-      round16<D>(acc, slot, r * kNormLanes + t0, g0, g1);
-      s0 = square_add(s0, _mm256_castps256_ps128(g0));
-      s1 = square_add(s1, _mm256_extractf128_ps(g0, 1));
-      s2 = square_add(s2, _mm256_castps256_ps128(g1));
-      s3 = square_add(s3, _mm256_extractf128_ps(g1, 1));
+  for (size_t r = 0; r < rows; ++r) {
+    for (size_t t0 = 0; t0 < kNormLanes; t0 += kGroupLanes) add_group<D>(acc, slot, r * kNormLanes + t0, lanes + t0);
+  }
+  // The last, partial row: whole groups, then lane by lane.
+  size_t t = 0;
+  for (; t + kGroupLanes <= rem; t += kGroupLanes) add_group<D>(acc, slot, rows * kNormLanes + t, lanes + t);
+  for (; t < rem; ++t) {
+    const size_t i = rows * kNormLanes + t;
+    double g = acc[i];
+    if (D != PSTAR_DTYPE_F32 || slot != nullptr) {
+      store_as(slot, D, i, acc[i]);
+      g = load_as(slot, D, i);
     }
-    _mm256_store_pd(lanes + t0, s0);
-    _mm256_store_pd(lanes + t0 + 4, s1);
-    _mm256_store_pd(lanes + t0 + 8, s2);
-    _mm256_store_pd(lanes + t0 + 12, s3);
-    // The last, partial row where it cuts this group: lane by lane.
-    for (size_t t = t0; t < rem && t < t0 + kGroupLanes && vec_rows == rows; ++t) {
-      const size_t i = rows * kNormLanes + t;
-      double g = acc[i];
-      if (D != PSTAR_DTYPE_F32 || slot != nullptr) {
-        store_as(slot, D, i, acc[i]);
-        g = load_as(slot, D, i);
-      }
-      lanes[t] += g * g;
-    }
+    lanes[t] += g * g;
   }
   size_t w = kNormLanes / 2;
   for (; w >= 4; w /= 2) {
-    for (size_t t = 0; t < w; t += 4) {
-      _mm256_store_pd(lanes + t, _mm256_add_pd(_mm256_load_pd(lanes + t), _mm256_load_pd(lanes + t + w)));
+    for (size_t u = 0; u < w; u += 4) {
+      _mm256_store_pd(lanes + u, _mm256_add_pd(_mm256_load_pd(lanes + u), _mm256_load_pd(lanes + u + w)));
     }
   }
   for (; w > 0; w /= 2) {
-    for (size_t t = 0; t < w; ++t) lanes[t] += lanes[t + w];
+    for (size_t u = 0; u < w; ++u) lanes[u] += lanes[u + w];
   }
   return lanes[0];
 }

@@ -54,6 +54,7 @@ void OptimizerStep::attach(const chunk::ChunkLayout* layout) {
         static_cast<uint32_t>(layout->chunks().size()));
     spec_state_.assign(layout->chunks().size(), SpecState::kNone);
     spec_pos_.assign(layout->chunks().size(), 0);
+    if (speculates()) reserve_speculation();
   }
 }
 

@@ -189,6 +189,8 @@ class OptimizerStep {
   enum class SpecState : uint8_t { kNone, kPending, kHanded };
   bool speculates() const { return worker_ != nullptr && spec_budget_ > 0 && !options_.grad_accumulation; }
   void hand_over_speculation();
+  // At attach: the result buffers, touched once and left in the host pool.
+  void reserve_speculation();
   // The chunks' parameters with a gradient as segments of `list`.
   void add_segments(uint32_t k, optim::SegmentList& list) const;
   void release_speculated(Speculated& s) noexcept;

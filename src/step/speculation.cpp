@@ -38,6 +38,8 @@
 // room for the chunks still on the device to be evicted, is updated after
 // the step as without speculation.
 #include <cstring>
+#include <utility>
+#include <vector>
 
 #include "step/optimizer_step.h"
 #include "util/error.h"
@@ -54,6 +56,37 @@ void OptimizerStep::add_segments(uint32_t k, optim::SegmentList& list) const {
     const auto& place = layout_->param(id);
     list.add(place.offset_elems, place.offset_elems + place.numel, params_[id].lr_scale, params_[id].weight_decay);
   }
+}
+
+// The buffers a backward's speculation holds at most (the trainable chunks
+// in chunk order, up to the budget) are obtained from the host pool at
+// build, written once, and given back to it, so that its free lists hold
+// them.  Without this, the pool grew by one chunk's buffers per iteration
+// for as many iterations as there are chunks: each job that got a new
+// buffer paid the kernel's first-touch page clearing (about 0.13 s for a
+// 4M-element chunk here, 25x its update), and it was always the job the
+// step then waited for.  An allocation that fails ends the reserve (the
+// speculation then takes what the pool has when it runs).
+void OptimizerStep::reserve_speculation() {
+  std::vector<std::pair<void*, uint64_t>> taken;
+  uint64_t bytes = 0;
+  try {
+    for (uint32_t k = 0; k < chunks_.size(); ++k) {
+      const ChunkState& c = chunks_[k];
+      if (layout_->chunks()[k].frozen) continue;
+      const uint64_t fp32_bytes = c.shard_elems * sizeof(float);
+      if (3 * fp32_bytes + c.bytes > spec_budget_ - bytes) break;
+      for (uint64_t b : {fp32_bytes, fp32_bytes, fp32_bytes, c.bytes}) {
+        void* p = host_->acquire(b);
+        taken.emplace_back(p, b);
+        std::memset(p, 0, b);
+      }
+      bytes += 3 * fp32_bytes + c.bytes;
+    }
+  } catch (const Error&) {
+    // out of host memory: what was taken is reserve enough
+  }
+  for (const auto& [p, b] : taken) host_->release(p, b);
 }
 
 void OptimizerStep::gradients_left(uint32_t k) {

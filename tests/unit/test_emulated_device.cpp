@@ -134,3 +134,36 @@ Test(emulated_device, gradient_operations) {
   cr_assert_eq(bad, 1);
   dev.deallocate(acc, n * 4);
 }
+
+// The allocation cache: a freed buffer is taken again by the next allocation
+// of its rounded size (not by another size); strict mode does not cache and
+// refuses a free whose size is not the allocation's (the cache trusts it).
+Test(emulated_device, freed_buffers_are_reused_by_size_except_in_strict_mode) {
+#if defined(__SANITIZE_ADDRESS__)
+  cr_skip_test("skipped: AddressSanitizer build (the emulated device does not cache there)");
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+  cr_skip_test("skipped: AddressSanitizer build (the emulated device does not cache there)");
+#endif
+#endif
+  {
+    EmulatedDevice dev(false, 0);
+    void* a = dev.allocate(1 << 20);
+    dev.deallocate(a, 1 << 20);
+    void* other = dev.allocate(1 << 19);
+    cr_assert_neq(other, a, "another size does not take the buffer");
+    void* again = dev.allocate((1 << 20) - 100);  // the same rounded size
+    cr_assert_eq(again, a, "the freed buffer is reused");
+    dev.deallocate(again, (1 << 20) - 100);
+    dev.deallocate(other, 1 << 19);
+  }
+  EmulatedDevice strict(true, 0);
+  void* a = strict.allocate(4096);
+  try {
+    strict.deallocate(a, 8192);
+    cr_assert_fail("a free of the wrong size passed");
+  } catch (const pstar::Error& e) {
+    cr_assert_eq(e.status(), PSTAR_ERR_INTERNAL);
+  }
+  strict.deallocate(a, 4096);
+}
