@@ -14,14 +14,16 @@ foreach(i 0 1)
   list(GET expected_ratio ${i} ratio)
   bench_json_keys("${line}" bench compute_to_adam adam_s iteration_s_sync iteration_s_overlap speedup
                   exposed_optimizer_fraction ideal_speedup first_use_bound_speedup layers iters
-                  reps)
+                  reps iteration_s_speculative speedup_speculative exposed_optimizer_fraction_speculative
+                  speculative_bound_speedup chunks_speculated_fraction speculations_discarded)
   if(NOT v_bench STREQUAL "overlap")
     message(FATAL_ERROR "\"bench\" is '${v_bench}', expected 'overlap'")
   endif()
   if(NOT v_compute_to_adam EQUAL ratio)
     message(FATAL_ERROR "compute_to_adam is ${v_compute_to_adam}, expected ${ratio}")
   endif()
-  bench_json_positive("${line}" adam_s iteration_s_sync iteration_s_overlap speedup)
+  bench_json_positive("${line}" adam_s iteration_s_sync iteration_s_overlap speedup iteration_s_speculative
+                      speedup_speculative speculative_bound_speedup)
   if(NOT v_layers EQUAL 4 OR NOT v_iters EQUAL 2 OR NOT v_reps EQUAL 2)
     message(FATAL_ERROR "layers/iters/reps are ${v_layers}/${v_iters}/${v_reps}, expected 4/2/2")
   endif()

@@ -1,7 +1,8 @@
 /* Training-step time of the engine on the CUDA device, three placements of
  * one model measured in the same run, each with the synchronous and with the
  * overlapped step (pstar_x_engine_set_overlap_step; the engine's default),
- * run one after the other:
+ * and with the overlapped step and the speculative update
+ * (pstar_x_engine_set_speculative_update, no bound), run one after the other:
  *   - roomy: the device holds every compute chunk (nothing moves after the
  *     first iteration; the baseline);
  *   - constrained: the device holds half of the compute chunks, so chunks move
@@ -29,6 +30,7 @@ typedef struct {
   uint32_t optimizer_chunks_on_device;
   uint64_t evictions;
   double update_wait_s; /* overlapped: the caller's wait for updates per iteration */
+  double kept_per_iteration; /* speculative: chunk updates kept from the backward */
 } result;
 
 static double now_s(void) {
@@ -42,7 +44,7 @@ static int cmp_double(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
-static pstar_status run(uint64_t capacity, int hybrid, int overlap, result *r) {
+static pstar_status run(uint64_t capacity, int hybrid, int overlap, int speculate, result *r) {
   static float buf[kElems];
   double t[kIterations];
   pstar_engine_options o;
@@ -62,6 +64,7 @@ static pstar_status run(uint64_t capacity, int hybrid, int overlap, result *r) {
   if ((st = pstar_engine_create(&o, &e)) != PSTAR_OK) return st;
 #define TRY(call) do { if ((st = (call)) != PSTAR_OK) goto done; } while (0)
   TRY(pstar_x_engine_set_overlap_step(e, overlap));
+  TRY(pstar_x_engine_set_speculative_update(e, speculate ? UINT64_MAX : 0));
   for (p = 0; p < kParams; ++p) {
     char name[16];
     sprintf(name, "w%d", p);
@@ -100,6 +103,7 @@ static pstar_status run(uint64_t capacity, int hybrid, int overlap, result *r) {
   pstar_x_step_stats_init(&x1);
   TRY(pstar_x_step_get_stats(e, &x1));
   r->update_wait_s = (x1.wait_seconds - x0.wait_seconds) / (kIterations - 2);
+  r->kept_per_iteration = (double)(x1.chunks_speculated - x0.chunks_speculated) / (kIterations - 2);
   pstar_stats_init(&s1);
   TRY(pstar_engine_get_stats(e, &s1));
   /* Iterations 0 and 1 are warm-up (the trace, the first placement). */
@@ -123,7 +127,7 @@ int main(int argc, char **argv) {
   const uint64_t room = (uint64_t)8 * kElems * 4;
   const char *names[3] = {"roomy", "constrained", "roomy_hybrid"};
   uint64_t caps[3];
-  result r[3], sync[3];
+  result r[3], sync[3], spec[3];
   int k;
   char path[4096];
   FILE *f;
@@ -144,11 +148,12 @@ int main(int argc, char **argv) {
   caps[2] = caps[0] + (uint64_t)3 * kChunkElems * 14;
   for (k = 0; k < 3; ++k) {
     int mode;
-    for (mode = 0; mode < 2; ++mode) {
-      result *out = mode == 0 ? &sync[k] : &r[k];
-      st = run(caps[k], k == 2, mode, out);
+    for (mode = 0; mode < 3; ++mode) {
+      static const char *const modes[3] = {"synchronous", "overlapped", "speculative"};
+      result *out = mode == 0 ? &sync[k] : mode == 1 ? &r[k] : &spec[k];
+      st = run(caps[k], k == 2, mode != 0, mode == 2, out);
       if (st != PSTAR_OK) {
-        fprintf(stderr, "%s (%s step): %s: %s\n", names[k], mode ? "overlapped" : "synchronous", pstar_status_name(st),
+        fprintf(stderr, "%s (%s step): %s: %s\n", names[k], modes[mode], pstar_status_name(st),
                 pstar_last_error_message());
         return 1;
       }
@@ -158,6 +163,9 @@ int main(int argc, char **argv) {
            names[k], caps[k] / 1048576.0, r[k].median_s * 1e3, sync[k].median_s * 1e3,
            sync[k].median_s / r[k].median_s, r[k].update_wait_s * 1e3, r[k].bytes_moved_per_iteration / 1048576.0,
            (unsigned long long)r[k].evictions, r[k].optimizer_chunks_on_device);
+    printf("%-19s speculative: %8.2f ms/iteration (speedup %.3f over synchronous), %.1f chunk updates kept per "
+           "iteration\n",
+           names[k], spec[k].median_s * 1e3, sync[k].median_s / spec[k].median_s, spec[k].kept_per_iteration);
   }
   printf("ratio constrained/roomy %.3f, roomy_hybrid/roomy %.3f (overlapped)\n", r[1].median_s / r[0].median_s,
          r[2].median_s / r[0].median_s);
@@ -171,6 +179,9 @@ int main(int argc, char **argv) {
               sync[k].median_s / r[k].median_s, names[k], r[k].update_wait_s * 1e3);
       fprintf(f, ",\"%s_mib_moved\":%.1f,\"%s_sync_mib_moved\":%.1f", names[k],
               r[k].bytes_moved_per_iteration / 1048576.0, names[k], sync[k].bytes_moved_per_iteration / 1048576.0);
+      fprintf(f, ",\"%s_spec_ms\":%.3f,\"%s_spec_speedup\":%.4f,\"%s_spec_kept\":%.2f", names[k],
+              spec[k].median_s * 1e3, names[k], sync[k].median_s / spec[k].median_s, names[k],
+              spec[k].kept_per_iteration);
     }
     fprintf(f, ",\"ratio_constrained_roomy\":%.4f,\"ratio_hybrid_roomy\":%.4f}\n",
             r[1].median_s / r[0].median_s, r[2].median_s / r[0].median_s);
