@@ -20,8 +20,12 @@ enum class Tier { kHost, kDevice, kNotGathered };
 struct Chunk {
   uint64_t bytes = 0;  // compute-dtype payload (the full chunk)
   Tier tier = Tier::kHost;
-  void* host = nullptr;        // payload when tier == kHost
-  void* device = nullptr;      // payload when tier == kDevice
+  void* host = nullptr;    // payload when tier == kHost
+  void* device = nullptr;  // payload when tier == kDevice
+  // tier == kDevice: the host buffer it was fetched from, kept while it
+  // holds the same bits as the device payload (placement/runtime.h, "clean
+  // chunks"); null once anything may have written the device payload.
+  void* host_copy = nullptr;
   memory::EventPtr ready;      // completes when the payload at its tier is valid
   memory::EventPtr last_use;   // completes when queued work that uses it is done
   uint32_t compute_refs = 0;   // tensors in COMPUTE

@@ -121,6 +121,7 @@ Engine::~Engine() {
         // The slot's buffer, freed with the slots below.
       } else if (c.tier == Tier::kDevice) {
         device_->deallocate(c.device, c.bytes);
+        if (c.host_copy != nullptr) host_->release(c.host_copy, c.bytes);
       } else if (c.tier == Tier::kHost) {
         host_->release(c.host, c.bytes);
       }
@@ -221,6 +222,10 @@ void Engine::build() {
     throw;
   }
   chunks_ = std::move(chunks);
+  // Clean chunks are dropped, not copied back, where the host keeps every
+  // payload anyway: no host capacity, one process (with world > 1 a rank's
+  // host holds shards, and gathered chunks follow the gathering's rule).
+  placement_->set_keep_clean_host_copies(options_.host_capacity_bytes == 0 && !sharded());
   if (sharded()) {
     std::vector<uint32_t> params_per_chunk;
     for (const auto& info : layout_->chunks()) params_per_chunk.push_back(static_cast<uint32_t>(info.params.size()));
@@ -550,6 +555,8 @@ void* Engine::acquire(uint32_t id, pstar_stage stage, void* stream) {
   if (ev == TensorEvent::kAcquireBackward) ++p.backward_uses;
   drop_rule_.note_backward_open(place.chunk, was_open, p.backward_uses != p.forward_uses);
   ++c.compute_refs;
+  // The backward writes the gradient into the slot: the host copy goes.
+  if (ev == TensorEvent::kAcquireBackward && !p.frozen()) placement_->mark_written(place.chunk);
   ++acquires_;
   c.last_acquire = acquires_;
   placement_->touch(place.chunk);

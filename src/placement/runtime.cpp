@@ -169,7 +169,11 @@ void Runtime::copy_in(uint32_t k, void* dst, const memory::EventPtr& after) {
   device_->copy_async(s, dst, c.host, c.bytes, memory::CopyKind::kHostToDevice);
   memory::EventPtr done = device_->record(s);
   if (timeline_) note_move(true, k, start, done);
-  defer_free_host(done, c.host, c.bytes);
+  if (keep_clean_host_copies_) {
+    c.host_copy = c.host;  // the same bits as the device payload from `done` on
+  } else {
+    defer_free_host(done, c.host, c.bytes);
+  }
   c.host = nullptr;
   c.device = dst;
   c.tier = Tier::kDevice;
@@ -196,8 +200,28 @@ memory::EventPtr Runtime::copy_out(uint32_t k) {
   if (c.opt_device != nullptr) internal_error("evicting a chunk whose optimizer state is on the device");
   if (c.gather_slot >= 0) internal_error("evicting a chunk from its gather slot");
   c.evicted = true;
-  void* dst = host_->acquire(c.bytes);
   memory::Stream* s = device_->d2h_stream();
+  if (c.host_copy != nullptr) {
+    // Clean: nothing wrote the device payload since it came from this host
+    // buffer.  No copy; the device buffer is free once its uses are done.
+    device_->stream_wait(s, c.ready);
+    device_->stream_wait(s, c.last_use);
+    memory::EventPtr done = device_->record(s);
+    c.device = nullptr;
+    c.host = c.host_copy;
+    c.host_copy = nullptr;
+    c.tier = Tier::kHost;
+    c.ready = done;
+    c.last_use = done;
+    leave_device(k);
+    ++counters_.clean_drops;
+    if (timeline_) {
+      const double t = device_->clock_seconds();
+      timeline_->note_move(false, k, 0, t, t);
+    }
+    return done;
+  }
+  void* dst = host_->acquire(c.bytes);
   device_->stream_wait(s, c.ready);
   device_->stream_wait(s, c.last_use);
   memory::EventPtr start = timeline_ ? device_->record(s) : nullptr;
@@ -209,6 +233,13 @@ memory::EventPtr Runtime::copy_out(uint32_t k) {
   c.tier = Tier::kHost;
   c.ready = done;
   c.last_use = done;
+  leave_device(k);
+  counters_.bytes_device_to_host += c.bytes;
+  return done;
+}
+
+// The policies' part of an eviction.
+void Runtime::leave_device(uint32_t k) {
   lru_.remove(k);
   // A chunk leaving before a use that prefetch has already passed: scan from
   // that use again.
@@ -216,8 +247,14 @@ memory::EventPtr Runtime::copy_out(uint32_t k) {
   if (next < prefetch_frontier_) prefetch_frontier_ = next;
   opt_policy_.remove(k);
   ++counters_.evictions;
-  counters_.bytes_device_to_host += c.bytes;
-  return done;
+}
+
+void Runtime::mark_written(uint32_t k) {
+  chunk::Chunk& c = at(k);
+  if (c.host_copy == nullptr) return;
+  // An H2D copy may still read it: freed once the payload it made is valid.
+  defer_free_host(c.ready, c.host_copy, c.bytes);
+  c.host_copy = nullptr;
 }
 
 // The chunk's payload for the engine's own host code (the CPU optimizer,

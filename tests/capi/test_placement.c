@@ -226,3 +226,64 @@ static void gradients_leave_run(int grad_accumulation) {
 
 Test(placement, gradients_leave_when_their_chunks_backward_ends) { gradients_leave_run(0); }
 Test(placement, with_gradient_accumulation_chunks_leave_at_the_step) { gradients_leave_run(1); }
+
+/* Clean chunks: a chunk evicted before anything wrote it on the device
+ * (forward and EVAL uses) is dropped, its host copy still the same bits; a
+ * chunk acquired for BACKWARD is copied back.  With a host capacity the
+ * host copy is not kept: every eviction copies. */
+static void clean_run(uint64_t host_capacity) {
+  pstar_engine_options o = t_options(PSTAR_DTYPE_BF16, CHUNK);
+  o.device_capacity_bytes = capacity_for(3);
+  o.host_capacity_bytes = host_capacity;
+  o.placement_policy = PSTAR_POLICY_LRU;
+  pstar_engine *e = t_create(&o);
+  uint32_t id[P];
+  char name[8];
+  for (int i = 0; i < P; ++i) {
+    snprintf(name, sizeof name, "p%d", i);
+    id[i] = t_register(e, name, N, 0);
+  }
+  T_OK(pstar_engine_build(e));
+  float w[P][N], back[N];
+  for (int i = 0; i < P; ++i) {
+    t_fill(w[i], N, (uint32_t)i + 3, 0.5f);
+    t_write_f32(e, id[i], w[i], N);
+  }
+  const uint64_t chunk_bytes = CHUNK * 2;
+  for (int it = 0; it < 3; ++it) {
+    const pstar_stats before = t_stats(e);
+    T_OK(pstar_iteration_begin(e, PSTAR_ITERATION_EVAL));
+    for (int i = 0; i < P; ++i) {
+      const uint16_t *v = (const uint16_t *)t_acquire(e, id[i], PSTAR_STAGE_FORWARD);
+      cr_assert_eq(t_bf16_to_f32(v[5]), t_bf16_to_f32(t_f32_to_bf16(w[i][5])), "EVAL %d: parameter %d", it, i);
+      T_OK(pstar_param_release(e, id[i], NULL));
+    }
+    T_OK(pstar_iteration_end(e));
+    const pstar_stats after = t_stats(e);
+    const uint64_t evictions = after.evictions - before.evictions;
+    cr_assert_gt(evictions, 0u, "3 chunks of room for %d: chunks leave", P);
+    const uint64_t out = after.bytes_device_to_host - before.bytes_device_to_host;
+    if (host_capacity == 0) {
+      cr_assert_eq(out, 0u, "EVAL iteration %d: %llu bytes copied back for chunks nothing wrote", it,
+                   (unsigned long long)out);
+    } else {
+      cr_assert_eq(out, evictions * chunk_bytes, "with a host capacity every eviction copies");
+    }
+  }
+  /* A TRAIN iteration writes gradients: those chunks are copied back. */
+  const pstar_stats before = t_stats(e);
+  iteration(e, id, 0, 0, NULL);
+  const pstar_stats after = t_stats(e);
+  cr_assert_geq(after.bytes_device_to_host - before.bytes_device_to_host, (uint64_t)P * chunk_bytes,
+                "every trained chunk goes to the host for the CPU update");
+  for (int i = 0; i < P; ++i) {
+    t_read_f32(e, id[i], back, N);
+    cr_assert_neq(memcmp(back, w[i], sizeof back), 0, "parameter %d was not updated", i);
+  }
+  T_OK(pstar_engine_destroy(e));
+}
+
+Test(placement, clean_chunks_are_dropped_not_copied_back) {
+  clean_run(0);
+  clean_run(64u << 20);
+}
