@@ -243,22 +243,23 @@ void OptimizerStep::run_local(pstar_step_result& r) {
       // placement neither fetches nor prefetches it, and its acquire waits
       // for it (before_acquire).
       std::vector<UpdateWorker::Job> jobs;
+      bool kept_any = false;
       for (uint32_t k : host_chunks) {
         ChunkState& c = chunks_[k];
         c.awaiting_update = false;
         if (!segments_of(k)) continue;
         if (keep_speculated(k, speculated, segments.segments())) {
           ++counters_.chunks_overlapped;
+          kept_any = true;
           continue;
         }
         jobs.push_back(UpdateWorker::Job{k, layout_->chunks()[k].used_elems, segments.segments(),
                                          lists_of(c, placement_->host_view(k)), options_.grad_accumulation});
         c.awaiting_update = true;
       }
-      if (!jobs.empty()) {
-        ++counters_.steps_overlapped;
-        counters_.chunks_overlapped += jobs.size();
-      }
+      // Kept speculations ran on the update thread too (during the backward).
+      if (!jobs.empty() || kept_any) ++counters_.steps_overlapped;
+      counters_.chunks_overlapped += jobs.size();
       worker_->start(std::move(jobs));
       if (ahead) placement_->prefetch_ahead(0);  // the chunks that need no update
     } else {

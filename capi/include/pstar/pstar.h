@@ -1065,7 +1065,8 @@ typedef struct pstar_x_step_stats {
   int32_t overlap;
   /** Zero (alignment of the fields below). */
   int32_t reserved;
-  /** Steps whose CPU updates ran on the engine's update thread. */
+  /** Steps whose CPU updates ran on the engine's update thread (after the
+   *  step, or kept from a speculation during its backward). */
   uint64_t steps_overlapped;
   /** Chunks updated there. */
   uint64_t chunks_updated;
