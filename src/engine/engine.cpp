@@ -9,6 +9,7 @@
 #include "memory/device_factory.h"
 #include "util/dtype.h"
 #include "util/error.h"
+#include "util/struct_check.h"
 #include "util/log.h"
 #include "util/settings.h"
 #include "step/optimizer_step.h"
@@ -840,11 +841,7 @@ void Engine::fill_stats(pstar_stats* out) const {
   s.world_size = group_.world();
   s.optimizer_chunks_on_device = hybrid_->chunks_on_device();
   s.optimizer_device_bytes = placement_->tier().bytes(Use::kOptimizer);
-  // Copy no more than the caller's struct holds.
-  const size_t n = std::min<size_t>(out->size, sizeof s);
-  s.size = out->size;
-  s.version = out->version;  // the caller's version: it says which fields it has
-  std::memcpy(out, &s, n);
+  write_versioned_struct(out, s);
 }
 
 }  // namespace pstar::engine

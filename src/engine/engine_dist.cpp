@@ -10,9 +10,7 @@
 // (below).  So every rank issues the same collectives in the same order as
 // long as the ranks make the same calls, whatever their capacities and
 // non-model bytes.
-#include <algorithm>
 #include <chrono>
-#include <cstring>
 #include <string>
 
 #include "dist/group.h"
@@ -21,6 +19,7 @@
 #include "engine/engine.h"
 #include "step/optimizer_step.h"
 #include "util/error.h"
+#include "util/struct_check.h"
 
 namespace pstar::engine {
 
@@ -134,10 +133,7 @@ void Engine::fill_step_stats(pstar_x_step_stats* out) const {
   s.wait_seconds = c.wait_seconds;
   s.chunks_speculated = c.chunks_speculated;
   s.speculations_discarded = c.speculations_discarded;
-  // An older caller's struct is shorter: only its fields are written.
-  s.size = out->size;
-  s.version = out->version;
-  std::memcpy(out, &s, std::min<size_t>(out->size, sizeof s));
+  write_versioned_struct(out, s);  // an older caller's struct is shorter
 }
 
 void Engine::fill_gather_stats(pstar_x_gather_stats* out) const {

@@ -50,6 +50,12 @@ using chunk::ChunkState;
 using chunk::Tier;
 using Use = memory::DeviceTier::Use;
 
+namespace {
+// The host bytes of one chunk's speculative result: its three fp32 lists
+// and a payload.
+uint64_t result_bytes(const ChunkState& c) { return 3 * c.shard_elems * sizeof(float) + c.bytes; }
+}  // namespace
+
 void OptimizerStep::add_segments(uint32_t k, optim::SegmentList& list) const {
   for (uint32_t id : layout_->chunks()[k].params) {
     if (!params_[id].has_grad) continue;
@@ -75,13 +81,13 @@ void OptimizerStep::reserve_speculation() {
       const ChunkState& c = chunks_[k];
       if (layout_->chunks()[k].frozen) continue;
       const uint64_t fp32_bytes = c.shard_elems * sizeof(float);
-      if (3 * fp32_bytes + c.bytes > spec_budget_ - bytes) break;
+      if (result_bytes(c) > spec_budget_ - bytes) break;
       for (uint64_t b : {fp32_bytes, fp32_bytes, fp32_bytes, c.bytes}) {
         void* p = host_->acquire(b);
         taken.emplace_back(p, b);
         std::memset(p, 0, b);
       }
-      bytes += 3 * fp32_bytes + c.bytes;
+      bytes += result_bytes(c);
     }
   } catch (const Error&) {
     // out of host memory: what was taken is reserve enough
@@ -112,7 +118,7 @@ void OptimizerStep::hand_over_speculation() {
     add_segments(k, list);
     if (list.empty()) continue;
     const uint64_t fp32_bytes = c.shard_elems * sizeof(float);
-    const uint64_t need = 3 * fp32_bytes + c.bytes;
+    const uint64_t need = result_bytes(c);
     if (need > spec_budget_ - spec_bytes_) continue;
     // With a host capacity: room left for every chunk still on the device
     // to be evicted, so that speculation never makes placement fail.
@@ -171,7 +177,7 @@ bool OptimizerStep::keep_speculated(uint32_t k, size_t completed, const std::vec
     same = a.begin == b.begin && a.end == b.end && std::memcmp(&a.constants, &b.constants, sizeof a.constants) == 0;
   }
   spec_state_[k] = SpecState::kNone;
-  spec_bytes_ -= 3 * chunks_[k].shard_elems * sizeof(float) + chunks_[k].bytes;
+  spec_bytes_ -= result_bytes(chunks_[k]);
   if (!same) {
     // The chunk is updated in place after this (its awaiting_update is the
     // caller's).

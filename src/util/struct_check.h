@@ -7,8 +7,10 @@
 // the tail check reads them, which is why the size is bounded first.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 
 #include "pstar/pstar.h"
@@ -47,6 +49,17 @@ inline void require_versioned_struct(const void* s, uint32_t size, uint32_t vers
              "function";
     });
   }
+}
+
+// Writes the library's filled struct `s` into the caller's `out`, whose
+// header (already checked by require_versioned_struct) says how many bytes
+// it holds: no more than that many are written, and the header keeps the
+// caller's size and version (its version says which fields it has).
+template <typename T>
+void write_versioned_struct(T* out, T s) {
+  s.size = out->size;
+  s.version = out->version;
+  std::memcpy(out, &s, std::min<size_t>(out->size, sizeof s));
 }
 
 }  // namespace pstar
