@@ -44,7 +44,14 @@ struct Param {
   // the queued work writing grad_acc is done.
   bool grad_pending = false;
   memory::EventPtr grad_ready;
-  float* grad_acc = nullptr;  // device fp32 accumulator during backward
+  // The fp32 accumulator of this iteration's backward uses: on the device
+  // (grad_acc), or, when the device has no room for it, on the host
+  // (grad_host; engine/engine_grad.cpp).  At most one holds the running
+  // sum: grad_acc when it is set (a pstar_grad_slot_acquire() use of a
+  // host-accumulated parameter borrows a device buffer for that use),
+  // grad_host otherwise.
+  float* grad_acc = nullptr;
+  float* grad_host = nullptr;
   // Written by the device when the gradient is finalized.
   double grad_sumsq = 0.0;
   int grad_nonfinite = 0;

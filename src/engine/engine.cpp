@@ -113,6 +113,7 @@ Engine::~Engine() {
   placement_->drain();
   for (auto& p : params_) {
     if (p.grad_acc != nullptr) device_->deallocate(p.grad_acc, p.numel * sizeof(float));
+    free_host_accumulator(p);
   }
   if (layout_) {
     nvme_.release();
@@ -464,6 +465,10 @@ void Engine::iteration_abort() {
       placement_->defer_free_device(done, p.grad_acc, p.numel * sizeof(float), Use::kGradients);
       p.grad_acc = nullptr;
     }
+    if (p.grad_host != nullptr) {
+      placement_->defer_free_host(done, p.grad_host, p.numel * sizeof(float));
+      p.grad_host = nullptr;
+    }
   }
   // The micro-batches' gradients folded so far are discarded, as a step
   // consumes them.
@@ -523,21 +528,8 @@ void* Engine::acquire(uint32_t id, pstar_stage stage, void* stream) {
     stats_.bytes_critical += c.bytes;  // a prefetch still in flight
   }
   c.prefetched = false;
-  const bool needs_acc = ev == TensorEvent::kAcquireBackward && !p.frozen() && p.grad_acc == nullptr;
-  if (needs_acc) {
-    ++c.compute_refs;  // keep the chunk in place while room is made
-    try {
-      p.grad_acc = static_cast<float*>(
-          placement_->device_alloc(p.numel * sizeof(float), place.chunk, "gradient buffer of '" + p.name + "'"));
-    } catch (...) {
-      --c.compute_refs;
-      throw;
-    }
-    --c.compute_refs;
-    placement_->tier().add(Use::kGradients, p.numel * sizeof(float));
-    placement_->note_device_peak();
-    device_->memset_async(s, p.grad_acc, 0, p.numel * sizeof(float));
-  }
+  if (ev == TensorEvent::kAcquireBackward && !p.frozen() && p.grad_acc == nullptr && p.grad_host == nullptr)
+    open_accumulator(id, s);
   device_->stream_wait(s, c.ready);
   if (device_->host_accessible()) {
     // The caller's compute runs on the host: the data must be there now.
@@ -591,6 +583,8 @@ void Engine::release(uint32_t id, void* stream) {
   const auto& place = layout_->param(id);
   ChunkState& c = chunks_[place.chunk];
   bool finalized = false;
+  if (p.grad_acc != nullptr && p.grad_host != nullptr)
+    return_borrowed_accumulator(p, ev == TensorEvent::kReleaseBackwardLast, s);
   if (ev == TensorEvent::kReleaseBackwardLast && !p.frozen() && sharded()) {
     // world > 1: the gradient stays in its fp32 buffer until the chunk's
     // reduce-scatter (the drop rule below), the slot keeps the weight.
@@ -599,6 +593,12 @@ void Engine::release(uint32_t id, void* stream) {
     p.grad_ready = device_->record(s);
   } else if (ev == TensorEvent::kReleaseBackwardLast && !p.frozen() && options_.grad_accumulation) {
     step_->fold_gradient(id, s);
+  } else if (ev == TensorEvent::kReleaseBackwardLast && !p.frozen() && p.grad_host != nullptr) {
+    void* slot = static_cast<char*>(c.device) + place.offset_elems * elem_bytes();
+    c.ready = finalize_on_host(p, slot, s);
+    p.slot_is_grad = true;
+    p.has_grad = true;
+    finalized = true;
   } else if (ev == TensorEvent::kReleaseBackwardLast && !p.frozen()) {
     // The gradient replaces the weight in the slot; overflow and norm are
     // known from here on, before the step begins.
@@ -662,34 +662,6 @@ Engine::Param& Engine::backward_param(const char* what, uint32_t id) {
           PSTAR_ERR_INVALID_STATE,
           [&] { return std::string(what) + ": '" + p.name + "' is not acquired for BACKWARD in a TRAIN iteration"; });
   return p;
-}
-
-void Engine::grad_write(uint32_t id, const void* grad, uint64_t count, pstar_dtype dtype, pstar_mem_space space,
-                        void* stream) {
-  Param& p = backward_param("grad_write", id);
-  group_.require_ok("grad_write");
-  require(dtype_valid(dtype), PSTAR_ERR_INVALID_ARGUMENT, "grad_write: unknown dtype");
-  require(space == PSTAR_MEM_HOST || space == PSTAR_MEM_DEVICE, PSTAR_ERR_INVALID_ARGUMENT,
-          "grad_write: unknown memory space");
-  require(count == p.numel, PSTAR_ERR_INVALID_ARGUMENT, [&] {
-    return "grad_write: count " + std::to_string(count) + " differs from the element count " + std::to_string(p.numel) +
-           " of '" + p.name + "'";
-  });
-  require(grad != nullptr || count == 0 || !payloads_, PSTAR_ERR_INVALID_ARGUMENT, "grad_write: grad is NULL");
-  if (payloads_) device_->check_caller_buffer(grad, count * dtype_size(dtype), space, "grad_write");
-  memory::Stream* s = device_->caller_stream(stream);
-  device_->grad_accumulate(s, p.grad_acc, grad, dtype, space, count);
-  // A host source may be reused as soon as this returns; on the emulated
-  // device the caller's compute is host code, so it sees the result now.
-  if (space == PSTAR_MEM_HOST || device_->host_accessible()) device_->synchronize(s);
-}
-
-float* Engine::grad_slot_acquire(uint32_t id, void* stream) {
-  Param& p = backward_param("grad_slot_acquire", id);
-  require(payloads_, PSTAR_ERR_UNSUPPORTED, "grad_slot_acquire: a dry run has no gradient buffers to write");
-  memory::Stream* s = device_->caller_stream(stream);
-  if (device_->host_accessible()) device_->synchronize(s);
-  return p.grad_acc;
 }
 
 void Engine::nonmodel_report(uint64_t bytes) {

@@ -168,6 +168,14 @@ class Engine : private placement::HybridTable {
   class CheckpointState;
   Param& value_access(const char* what, uint32_t id, const void* buf, uint64_t count, pstar_dtype dtype);
   Param& backward_param(const char* what, uint32_t id);
+  // The gradient accumulators (engine_grad.cpp).
+  bool host_accumulation_allowed(uint32_t chunk) const;
+  void open_accumulator(uint32_t id, memory::Stream* s);
+  void alloc_device_accumulator(uint32_t id);
+  void accumulate_on_host(Param& p, const void* grad, pstar_dtype dtype, pstar_mem_space space, memory::Stream* s);
+  void return_borrowed_accumulator(Param& p, bool last_use, memory::Stream* s);
+  memory::EventPtr finalize_on_host(Param& p, void* slot, memory::Stream* s);
+  void free_host_accumulator(Param& p);
   size_t elem_bytes() const;
 
   // placement::HybridTable: the chunks, as the placement runtime (a
@@ -206,6 +214,7 @@ class Engine : private placement::HybridTable {
 
   EngineOptions options_;  // the ordinal resolved for a rank (resolve_world)
   std::unique_ptr<memory::Device> device_;
+  bool host_gradient_logged_ = false;  // the first host-accumulated gradient is logged, once
   std::unique_ptr<memory::HostPool> host_;
   chunk::ParamTable params_;
   std::unique_ptr<chunk::ChunkLayout> layout_;

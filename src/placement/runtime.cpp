@@ -132,6 +132,17 @@ void Runtime::make_room(uint64_t bytes, int64_t keep_chunk, const std::string& p
   }
 }
 
+bool Runtime::fits_after_evicting(uint64_t bytes, int64_t keep_chunk) const {
+  if (tier_.fits(bytes)) return true;
+  uint64_t movable = tier_.bytes(Use::kDeferred);
+  for (uint32_t k = 0; k < chunks_->chunk_count(); ++k) {
+    const chunk::Chunk& c = at(k);
+    if (static_cast<int64_t>(k) != keep_chunk && c.tier == Tier::kDevice && c.evictable()) movable += c.bytes;
+  }
+  const uint64_t held = tier_.used() - std::min(movable, tier_.used());
+  return held <= tier_.capacity() && bytes <= tier_.capacity() - held;
+}
+
 void* Runtime::device_alloc(uint64_t bytes, int64_t keep_chunk, const std::string& purpose) {
   make_room(bytes, keep_chunk, purpose);
   return device_->allocate(bytes);

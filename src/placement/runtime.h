@@ -116,6 +116,11 @@ class Runtime {
   // `purpose` and the tier's uses when nothing more can move.
   void make_room(uint64_t bytes, int64_t keep_chunk, const std::string& purpose);
   void* device_alloc(uint64_t bytes, int64_t keep_chunk, const std::string& purpose);
+  // Whether make_room(bytes, keep_chunk) would succeed: `bytes` fit once
+  // every deferred free is done and every evictable resident chunk but
+  // `keep_chunk` has left.  Moves nothing.  Conservative: transient
+  // staging that release_staging could free counts as held.
+  bool fits_after_evicting(uint64_t bytes, int64_t keep_chunk) const;
   // A transient device buffer for a collective (Use::kStaging): made room
   // for like a chunk and counted while it lives; freed at once by
   // free_staging, which the caller calls when nothing queued uses it.

@@ -109,6 +109,18 @@ void OptimizerStep::fold_gradient(uint32_t id, memory::Stream* s) {
   const auto& place = layout_->param(id);
   const size_t bytes = p.numel * sizeof(float);
   ChunkState& c = chunks_[place.chunk];
+  if (p.grad_host != nullptr) {
+    // Accumulated on the host (engine/engine_grad.cpp): added from there,
+    // as the staged copy below would be.
+    float* dst = c.grad32 + place.offset_elems;
+    if (options_.payloads) {
+      for (uint64_t i = 0; i < p.numel; ++i) dst[i] += p.grad_host[i];
+    }
+    host_->release(p.grad_host, bytes);
+    p.grad_host = nullptr;
+    p.has_grad = true;
+    return;
+  }
   if (c.opt_device != nullptr) {
     // The gradient list is on the device too: added there, asynchronously;
     // the accumulator is freed once the addition is done.

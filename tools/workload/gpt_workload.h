@@ -75,7 +75,21 @@
 
 namespace pstar::workload {
 
+// The model family: a GPT (as above), or a ViT (torchvision's
+// VisionTransformer): the same layers; a patch projection (conv_proj, a
+// [hidden, channels, patch, patch] weight and a bias), a class token
+// [1, 1, h] and a position embedding [1, seq, h] registered outside any
+// submodule, where seq = patches + 1; a final LayerNorm and a classifier head
+// [classes, h] with a bias, not tied.  Its schedule: conv_proj, class token,
+// position embedding, layers, LayerNorm, head; backward in reverse.  The
+// head's FLOPs count the class token's row only; its logits are batch x
+// classes.  conv_proj: 2 h (channels patch^2) FLOPs per patch.  Its
+// attention is one use of four parameters (qkv and output projection,
+// weights and biases), as nn.MultiheadAttention makes one call of them.
+enum class ModelKind { kGpt, kVit };
+
 struct GptShape {
+  ModelKind kind = ModelKind::kGpt;
   uint32_t layers = 0;
   uint32_t hidden = 0;
   uint32_t heads = 0;
@@ -85,6 +99,10 @@ struct GptShape {
   bool checkpointing = true;  // full activation checkpointing per layer
   uint32_t dtype_bytes = 2;   // compute dtype and activations: 2 or 4
   uint32_t logits_bytes = 4;  // bytes per logit kept for the loss
+  // ViT only.
+  uint32_t patch = 0;
+  uint32_t channels = 0;
+  uint32_t classes = 0;
 };
 
 // Empty when the shape is usable; otherwise what is wrong with it.
@@ -129,7 +147,10 @@ uint64_t gpt_param_count(const GptShape& shape);
 uint64_t layer_activation_bytes(const GptShape& shape);
 
 // Builds the parameter list and the schedule.  Throws std::invalid_argument
-// when validate() reports a problem.
+// when validate() reports a problem, or the shape is of the other kind.
 Workload make_gpt(const GptShape& shape);
+Workload make_vit(const GptShape& shape);
+// make_gpt or make_vit, by shape.kind.
+Workload make_workload(const GptShape& shape);
 
 }  // namespace pstar::workload

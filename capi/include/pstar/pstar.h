@@ -619,7 +619,17 @@ PSTAR_API pstar_status pstar_engine_compute_stream(pstar_engine *engine, void **
  *  parameter may be acquired several times per stage, one acquire at a time.
  *  FORWARD and RECOMPUTE need a parameter slot holding weights; BACKWARD
  *  counts a backward use.  PSTAR_ERR_OUT_OF_MEMORY if the parameters
- *  acquired now cannot fit together. */
+ *  acquired now cannot fit together.
+ *
+ *  The first BACKWARD use of a trainable parameter in an iteration opens
+ *  its fp32 gradient accumulator: a 4 B/element buffer on the accelerator
+ *  when there is room for it beside the chunks in use (and, for a parameter
+ *  with more backward uses to come, room for one more chunk and its
+ *  buffer), otherwise a host buffer.  The bits are the same either way;
+ *  the host accumulator costs a copy of each contribution to the host
+ *  instead of accelerator memory.  With world_size > 1, and with
+ *  grad_accumulation for a chunk whose optimizer state is on the
+ *  accelerator, the accumulator is always on the accelerator. */
 PSTAR_API pstar_status pstar_param_acquire(pstar_engine *engine, uint32_t id,
                                            pstar_stage stage, void *stream, void **out_ptr);
 
@@ -649,7 +659,10 @@ PSTAR_API pstar_status pstar_grad_write(pstar_engine *engine, uint32_t id, const
 /** Returns the address of parameter `id`'s fp32 gradient accumulator on the
  *  accelerator (element count floats), for the caller to add its
  *  contribution in place.  Same legality as pstar_grad_write(); the pointer
- *  is valid until pstar_param_release() of that use. */
+ *  is valid until pstar_param_release() of that use.  For a parameter whose
+ *  accumulator is on the host (see pstar_param_acquire()), this use borrows
+ *  an accelerator buffer holding the sum so far (PSTAR_ERR_OUT_OF_MEMORY
+ *  when even that has no room); pstar_grad_write() needs none. */
 PSTAR_API pstar_status pstar_grad_slot_acquire(pstar_engine *engine, uint32_t id, void *stream,
                                                float **out_ptr);
 

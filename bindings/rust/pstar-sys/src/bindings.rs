@@ -1241,6 +1241,16 @@ extern "C" {
     #[doc = "  FORWARD and RECOMPUTE need a parameter slot holding weights; BACKWARD"]
     #[doc = "  counts a backward use.  PSTAR_ERR_OUT_OF_MEMORY if the parameters"]
     #[doc = "  acquired now cannot fit together."]
+    #[doc = ""]
+    #[doc = "  The first BACKWARD use of a trainable parameter in an iteration opens"]
+    #[doc = "  its fp32 gradient accumulator: a 4 B/element buffer on the accelerator"]
+    #[doc = "  when there is room for it beside the chunks in use (and, for a parameter"]
+    #[doc = "  with more backward uses to come, room for one more chunk and its"]
+    #[doc = "  buffer), otherwise a host buffer.  The bits are the same either way;"]
+    #[doc = "  the host accumulator costs a copy of each contribution to the host"]
+    #[doc = "  instead of accelerator memory.  With world_size > 1, and with"]
+    #[doc = "  grad_accumulation for a chunk whose optimizer state is on the"]
+    #[doc = "  accelerator, the accumulator is always on the accelerator."]
     pub fn pstar_param_acquire(
         engine: *mut pstar_engine,
         id: u32,
@@ -1288,7 +1298,10 @@ extern "C" {
     #[doc = " Returns the address of parameter `id`'s fp32 gradient accumulator on the"]
     #[doc = "  accelerator (element count floats), for the caller to add its"]
     #[doc = "  contribution in place.  Same legality as pstar_grad_write(); the pointer"]
-    #[doc = "  is valid until pstar_param_release() of that use."]
+    #[doc = "  is valid until pstar_param_release() of that use.  For a parameter whose"]
+    #[doc = "  accumulator is on the host (see pstar_param_acquire()), this use borrows"]
+    #[doc = "  an accelerator buffer holding the sum so far (PSTAR_ERR_OUT_OF_MEMORY"]
+    #[doc = "  when even that has no room); pstar_grad_write() needs none."]
     pub fn pstar_grad_slot_acquire(
         engine: *mut pstar_engine,
         id: u32,
