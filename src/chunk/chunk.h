@@ -26,9 +26,13 @@ struct Chunk {
   // holds the same bits as the device payload (placement/runtime.h, "clean
   // chunks"); null once anything may have written the device payload.
   void* host_copy = nullptr;
-  memory::EventPtr ready;      // completes when the payload at its tier is valid
-  memory::EventPtr last_use;   // completes when queued work that uses it is done
-  uint32_t compute_refs = 0;   // tensors in COMPUTE
+  memory::EventPtr ready;     // completes when the payload at its tier is valid
+  memory::EventPtr last_use;  // completes when queued work that uses it is done
+  uint32_t compute_refs = 0;  // tensors in COMPUTE
+  // While compute_refs > 0: the bytes placement::Runtime::hold counted in
+  // the device tier's held bytes (its payload, or 0 for one that is in a
+  // gather slot or stays on the device with its optimizer state).
+  uint64_t held_bytes = 0;
   bool prefetched = false;     // fetched ahead of use, not acquired since
   bool pinned_static = false;  // static policy: never evicted once fetched
   bool evicted = false;        // left the accelerator at least once

@@ -459,7 +459,7 @@ void Engine::iteration_abort() {
       // Released here, as by pstar_param_release on the default stream,
       // without its gradient work.
       c.last_use = done;
-      --c.compute_refs;
+      if (--c.compute_refs == 0) placement_->unhold(place.chunk);
     }
     if (p.grad_acc != nullptr) {
       placement_->defer_free_device(done, p.grad_acc, p.numel * sizeof(float), Use::kGradients);
@@ -547,7 +547,7 @@ void* Engine::acquire(uint32_t id, pstar_stage stage, void* stream) {
   if (ev == TensorEvent::kAcquireForward) ++p.forward_uses;
   if (ev == TensorEvent::kAcquireBackward) ++p.backward_uses;
   drop_rule_.note_backward_open(place.chunk, was_open, p.backward_uses != p.forward_uses);
-  ++c.compute_refs;
+  if (c.compute_refs++ == 0) placement_->hold(place.chunk);
   // The backward writes the gradient into the slot: the host copy goes.
   if (ev == TensorEvent::kAcquireBackward && !p.frozen()) placement_->mark_written(place.chunk);
   ++acquires_;
@@ -614,7 +614,7 @@ void Engine::release(uint32_t id, void* stream) {
   }
   c.last_use = device_->record(s);
   params_.apply(id, ev);
-  --c.compute_refs;
+  if (--c.compute_refs == 0) placement_->unhold(place.chunk);
   if (finalized && c.grads_to_come > 0 && --c.grads_to_come == 0) gradients_leave(place.chunk);
   // world > 1: the drop rule (dist/drop_rule.h).
   switch (drop_rule_.after_release(id, place.chunk, p.acquired_stage, c.compute_refs)) {
@@ -746,8 +746,8 @@ pstar_step_result Engine::step() {
   iteration_active_ = false;
   placement_->iteration_end();
   if (nvme_error) std::rethrow_exception(nvme_error);
-  if (hybrid_->places_at_next_step_end()) step_->wait();  // the placement moves fp32 lists
-  hybrid_->step_ended();                                  // places the optimizer state when warm-up ends
+  if (hybrid_->moves_at_next_step_end()) step_->wait();  // the placement moves fp32 lists
+  hybrid_->step_ended();                                 // after warm-up: decides again where the optimizer state is
   r.step = optimizer_.step();
   r.next_loss_scale = optimizer_.scaler().scale();
   return r;

@@ -1,5 +1,6 @@
 #include "memory/device_tier.h"
 
+#include <algorithm>
 #include <limits>
 
 #include "util/error.h"
@@ -52,6 +53,23 @@ void DeviceTier::set_nonmodel(uint64_t bytes) {
   check();
 }
 
+void DeviceTier::hold(uint64_t bytes) {
+  held_ += bytes;
+  check();
+}
+
+void DeviceTier::unhold(uint64_t bytes) {
+  if (bytes > held_) {
+    internal_error("device tier: releasing " + std::to_string(bytes) + " held chunk bytes of " + std::to_string(held_));
+  }
+  held_ -= bytes;
+  check();
+}
+
+uint64_t DeviceTier::need() const {
+  return held_ + bytes(Use::kGradients) + bytes(Use::kGatherSlots) + bytes(Use::kStaging) + bytes(Use::kNonModel);
+}
+
 std::string DeviceTier::describe() const {
   std::string s;
   for (int i = 0; i < kUses; ++i) {
@@ -64,7 +82,8 @@ std::string DeviceTier::describe() const {
   return s;
 }
 
-void DeviceTier::check() const {
+void DeviceTier::check() {
+  need_peak_ = std::max(need_peak_, need());
   uint64_t sum = 0;
   for (uint64_t b : bytes_) sum += b;
   if (sum != used_) {

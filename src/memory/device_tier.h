@@ -55,16 +55,33 @@ class DeviceTier {
   // The caller's non-model bytes are a level, not a delta.
   void set_nonmodel(uint64_t bytes);
 
+  // Chunk payload bytes the caller holds (acquired, not yet released): a
+  // part of kChunks (not counted again in used()) that must be resident at
+  // this moment whatever placement caches.
+  void hold(uint64_t bytes);
+  void unhold(uint64_t bytes);
+  uint64_t held() const { return held_; }
+  // What the device must hold at this moment whatever placement caches or
+  // places: held chunks, gradient buffers, gather slots, collective staging
+  // and non-model bytes.  Hybrid placement sizes its margin from the peak of
+  // this since its last decision (placement/hybrid.h), not from what a
+  // chunk cache left free.
+  uint64_t need() const;
+  uint64_t need_peak() const { return need_peak_; }
+  void reset_need_peak() { need_peak_ = need(); }
+
   // "chunks N bytes, gradient buffers N bytes, ..." for error messages.
   std::string describe() const;
 
  private:
   static int index(Use u) { return static_cast<int>(u); }
-  void check() const;
+  void check();  // also keeps need_peak_
 
   uint64_t capacity_;
   uint64_t used_ = 0;                    // invariant: sum of bytes_
   std::array<uint64_t, kUses> bytes_{};  // per Use
+  uint64_t held_ = 0;                    // held chunks' payload bytes (Runtime::hold)
+  uint64_t need_peak_ = 0;               // the peak of need() since reset_need_peak()
 };
 
 }  // namespace pstar::memory

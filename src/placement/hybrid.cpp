@@ -25,7 +25,25 @@ void HybridPlacement::attach(HybridTable* chunks, const chunk::ChunkLayout* layo
 
 void HybridPlacement::step_ended() {
   ++train_steps_;
-  if (options_.enabled && !placed_ && train_steps_ >= options_.warmup_iterations) place();
+  if (!options_.enabled || train_steps_ < options_.warmup_iterations) return;
+  const Plan p = plan();
+  for (uint32_t k : p.out) move_out(k);
+  for (uint32_t k : p.in) move(k);
+  const memory::DeviceTier& tier = runtime_->tier();
+  if (!p.empty()) {
+    log::info("hybrid optimizer placement: " + std::to_string(chunks_on_device_) + " optimizer chunks on the device (" +
+              std::to_string(p.in.size()) + " in, " + std::to_string(p.out.size()) + " out; " +
+              bytes_str(tier.bytes(Use::kOptimizer)) +
+              (tier.limited()
+                   ? " in a margin of " + bytes_str(p.margin) + " above a need peak of " + bytes_str(tier.need_peak())
+                   : std::string()) +
+              ")");
+  }
+  runtime_->tier().reset_need_peak();
+}
+
+bool HybridPlacement::moves_at_next_step_end() const {
+  return options_.enabled && train_steps_ + 1 >= options_.warmup_iterations && !plan().empty();
 }
 
 uint64_t HybridPlacement::state_bytes(uint32_t k) const {
@@ -33,8 +51,23 @@ uint64_t HybridPlacement::state_bytes(uint32_t k) const {
   return lists * layout_->chunks()[k].capacity_elems * sizeof(float);
 }
 
-void HybridPlacement::place() {
-  placed_ = true;
+uint64_t HybridPlacement::margin() const {
+  const memory::DeviceTier& tier = runtime_->tier();
+  if (!tier.limited()) return std::numeric_limits<uint64_t>::max();
+  // What the iterations since the last decision needed on the device
+  // whatever was cached (DeviceTier::need: held chunks, gradient buffers,
+  // non-model bytes, at their peak), and a streaming reserve through which
+  // the other chunks are fetched and prefetched.  The chunk cache gives way
+  // to the state.
+  uint64_t largest_chunk = 0;
+  for (uint32_t k = 0; k < chunks_->chunk_count(); ++k)
+    largest_chunk = std::max(largest_chunk, chunks_->chunk_at(k).bytes);
+  const uint64_t need = tier.need_peak() + kStreamingChunks * largest_chunk;
+  return tier.capacity() > need ? tier.capacity() - need : 0;
+}
+
+HybridPlacement::Plan HybridPlacement::plan() const {
+  Plan p;
   std::vector<uint32_t> order;
   for (uint32_t k = 0; k < chunks_->chunk_count(); ++k) {
     if (!layout_->chunks()[k].frozen) order.push_back(k);
@@ -43,27 +76,24 @@ void HybridPlacement::place() {
   std::stable_sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
     return chunks_->chunk_at(a).last_acquire > chunks_->chunk_at(b).last_acquire;
   });
-  uint64_t margin = std::numeric_limits<uint64_t>::max();
-  const memory::DeviceTier& tier = runtime_->tier();
-  if (tier.limited()) {
-    margin = tier.capacity() > runtime_->counters().peak_device_bytes
-                 ? tier.capacity() - runtime_->counters().peak_device_bytes
-                 : 0;
-  }
-  const uint64_t initial_margin = margin;
+  p.margin = margin();
+  uint64_t left = p.margin;
   for (uint32_t k : order) {
     const chunk::Chunk& c = chunks_->chunk_at(k);
-    if (chunks_->lists_at(k).master_pins != 0) continue;  // exported masters stay where they are
-    // The payload is pinned resident from now on: it costs room unless it
-    // has stayed on the device since it first arrived.
-    const uint64_t cost = state_bytes(k) + (c.tier == Tier::kDevice && !c.evicted ? 0 : c.bytes);
-    if (cost > margin) continue;
-    margin -= cost;
-    move(k);
+    const bool placed = c.opt_device != nullptr;
+    // Exported masters stay where they are (they are never on the device:
+    // pstar_param_pin refuses state there).
+    if (!placed && chunks_->lists_at(k).master_pins != 0) continue;
+    // The state, and the payload: pinned resident while the state is there.
+    const uint64_t cost = state_bytes(k) + c.bytes;
+    if (cost <= left) {
+      left -= cost;
+      if (!placed) p.in.push_back(k);
+    } else if (placed) {
+      p.out.push_back(k);
+    }
   }
-  log::info("hybrid optimizer placement: " + std::to_string(chunks_on_device_) + " of " + std::to_string(order.size()) +
-            " optimizer chunks on the device (" + bytes_str(tier.bytes(Use::kOptimizer)) +
-            (tier.limited() ? " of a margin of " + bytes_str(initial_margin) : std::string()) + ")");
+  return p;
 }
 
 void HybridPlacement::move(uint32_t k) {
@@ -98,6 +128,36 @@ void HybridPlacement::move(uint32_t k) {
   ready_[k] = done;
   runtime_->count_host_to_device(bytes);
   ++chunks_on_device_;
+}
+
+void HybridPlacement::move_out(uint32_t k) {
+  chunk::Chunk& c = chunks_->chunk_at(k);
+  chunk::Fp32Lists& l = chunks_->lists_at(k);
+  const uint64_t fp32_bytes = layout_->chunks()[k].capacity_elems * sizeof(float);
+  const uint64_t bytes = bytes_[k];
+  void* base = c.opt_device;
+  // After the chunk's queued work (its device update on the compute stream).
+  memory::Stream* s = device_->d2h_stream();
+  device_->stream_wait(s, ready_[k]);
+  device_->stream_wait(s, device_->record(device_->compute_stream()));
+  device_->stream_wait(s, c.last_use);
+  float** lists[] = {&l.master, &l.exp_avg, &l.exp_avg_sq, &l.grad32};
+  for (float** list : lists) {
+    if (*list == nullptr) continue;
+    float* host = static_cast<float*>(runtime_->host_alloc(fp32_bytes));
+    device_->copy_async(s, host, *list, fp32_bytes, memory::CopyKind::kDeviceToHost);
+    *list = host;
+  }
+  const memory::EventPtr done = device_->record(s);
+  runtime_->host_wait(s, done);
+  runtime_->check_ready(done, "optimizer state moved to the host");
+  runtime_->defer_free_device(done, base, bytes, Use::kOptimizer);
+  runtime_->count_device_to_host(bytes);
+  c.opt_device = nullptr;
+  bytes_[k] = 0;
+  ready_[k] = nullptr;
+  --chunks_on_device_;
+  ++moved_out_;
 }
 
 void HybridPlacement::sync(uint32_t k) {

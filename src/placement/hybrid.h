@@ -1,9 +1,16 @@
 // HybridPlacement: hybrid optimizer placement (options.hybrid_optimizer).
-// When warm-up ends, the peak of the accelerator tier so far is known; what
-// the capacity leaves above it (the margin) takes the fp32 optimizer state
+// When warm-up ends, the peak of what the device had to hold whatever the
+// chunk cache did (memory::DeviceTier::need: chunks in use, gradient
+// buffers, non-model bytes) is known, as PatrickStar sizes its margin from
+// the non-model peak; what the capacity leaves above it and a streaming
+// reserve (the margin) takes the fp32 optimizer state
 // (master, m, v, and the gradient list with accumulation) of as many
-// trainable chunks as fit, for good: chunks used last first, since they are
-// the ones resident when the step runs.  Such a chunk's compute payload then
+// trainable chunks as fit: chunks used last first, since they are the ones
+// resident when the step runs.  The decision is made again at every TRAIN
+// step from the need peak of the iterations since the previous one, so
+// state moves back to the host when the need grows (a longer sequence, a
+// larger batch) and onto the device when it shrinks; the moves are copies
+// of the same bits, so results are those of hybrid placement off.  Such a chunk's compute payload then
 // stays on the device (chunk::Chunk::opt_device makes it no victim), and its
 // Adam update runs on the device, queued on the compute stream by the
 // engine.
@@ -43,6 +50,11 @@ class HybridTable : public ChunkTable {
   ~HybridTable() = default;
 };
 
+// Chunks' worth of device room kept free beside the need peak for the chunks
+// that stream through (one being fetched while the next is prefetched), as
+// the static policy's reserve.
+constexpr uint64_t kStreamingChunks = 2;
+
 struct HybridOptions {
   bool enabled = false;            // options.hybrid_optimizer
   uint32_t warmup_iterations = 1;  // TRAIN steps before the state is placed
@@ -51,8 +63,9 @@ struct HybridOptions {
 
 class HybridPlacement {
  public:
-  // The margin is the capacity less the runtime's peak (MoveCounters); the
-  // lists' copies count as the runtime's host-to-device bytes.
+  // The margin is the capacity less the device tier's need peak and the
+  // streaming reserve; the lists' copies count as the runtime's
+  // host-to-device bytes.
   HybridPlacement(memory::Device* device, Runtime* runtime, const HybridOptions& options)
       : options_(options), device_(device), runtime_(runtime) {}
 
@@ -60,16 +73,26 @@ class HybridPlacement {
   void attach(HybridTable* chunks, const chunk::ChunkLayout* layout);
 
   // A TRAIN step completed: once warm-up ends (the options' count of steps),
-  // places the optimizer state, once.
+  // decides again which chunks' state is on the device (see Plan) and moves
+  // what changed; the need peak starts again from there.
   void step_ended();
-  // The next step_ended() places the optimizer state (moves fp32 lists).
-  bool places_at_next_step_end() const {
-    return options_.enabled && !placed_ && train_steps_ + 1 >= options_.warmup_iterations;
-  }
-  // The placement itself (step_ended calls it): moves the state of trainable
-  // chunks, used last first, while their cost fits the margin; a chunk with
-  // a pinned master stays where it is.
-  void place();
+  // Whether the next step_ended() moves fp32 lists (the engine first waits
+  // for an overlapped update that may use them).
+  bool moves_at_next_step_end() const;
+
+  // The decision, re-made at every TRAIN step after warm-up: trainable
+  // chunks, used last first, take their cost (their state and their pinned
+  // payload) from the margin while it lasts, skipping those that do not
+  // fit; a chunk with a pinned master stays where it is.  `out`: placed
+  // chunks no longer chosen (the margin shrank: the need grew); `in`:
+  // chosen chunks not yet placed.  A stable need gives the same choice, so
+  // nothing moves.
+  struct Plan {
+    std::vector<uint32_t> out, in;
+    uint64_t margin = 0;
+    bool empty() const { return out.empty() && in.empty(); }
+  };
+  Plan plan() const;
 
   // Bytes of chunk k's device buffer: its fp32 lists back to back.
   uint64_t state_bytes(uint32_t k) const;
@@ -104,6 +127,12 @@ class HybridPlacement {
 
  private:
   void move(uint32_t k);
+  // The state of chunk k back to new host lists: the copies queued on the
+  // D2H stream after the chunk's queued work, the host waiting for them
+  // (the next host update reads the lists); the device buffer is freed
+  // once they are done, and the payload becomes evictable again.
+  void move_out(uint32_t k);
+  uint64_t margin() const;
 
   const HybridOptions options_;
   memory::Device* device_;  // not owned
@@ -111,8 +140,8 @@ class HybridPlacement {
   HybridTable* chunks_ = nullptr;
   const chunk::ChunkLayout* layout_ = nullptr;
   uint64_t train_steps_ = 0;  // TRAIN steps completed so far
-  bool placed_ = false;
   uint32_t chunks_on_device_ = 0;
+  uint64_t moved_out_ = 0;  // chunks whose state came back to the host (re-decisions)
   // Per chunk: its device buffer's size (0: none) and the event after
   // which the buffer is valid.
   std::vector<uint64_t> bytes_;

@@ -260,6 +260,18 @@ void Runtime::leave_device(uint32_t k) {
   ++counters_.evictions;
 }
 
+void Runtime::hold(uint32_t k) {
+  chunk::Chunk& c = at(k);
+  c.held_bytes = c.gather_slot < 0 && c.opt_device == nullptr ? c.bytes : 0;
+  tier_.hold(c.held_bytes);
+}
+
+void Runtime::unhold(uint32_t k) {
+  chunk::Chunk& c = at(k);
+  tier_.unhold(c.held_bytes);
+  c.held_bytes = 0;
+}
+
 void Runtime::mark_written(uint32_t k) {
   chunk::Chunk& c = at(k);
   if (c.host_copy == nullptr) return;

@@ -100,6 +100,10 @@ class Runtime {
   // Host-to-device bytes copied by others on placement's behalf (hybrid
   // placement's lists).
   void count_host_to_device(uint64_t bytes) { counters_.bytes_host_to_device += bytes; }
+  void count_device_to_host(uint64_t bytes) { counters_.bytes_device_to_host += bytes; }
+  // A host buffer from the host pool (hybrid placement's lists coming back);
+  // freed with defer_free_host.
+  void* host_alloc(size_t bytes) { return host_->acquire(bytes); }
   // Called when room is short and nothing deferred can be freed: frees
   // transient device memory the engine holds (a reduce-scatter's staging),
   // returning whether it freed any.
@@ -156,6 +160,11 @@ class Runtime {
   void forget(uint32_t k);
   // Chunk k is resident and was just used.
   void touch(uint32_t k) { lru_.touch(k); }
+  // Chunk k's compute_refs went from 0 to 1 (hold) or from 1 to 0 (unhold):
+  // its payload counts in the device tier's need (DeviceTier::need) while
+  // held, unless it is counted otherwise (a gather slot, hybrid state).
+  void hold(uint32_t k);
+  void unhold(uint32_t k);
 
   // Waiting and accounting.
   void note_device_peak();

@@ -37,10 +37,15 @@ typedef struct hcfg {
   int write_at;          /* step after which parameters are rewritten, or -1 */
   int record;            /* keep and export a timeline to trace_path */
   const char *trace_path;
+  /* Steps [grow_from, grow_to) report `grow_bytes` more non-model bytes
+   * (a longer sequence, say); grow_to 0: none. */
+  int grow_from, grow_to;
+  uint64_t grow_bytes;
 } hcfg;
 
 typedef struct hrun {
   pstar_stats stats;
+  uint32_t on_device[ITERS]; /* optimizer_chunks_on_device after each step */
   double now;
   float w[P][MAXN];
 } hrun;
@@ -69,12 +74,13 @@ static void *acquire_any(pstar_engine *e, uint32_t id, pstar_stage stage) {
  * reverse; gradients depend on the weights read from the slot (real runs). */
 static void micro_batch(pstar_engine *e, const uint32_t *id, const hcfg *c, int step, int mb) {
   static float g[MAXN];
+  const uint64_t extra = step >= c->grow_from && step < c->grow_to ? c->grow_bytes : 0;
   for (int i = 0; i <= P; ++i) {
     const int p = i == P ? 0 : i;
     acquire_any(e, id[p], PSTAR_STAGE_FORWARD);
     if (c->virtual_clock) T_OK(pstar_clock_advance(e, 2e-6));
     T_OK(pstar_param_release(e, id[p], NULL));
-    T_OK(pstar_nonmodel_report(e, activations(i)));
+    T_OK(pstar_nonmodel_report(e, activations(i) + extra));
   }
   for (int i = P; i >= 0; --i) {
     const int p = i == P ? 0 : i;
@@ -92,7 +98,7 @@ static void micro_batch(pstar_engine *e, const uint32_t *id, const hcfg *c, int 
     T_OK(pstar_grad_write(e, id[p], c->dry_run ? NULL : g, (uint64_t)kNumel[p], PSTAR_DTYPE_F32, PSTAR_MEM_HOST,
                           NULL));
     T_OK(pstar_param_release(e, id[p], NULL));
-    T_OK(pstar_nonmodel_report(e, i == 0 ? 0 : activations(i - 1)));
+    T_OK(pstar_nonmodel_report(e, i == 0 ? 0 : activations(i - 1) + extra));
   }
 }
 
@@ -134,6 +140,7 @@ static void run_cfg(const hcfg *c, hrun *out) {
     for (int mb = 0; mb < (c->grad_accumulation ? 2 : 1); ++mb) micro_batch(e, id, c, s, mb);
     pstar_step_result r = PSTAR_STEP_RESULT_INIT;
     T_OK(pstar_step(e, &r));
+    out->on_device[s] = t_stats(e).optimizer_chunks_on_device;
     cr_assert_eq(r.skipped, s == c->overflow_at, "step %d: skipped %d (hybrid %d, policy %d, capacity %llu, strict %d)",
                  s, r.skipped, c->hybrid, (int)c->policy, (unsigned long long)c->capacity, c->strict);
     if (s == c->write_at && !c->dry_run) {
@@ -328,6 +335,58 @@ static void check_identical(hcfg c, const char *what) {
     }
   }
   cr_assert_gt(placed, 0);
+}
+
+/* Re-decided each step: a need that grows moves state back to the host, a
+ * need that shrinks brings it back, never above the capacity, and the
+ * results are those of hybrid off with the same reports. */
+Test(hybrid, the_placement_follows_the_need_step_by_step_with_the_same_bits) {
+  static hrun ref, r;
+  hcfg c = base_cfg();
+  const uint64_t one = opt_chunk_bytes(0);
+  /* The capacity at which one more chunk's state just fits (found with dry
+   * runs, 256 bytes at a time): its margin is used up to less than 256
+   * bytes.  A need grown by 4096 bytes then still runs (the streaming
+   * reserve is two 2048-element chunks, 8192 bytes) but leaves the placed
+   * state over the margin at the next decision.  The growth is reported
+   * during the iterations: state moves only between them. */
+  hcfg probe = c;
+  probe.dry_run = 1;
+  probe.hybrid = 1;
+  probe.capacity = unlimited_peak(&c);
+  run_cfg(&probe, &r);
+  const uint32_t base = r.on_device[1];
+  while (r.on_device[1] == base && probe.capacity < unlimited_peak(&c) + 6 * one) {
+    probe.capacity += 256;
+    run_cfg(&probe, &r);
+  }
+  cr_assert_gt(r.on_device[1], base, "one more chunk's state fits at some capacity");
+  c.capacity = probe.capacity;
+  c.grow_from = 2;
+  c.grow_to = 4;
+  c.grow_bytes = 4096;
+  hcfg off = c;
+  off.capacity = 0;
+  run_cfg(&off, &ref);
+  for (int pi = 0; pi < 3; ++pi) {
+    for (int strict = 0; strict < 2; ++strict) {
+      c.policy = (pstar_policy)pi;
+      c.strict = strict;
+      c.hybrid = 1;
+      run_cfg(&c, &r);
+      const uint32_t steady = r.on_device[1];
+      cr_assert_gt(steady, 0u, "policy %d: placed after warm-up", pi);
+      cr_assert_eq(r.on_device[0], steady, "policy %d: placed at the end of warm-up", pi);
+      cr_assert_lt(r.on_device[2], steady, "policy %d: the grown need sends state back (%u of %u)", pi,
+                   r.on_device[2], steady);
+      cr_assert_eq(r.on_device[3], r.on_device[2], "policy %d: a stable need moves nothing", pi);
+      cr_assert_eq(r.on_device[4], steady, "policy %d: the need shrank, the state returns", pi);
+      cr_assert_eq(r.on_device[5], steady, "policy %d", pi);
+      cr_assert_leq(r.stats.peak_device_bytes, c.capacity, "policy %d: peak over the capacity", pi);
+      cr_assert_eq(memcmp(r.w, ref.w, sizeof r.w), 0, "policy %d, strict %d: results differ from hybrid off", pi,
+                   strict);
+    }
+  }
 }
 
 Test(hybrid, results_are_bit_identical_bf16) {

@@ -118,12 +118,14 @@ struct Fixture {
 // What one trainable chunk of kElems costs from the host: its three lists
 // and its payload.
 constexpr uint64_t kCostFromHost = 3 * kElems * sizeof(float) + kPayloadBytes;
+// The streaming reserve kept beside the need when every chunk has kElems.
+constexpr uint64_t kReserve = pstar::placement::kStreamingChunks * kPayloadBytes;
 
 }  // namespace
 
 Test(placement_hybrid, chunks_used_last_go_first_and_nothing_goes_above_the_margin) {
-  // Room for two chunks and a little more.
-  Fixture f({kElems, kElems, kElems, kElems}, {false, false, false, false}, 2 * kCostFromHost + 100);
+  // Room for two chunks and a little more beside the streaming reserve.
+  Fixture f({kElems, kElems, kElems, kElems}, {false, false, false, false}, 2 * kCostFromHost + kReserve + 100);
   f.used_in_order({0, 2, 3, 1});  // 1 used last, then 3
   f.hy.step_ended();
   cr_assert(f.placed(1) && f.placed(3), "the two chunks used last");
@@ -138,39 +140,86 @@ Test(placement_hybrid, chunks_used_last_go_first_and_nothing_goes_above_the_marg
   cr_assert(f.chunks.v[0].tier == Tier::kHost);
 }
 
-Test(placement_hybrid, the_margin_is_the_capacity_above_the_peak_so_far) {
-  Fixture f({kElems, kElems, kElems}, {false, false, false}, 3 * kCostFromHost);
+Test(placement_hybrid, the_margin_is_the_capacity_above_the_need_peak_and_the_streaming_reserve) {
+  Fixture f({kElems, kElems, kElems}, {false, false, false}, 3 * kCostFromHost + kReserve);
   // A peak of non-model memory that leaves less than two chunks' room.
   f.rt.tier().add(pstar::memory::DeviceTier::Use::kNonModel, kCostFromHost + 1);
   f.rt.note_device_peak();
   f.rt.tier().remove(pstar::memory::DeviceTier::Use::kNonModel, kCostFromHost + 1);
   f.used_in_order({0, 1, 2});
-  f.hy.place();
+  f.hy.step_ended();
   cr_assert_eq(f.hy.chunks_on_device(), 1u);
   cr_assert(f.placed(2));
 }
 
+Test(placement_hybrid, held_chunks_count_in_the_need_and_cached_ones_do_not) {
+  Fixture f(std::vector<uint64_t>(6, kElems), std::vector<bool>(6, false),
+            2 * kCostFromHost + kReserve + kPayloadBytes);
+  // Chunk 0 held (acquired) at the peak: its payload is part of the need.
+  f.rt.fetch(0);
+  f.chunks.v[0].compute_refs = 1;
+  f.rt.hold(0);
+  cr_assert_eq(f.rt.tier().need(), kPayloadBytes);
+  f.chunks.v[0].compute_refs = 0;
+  f.rt.unhold(0);
+  cr_assert_eq(f.rt.tier().need(), 0u);
+  cr_assert_eq(f.rt.tier().need_peak(), kPayloadBytes);
+  // The others cached, not held: the state takes their room.
+  for (uint32_t k = 1; k < 6; ++k) f.rt.fetch(k);
+  f.used_in_order({0, 1, 2, 3, 4, 5});
+  f.hy.step_ended();
+  cr_assert_eq(f.hy.chunks_on_device(), 2u, "two chunks' cost above the held peak and the reserve");
+  cr_assert(f.placed(4) && f.placed(5));
+  cr_assert_gt(f.rt.counters().evictions, 0u, "cached payloads gave way");
+  cr_assert_leq(f.rt.counters().peak_device_bytes, f.rt.tier().capacity());
+}
+
 Test(placement_hybrid, a_chunk_that_does_not_fit_is_skipped_and_a_smaller_later_one_may_fit) {
-  // Chunk 0 is a jumbo chunk of 4 * kElems.
-  Fixture f({4 * kElems, kElems, kElems}, {false, false, false}, 2 * kCostFromHost);
+  // Chunk 0 is a jumbo chunk of 4 * kElems (the reserve is two of it).
+  Fixture f({4 * kElems, kElems, kElems}, {false, false, false}, 2 * kCostFromHost + 8 * kPayloadBytes);
   f.used_in_order({2, 1, 0});  // the jumbo chunk used last
-  f.hy.place();
+  f.hy.step_ended();
   cr_assert(!f.placed(0), "too large for the margin");
   cr_assert(f.placed(1) && f.placed(2));
 }
 
-Test(placement_hybrid, a_resident_payload_that_never_left_costs_only_the_state) {
-  const uint64_t state = 3 * kElems * sizeof(float);
-  Fixture f({kElems, kElems}, {false, false}, kPayloadBytes + state);
-  f.rt.fetch(0);  // resident since it first arrived
-  cr_assert_eq(f.rt.counters().peak_device_bytes, kPayloadBytes);  // the peak so far: its payload
-  f.used_in_order({1, 0});
-  f.hy.place();
-  cr_assert(f.placed(0), "its payload is already paid for");
-  cr_assert(!f.placed(1));
+Test(placement_hybrid, when_the_need_grows_state_goes_back_to_the_host_intact_and_returns_when_it_shrinks) {
+  Fixture f({kElems, kElems, kElems}, {false, false, false}, 3 * kCostFromHost + kReserve);
+  f.used_in_order({0, 1, 2});
+  f.hy.step_ended();
+  cr_assert_eq(f.hy.chunks_on_device(), 3u);
+  const uint64_t d2h_before = f.rt.counters().bytes_device_to_host;
+  // The next iterations need room for 1.5 chunks more: two states leave,
+  // the chunks used first first.
+  f.rt.tier().set_nonmodel(kCostFromHost + kCostFromHost / 2);
+  f.rt.tier().set_nonmodel(0);
+  cr_assert(f.hy.moves_at_next_step_end());
+  f.hy.step_ended();
+  cr_assert_eq(f.hy.chunks_on_device(), 1u);
+  cr_assert(f.placed(2) && !f.placed(0) && !f.placed(1));
+  f.rt.drain();
+  cr_assert_eq(f.rt.tier().bytes(DeviceTier::Use::kOptimizer), f.hy.state_bytes(2));
+  cr_assert_eq(f.rt.counters().bytes_device_to_host - d2h_before, f.hy.state_bytes(0) + f.hy.state_bytes(1));
+  for (uint32_t k = 0; k < 2; ++k) {
+    const Record& c = f.chunks.v[k];
+    cr_assert(c.evictable(), "its payload may leave again");
+    const float* lists[] = {c.master, c.exp_avg, c.exp_avg_sq};
+    for (int l = 0; l < 3; ++l) {
+      for (uint64_t i = 0; i < kElems; ++i)
+        cr_assert_eq(lists[l][i], pattern(k, l, i), "chunk %u list %d element %lu on the host", k, l, i);
+    }
+  }
+  cr_assert_leq(f.rt.counters().peak_device_bytes, f.rt.tier().capacity());
+  // The need is back to nothing: they return, with the same bits.
+  f.hy.step_ended();
+  cr_assert_eq(f.hy.chunks_on_device(), 3u);
+  for (uint32_t k = 0; k < 3; ++k)
+    for (int l = 0; l < 3; ++l) cr_assert(f.list_intact(k, l), "chunk %u list %d", k, l);
+  // A stable need moves nothing.
+  cr_assert(!f.hy.moves_at_next_step_end());
 }
 
-Test(placement_hybrid, warm_up_steps_place_nothing_and_placement_happens_once) {
+Test(placement_hybrid, warm_up_steps_place_nothing_and_a_stable_need_moves_nothing) {
   Fixture f({kElems, kElems}, {false, false}, 0, false, 2);  // unlimited device
   f.hy.step_ended();
   cr_assert_eq(f.hy.chunks_on_device(), 0u, "still warming up");
@@ -186,7 +235,7 @@ Test(placement_hybrid, pinned_masters_and_frozen_chunks_stay_on_the_host) {
   f.chunks.v[2].master_pins = 1;
   f.used_in_order({0, 1, 2});
   const float* pinned_master = f.chunks.v[2].master;
-  f.hy.place();
+  f.hy.step_ended();
   cr_assert(f.placed(0));
   cr_assert(!f.placed(1), "frozen: no optimizer state");
   cr_assert(!f.placed(2), "a pinned master must not move");
@@ -196,7 +245,7 @@ Test(placement_hybrid, pinned_masters_and_frozen_chunks_stay_on_the_host) {
 
 Test(placement_hybrid, lists_are_copied_back_to_back_and_read_and_written_on_the_device) {
   Fixture f({kElems, 2 * kElems}, {false, false}, 0, true);
-  f.hy.place();
+  f.hy.step_ended();
   for (uint32_t k = 0; k < 2; ++k) {
     const Record& c = f.chunks.v[k];
     const uint64_t n = f.layout.chunks()[k].capacity_elems;
@@ -218,7 +267,7 @@ Test(placement_hybrid, lists_are_copied_back_to_back_and_read_and_written_on_the
 
 Test(placement_hybrid, gradients_fold_into_the_device_list_and_are_cleared) {
   Fixture f({kElems}, {false}, 0, true);
-  f.hy.place();
+  f.hy.step_ended();
   const uint64_t n = 256, offset = 128;
   auto* acc = static_cast<float*>(f.dev.allocate(n * sizeof(float)));
   std::vector<float> ones(n, 1.0f);

@@ -89,7 +89,7 @@ void check_workload(const GptShape& g) {
 
 // Capacity: below the model's needs (chunks evicted and fetched every
 // iteration), or roomy (everything resident, and room for about half of the
-// optimizer state above the warm-up's peak).
+// optimizer state above an unlimited run's peak).
 enum class Capacity { kTight, kRoomy };
 
 void compare(const GptShape& g, uint64_t chunk_elems, bool hybrid, Capacity mode) {
@@ -150,18 +150,21 @@ void compare(const GptShape& g, uint64_t chunk_elems, bool hybrid, Capacity mode
   if (!hybrid) {
     expect_eq<uint64_t>(rs.optimizer_device_bytes, 0, tag + "no optimizer state on the device without hybrid");
   } else if (mode == Capacity::kTight) {
-    // The warm-up's chunk cache filled the capacity: no margin, nothing
-    // placed (the planner's presets are in this case).
+    // Four chunks above the device's need leave less than one chunk's
+    // state beside the need peak and the streaming reserve: nothing placed.
     expect_eq<uint32_t>(rs.optimizer_chunks_on_device, 0, tag + "nothing placed when the cache fills the device");
   } else {
     expect(rs.optimizer_chunks_on_device > 0 && rs.optimizer_chunks_on_device < rs.optimizer_chunks,
            tag + "some but not all optimizer chunks placed (" + std::to_string(rs.optimizer_chunks_on_device) + " of " +
                std::to_string(rs.optimizer_chunks) + ")");
-    expect(rs.optimizer_device_bytes <= opt_state / 2, tag + "placed state within the margin");
-    // No eviction for room: only the chunks whose state stays on the host
-    // go there, once, for the CPU optimizer.
-    expect_eq<uint64_t>(r.last.evictions, rs.optimizer_chunks - rs.optimizer_chunks_on_device,
-                        tag + "evicted only for the CPU optimizer");
+    // The margin is sized from the need, not from what the cache left:
+    // more state than the room above the unlimited peak, within capacity.
+    expect(rs.optimizer_device_bytes > opt_state / 2, tag + "cached chunks gave way to the state");
+    expect(rs.peak_device_bytes <= capacity, tag + "the device peak within the capacity");
+    // The chunks whose state stays on the host go there, once, for the CPU
+    // optimizer; the cached chunks that gave way to the state leave too.
+    expect(r.last.evictions >= rs.optimizer_chunks - rs.optimizer_chunks_on_device,
+           tag + "evicted at least for the CPU optimizer");
     // The planner's host model: every list is on the host until warm-up
     // ends, so the host peak is not lowered by the placement.  (The freed
     // host lists stay cached in the engine's host pool, which counts them in

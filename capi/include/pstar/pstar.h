@@ -378,12 +378,19 @@ typedef struct pstar_engine_options {
   /** Hybrid optimizer placement.  Zero (the default): the fp32 optimizer
    *  state of every trainable chunk (master, Adam m and v: 12 bytes per
    *  element, 16 with grad_accumulation) lives on the host and pstar_step()
-   *  updates it on the CPU.  Nonzero: when warm-up ends, the engine moves
-   *  the optimizer state of the trainable chunks that fit in the margin
-   *  (device_capacity_bytes - device_margin_bytes - the peak accelerator
-   *  bytes so far), chunks used last in backward first, to the accelerator
-   *  for good; their parameter chunks then stay on the accelerator, and
-   *  pstar_step() updates them there while the CPU updates the others.
+   *  updates it on the CPU.  Nonzero: when warm-up ends, and again at the
+   *  end of every TRAIN step after it, the engine chooses the trainable
+   *  chunks whose optimizer state fits in the margin (device_capacity_bytes
+   *  - device_margin_bytes - the peak since the previous choice of what the
+   *  accelerator had to hold whatever it cached: parameters in use, gradient
+   *  buffers, non-model bytes - two of the largest chunk for streaming),
+   *  chunks used last in backward first, and moves state onto the
+   *  accelerator or back to the host to match; cached chunks give way to
+   *  it.  Their parameter chunks stay on the accelerator while their state
+   *  is there, and pstar_step() updates them there while the CPU updates
+   *  the others.  State moves only between iterations: a non-model report
+   *  within an iteration larger than any before may fail with
+   *  PSTAR_ERR_OUT_OF_MEMORY where hybrid off would evict.
    *  Results are bit-identical either way.  A zero capacity (unlimited, on
    *  the emulated device) places every chunk; on CUDA it is rejected.
    *  Not available with world_size > 1 (PSTAR_ERR_UNSUPPORTED). */
