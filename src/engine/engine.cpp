@@ -746,8 +746,10 @@ pstar_step_result Engine::step() {
   iteration_active_ = false;
   placement_->iteration_end();
   if (nvme_error) std::rethrow_exception(nvme_error);
-  if (hybrid_->moves_at_next_step_end()) step_->wait();  // the placement moves fp32 lists
-  hybrid_->step_ended();                                 // after warm-up: decides again where the optimizer state is
+  // After warm-up: decides again where the optimizer state is.
+  const placement::HybridPlacement::Plan plan = hybrid_->step_end_plan();
+  if (!plan.empty()) step_->wait();  // the placement moves fp32 lists
+  hybrid_->step_ended(plan);
   r.step = optimizer_.step();
   r.next_loss_scale = optimizer_.scaler().scale();
   return r;

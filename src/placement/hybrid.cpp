@@ -23,10 +23,9 @@ void HybridPlacement::attach(HybridTable* chunks, const chunk::ChunkLayout* layo
   ready_.assign(chunks->chunk_count(), nullptr);
 }
 
-void HybridPlacement::step_ended() {
+void HybridPlacement::step_ended(const Plan& p) {
   ++train_steps_;
-  if (!options_.enabled || train_steps_ < options_.warmup_iterations) return;
-  const Plan p = plan();
+  if (!options_.enabled || train_steps_ < options_.warmup_iterations) return;  // the need peak spans warm-up
   for (uint32_t k : p.out) move_out(k);
   for (uint32_t k : p.in) move(k);
   const memory::DeviceTier& tier = runtime_->tier();
@@ -42,8 +41,9 @@ void HybridPlacement::step_ended() {
   runtime_->tier().reset_need_peak();
 }
 
-bool HybridPlacement::moves_at_next_step_end() const {
-  return options_.enabled && train_steps_ + 1 >= options_.warmup_iterations && !plan().empty();
+HybridPlacement::Plan HybridPlacement::step_end_plan() const {
+  if (!options_.enabled || train_steps_ + 1 < options_.warmup_iterations) return Plan{};
+  return plan();
 }
 
 uint64_t HybridPlacement::state_bytes(uint32_t k) const {
@@ -157,7 +157,6 @@ void HybridPlacement::move_out(uint32_t k) {
   bytes_[k] = 0;
   ready_[k] = nullptr;
   --chunks_on_device_;
-  ++moved_out_;
 }
 
 void HybridPlacement::sync(uint32_t k) {

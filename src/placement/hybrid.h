@@ -10,10 +10,10 @@
 // step from the need peak of the iterations since the previous one, so
 // state moves back to the host when the need grows (a longer sequence, a
 // larger batch) and onto the device when it shrinks; the moves are copies
-// of the same bits, so results are those of hybrid placement off.  Such a chunk's compute payload then
-// stays on the device (chunk::Chunk::opt_device makes it no victim), and its
-// Adam update runs on the device, queued on the compute stream by the
-// engine.
+// of the same bits, so results are those of hybrid placement off.  Such a
+// chunk's compute payload stays on the device while its state is there
+// (chunk::Chunk::opt_device makes it no victim), and its Adam update runs on
+// the device, queued on the compute stream by the engine.
 //
 // What it owns: the decision (which chunks, in what order, within which
 // margin), the move of the lists into one device buffer per chunk, that
@@ -72,14 +72,6 @@ class HybridPlacement {
   // At build, before any other call that names a chunk.
   void attach(HybridTable* chunks, const chunk::ChunkLayout* layout);
 
-  // A TRAIN step completed: once warm-up ends (the options' count of steps),
-  // decides again which chunks' state is on the device (see Plan) and moves
-  // what changed; the need peak starts again from there.
-  void step_ended();
-  // Whether the next step_ended() moves fp32 lists (the engine first waits
-  // for an overlapped update that may use them).
-  bool moves_at_next_step_end() const;
-
   // The decision, re-made at every TRAIN step after warm-up: trainable
   // chunks, used last first, take their cost (their state and their pinned
   // payload) from the margin while it lasts, skipping those that do not
@@ -93,6 +85,16 @@ class HybridPlacement {
     bool empty() const { return out.empty() && in.empty(); }
   };
   Plan plan() const;
+
+  // A TRAIN step completed: once warm-up ends (the options' count of steps),
+  // moves what `plan` (step_end_plan(), taken for this step) changes; the
+  // need peak starts again from there.  The engine takes the plan first so
+  // that it waits for an overlapped update only when fp32 lists move.
+  void step_ended(const Plan& plan);
+  void step_ended() { step_ended(step_end_plan()); }
+  // The decision for the step now ending: empty before warm-up ends or
+  // with hybrid placement off, plan() otherwise.
+  Plan step_end_plan() const;
 
   // Bytes of chunk k's device buffer: its fp32 lists back to back.
   uint64_t state_bytes(uint32_t k) const;
@@ -141,7 +143,6 @@ class HybridPlacement {
   const chunk::ChunkLayout* layout_ = nullptr;
   uint64_t train_steps_ = 0;  // TRAIN steps completed so far
   uint32_t chunks_on_device_ = 0;
-  uint64_t moved_out_ = 0;  // chunks whose state came back to the host (re-decisions)
   // Per chunk: its device buffer's size (0: none) and the event after
   // which the buffer is valid.
   std::vector<uint64_t> bytes_;

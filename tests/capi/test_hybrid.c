@@ -350,13 +350,14 @@ Test(hybrid, the_placement_follows_the_need_step_by_step_with_the_same_bits) {
    * reserve is two 2048-element chunks, 8192 bytes) but leaves the placed
    * state over the margin at the next decision.  The growth is reported
    * during the iterations: state moves only between them. */
+  const uint64_t peak = unlimited_peak(&c);
   hcfg probe = c;
   probe.dry_run = 1;
   probe.hybrid = 1;
-  probe.capacity = unlimited_peak(&c);
+  probe.capacity = peak;
   run_cfg(&probe, &r);
   const uint32_t base = r.on_device[1];
-  while (r.on_device[1] == base && probe.capacity < unlimited_peak(&c) + 6 * one) {
+  while (r.on_device[1] == base && probe.capacity < peak + 6 * one) {
     probe.capacity += 256;
     run_cfg(&probe, &r);
   }

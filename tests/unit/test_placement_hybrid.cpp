@@ -144,7 +144,6 @@ Test(placement_hybrid, the_margin_is_the_capacity_above_the_need_peak_and_the_st
   Fixture f({kElems, kElems, kElems}, {false, false, false}, 3 * kCostFromHost + kReserve);
   // A peak of non-model memory that leaves less than two chunks' room.
   f.rt.tier().add(pstar::memory::DeviceTier::Use::kNonModel, kCostFromHost + 1);
-  f.rt.note_device_peak();
   f.rt.tier().remove(pstar::memory::DeviceTier::Use::kNonModel, kCostFromHost + 1);
   f.used_in_order({0, 1, 2});
   f.hy.step_ended();
@@ -193,7 +192,7 @@ Test(placement_hybrid, when_the_need_grows_state_goes_back_to_the_host_intact_an
   // the chunks used first first.
   f.rt.tier().set_nonmodel(kCostFromHost + kCostFromHost / 2);
   f.rt.tier().set_nonmodel(0);
-  cr_assert(f.hy.moves_at_next_step_end());
+  cr_assert(!f.hy.step_end_plan().empty());
   f.hy.step_ended();
   cr_assert_eq(f.hy.chunks_on_device(), 1u);
   cr_assert(f.placed(2) && !f.placed(0) && !f.placed(1));
@@ -216,7 +215,7 @@ Test(placement_hybrid, when_the_need_grows_state_goes_back_to_the_host_intact_an
   for (uint32_t k = 0; k < 3; ++k)
     for (int l = 0; l < 3; ++l) cr_assert(f.list_intact(k, l), "chunk %u list %d", k, l);
   // A stable need moves nothing.
-  cr_assert(!f.hy.moves_at_next_step_end());
+  cr_assert(f.hy.step_end_plan().empty());
 }
 
 Test(placement_hybrid, warm_up_steps_place_nothing_and_a_stable_need_moves_nothing) {
