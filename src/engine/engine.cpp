@@ -195,6 +195,9 @@ void Engine::build() {
         for (float** b : {&c.master, &c.exp_avg, &c.exp_avg_sq, &c.grad32}) {
           if (b == &c.grad32 && !options_.grad_accumulation) continue;
           if (b != &c.grad32 && nvme_.requested()) continue;  // placed below, host or drive
+          // Adam's moments come with the chunk's first update
+          // (chunk::Fp32Lists, step::lazy_moments).
+          if ((b == &c.exp_avg || b == &c.exp_avg_sq) && step::lazy_moments(nvme_, *host_)) continue;
           *b = static_cast<float*>(host_->acquire(fp32_bytes));
           if (payloads_) std::memset(*b, 0, fp32_bytes);
         }
@@ -731,6 +734,13 @@ pstar_step_result Engine::step() {
              "unpin it and call pstar_step again";
     });
   }
+  // After warm-up: decides again where the optimizer state is, before the
+  // update, so that chunks placed now are updated on the device
+  // (placement/hybrid.h).  A speculative update reads the host lists that
+  // move: it stops first.
+  const placement::HybridPlacement::Plan plan = hybrid_->step_plan();
+  if (!plan.empty()) step_->wait();
+  hybrid_->step_begins(plan);
   pstar_step_result r = PSTAR_STEP_RESULT_INIT;
   // An NVMe I/O error inside the update still ends the iteration (so that a
   // checkpoint can be loaded), then is reported.
@@ -746,10 +756,6 @@ pstar_step_result Engine::step() {
   iteration_active_ = false;
   placement_->iteration_end();
   if (nvme_error) std::rethrow_exception(nvme_error);
-  // After warm-up: decides again where the optimizer state is.
-  const placement::HybridPlacement::Plan plan = hybrid_->step_end_plan();
-  if (!plan.empty()) step_->wait();  // the placement moves fp32 lists
-  hybrid_->step_ended(plan);
   r.step = optimizer_.step();
   r.next_loss_scale = optimizer_.scaler().scale();
   return r;

@@ -57,9 +57,10 @@ class Engine::CheckpointState final : public checkpoint::EngineState {
     if (list != 3) e_.nvme_.access(place.chunk, false);
     const ChunkState& c = e_.chunks_[place.chunk];
     const auto [lo, a, b] = e_.shard_span(id, e_.group_.rank());
-    const float* src = list_base(c, list);
+    const float* src = list == 3 ? nullptr : list_base(c, list);
     for (uint64_t i = a; i < b; ++i) {
-      out[i - a] = list == 3 ? load_as(c.shard, e_.options_.compute_dtype, i - lo) : src[i - lo];
+      // Moments not allocated yet are zeros (chunk::Fp32Lists).
+      out[i - a] = list == 3 ? load_as(c.shard, e_.options_.compute_dtype, i - lo) : src ? src[i - lo] : 0.0f;
     }
   }
   void read_values(uint32_t id, float* out) override { e_.read(id, out, e_.params_[id].numel, PSTAR_DTYPE_F32); }
@@ -75,6 +76,7 @@ class Engine::CheckpointState final : public checkpoint::EngineState {
     } else {
       const auto& place = e_.layout_->param(id);
       e_.nvme_.access(place.chunk, true);
+      step::ensure_moments(*e_.host_, e_.chunks_[place.chunk], true);
       float* dst = list_base(e_.chunks_[place.chunk], list);
       const auto [lo, a, b] = e_.shard_span(id, e_.group_.rank());
       for (uint64_t i = a; i < b; ++i) dst[i - lo] = whole[i - place.offset_elems];
@@ -102,7 +104,17 @@ class Engine::CheckpointState final : public checkpoint::EngineState {
     const uint64_t bytes = e_.params_[id].numel * sizeof(float);
     if (bytes == 0) return;  // `out` or `in` may be NULL (an empty vector's data())
     e_.nvme_.access(place.chunk, into_engine);
-    float* at = list_base(e_.chunks_[place.chunk], list) + place.offset_elems;
+    ChunkState& c = e_.chunks_[place.chunk];
+    if (list_base(c, list) == nullptr) {
+      // Moments not allocated yet are zeros (chunk::Fp32Lists): read as
+      // such, allocated to be written.
+      if (!into_engine) {
+        std::memset(out, 0, bytes);
+        return;
+      }
+      step::ensure_moments(*e_.host_, c, true);
+    }
+    float* at = list_base(c, list) + place.offset_elems;
     if (e_.chunks_[place.chunk].opt_device != nullptr) {
       e_.sync_optimizer(place.chunk);
       if (into_engine) {

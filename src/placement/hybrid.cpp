@@ -23,11 +23,19 @@ void HybridPlacement::attach(HybridTable* chunks, const chunk::ChunkLayout* layo
   ready_.assign(chunks->chunk_count(), nullptr);
 }
 
-void HybridPlacement::step_ended(const Plan& p) {
+void HybridPlacement::step_begins(const Plan& p) {
   ++train_steps_;
   if (!options_.enabled || train_steps_ < options_.warmup_iterations) return;  // the need peak spans warm-up
   for (uint32_t k : p.out) move_out(k);
   for (uint32_t k : p.in) move(k);
+  if (!p.in.empty()) {
+    // The host lists the copies read go back to the host pool now, not at
+    // some later reclaim: the update about to run takes Adam's moments of
+    // host chunks from it, and the host's peak stays that of the placement.
+    memory::Stream* s = device_->h2d_stream();
+    runtime_->host_wait(s, device_->record(s));
+    runtime_->reclaim_deferred(false);
+  }
   const memory::DeviceTier& tier = runtime_->tier();
   if (!p.empty()) {
     log::info("hybrid optimizer placement: " + std::to_string(chunks_on_device_) + " optimizer chunks on the device (" +
@@ -41,7 +49,7 @@ void HybridPlacement::step_ended(const Plan& p) {
   runtime_->tier().reset_need_peak();
 }
 
-HybridPlacement::Plan HybridPlacement::step_end_plan() const {
+HybridPlacement::Plan HybridPlacement::step_plan() const {
   if (!options_.enabled || train_steps_ + 1 < options_.warmup_iterations) return Plan{};
   return plan();
 }
@@ -105,28 +113,32 @@ void HybridPlacement::move(uint32_t k) {
   float* base = static_cast<float*>(runtime_->device_alloc(bytes, k, "optimizer state of chunk " + std::to_string(k)));
   runtime_->tier().add(Use::kOptimizer, bytes);
   runtime_->note_device_peak();
-  // The host lists are current: the host update of this step has returned.
+  // The host lists are current: the previous step's update is done.  The
+  // lists sit at fixed slots (master, m, v, then the gradient list with
+  // accumulation); moments not yet allocated (chunk::Fp32Lists: zeros) are
+  // zero-filled on the device instead of copied.
   memory::Stream* s = device_->h2d_stream();
   float** lists[] = {&l.master, &l.exp_avg, &l.exp_avg_sq, &l.grad32};
-  size_t slot = 0;
-  for (float** list : lists) {
-    if (*list == nullptr) continue;
-    device_->copy_async(s, base + slot * (fp32_bytes / sizeof(float)), *list, fp32_bytes,
-                        memory::CopyKind::kHostToDevice);
-    ++slot;
+  const size_t slots = options_.grad_accumulation ? 4 : 3;
+  uint64_t copied = 0;
+  for (size_t slot = 0; slot < slots; ++slot) {
+    float* dst = base + slot * (fp32_bytes / sizeof(float));
+    if (*lists[slot] == nullptr) {
+      device_->memset_async(s, dst, 0, fp32_bytes);
+    } else {
+      device_->copy_async(s, dst, *lists[slot], fp32_bytes, memory::CopyKind::kHostToDevice);
+      copied += fp32_bytes;
+    }
   }
   const memory::EventPtr done = device_->record(s);
-  slot = 0;
-  for (float** list : lists) {
-    if (*list == nullptr) continue;
-    runtime_->defer_free_host(done, *list, fp32_bytes);
-    *list = base + slot * (fp32_bytes / sizeof(float));
-    ++slot;
+  for (size_t slot = 0; slot < slots; ++slot) {
+    if (*lists[slot] != nullptr) runtime_->defer_free_host(done, *lists[slot], fp32_bytes);
+    *lists[slot] = base + slot * (fp32_bytes / sizeof(float));
   }
   c.opt_device = base;
   bytes_[k] = bytes;
   ready_[k] = done;
-  runtime_->count_host_to_device(bytes);
+  runtime_->count_host_to_device(copied);
   ++chunks_on_device_;
 }
 

@@ -86,15 +86,21 @@ class HybridPlacement {
   };
   Plan plan() const;
 
-  // A TRAIN step completed: once warm-up ends (the options' count of steps),
-  // moves what `plan` (step_end_plan(), taken for this step) changes; the
-  // need peak starts again from there.  The engine takes the plan first so
-  // that it waits for an overlapped update only when fp32 lists move.
-  void step_ended(const Plan& plan);
-  void step_ended() { step_ended(step_end_plan()); }
-  // The decision for the step now ending: empty before warm-up ends or
+  // A TRAIN step begins (its gradients are complete, its update not yet
+  // run): once warm-up ends (the options' count of steps), moves what
+  // `plan` (step_plan(), taken for this step) changes, then the need peak
+  // starts again from there.  Before the update, so that a chunk placed now
+  // is updated on the device at once and a chunk placed at the first step
+  // never has Adam's moments on the host (chunk::Fp32Lists: they exist from
+  // a chunk's first update); the host waits for the copies in, so that the
+  // host lists they replace are back in the host pool before the update
+  // takes buffers from it.  The engine takes the plan first so that it
+  // stops a speculative update only when fp32 lists move.
+  void step_begins(const Plan& plan);
+  void step_begins() { step_begins(step_plan()); }
+  // The decision for the step now beginning: empty before warm-up ends or
   // with hybrid placement off, plan() otherwise.
-  Plan step_end_plan() const;
+  Plan step_plan() const;
 
   // Bytes of chunk k's device buffer: its fp32 lists back to back.
   uint64_t state_bytes(uint32_t k) const;
@@ -141,7 +147,7 @@ class HybridPlacement {
   Runtime* runtime_;        // not owned
   HybridTable* chunks_ = nullptr;
   const chunk::ChunkLayout* layout_ = nullptr;
-  uint64_t train_steps_ = 0;  // TRAIN steps completed so far
+  uint64_t train_steps_ = 0;  // TRAIN steps begun so far
   uint32_t chunks_on_device_ = 0;
   // Per chunk: its device buffer's size (0: none) and the event after
   // which the buffer is valid.

@@ -79,6 +79,18 @@ struct StepOptions {
   bool virtual_clock = false;
 };
 
+// Whether Adam's moments wait for a chunk's first update
+// (chunk::Fp32Lists).  Not with the NVMe tier, which lays out every list at
+// build, nor with a host capacity, so that a budget too small for the lists
+// fails at pstar_engine_build rather than at a later step.
+inline bool lazy_moments(const memory::NvmeTier& nvme, const memory::HostPool& host) {
+  return !nvme.requested() && host.capacity() == 0;
+}
+// Adam's moments of chunk `c` (its shard with world > 1) on the host, zeros
+// where they did not exist yet; a no-op where they do.  `zero_fill` false:
+// a dry run, whose buffers hold nothing.
+void ensure_moments(memory::HostPool& host, chunk::ChunkState& c, bool zero_fill);
+
 // What the steps did (pstar_stats' steps, skipped_steps and
 // bytes_reduce_scattered).
 struct StepCounters {

@@ -138,14 +138,20 @@ void OptimizerStep::run_sharded(pstar_step_result& r) {
       const auto& info = layout_->chunks()[k];
       ChunkState& c = chunks_[k];
       segments.clear();
+      bool updated = false;
       for (uint32_t id : info.params) {
         const Param& p = params_[id];
         if (!p.has_grad) continue;
         ++r.params_updated;
+        updated = true;
         const auto [lo, a, b] = shard_span(id);
         if (a >= b) continue;
         segments.add(a - lo, b - lo, p.lr_scale, p.weight_decay);
       }
+      if (!updated) return;
+      // Every rank's shard of an updated chunk has its moments (a shard of
+      // padding only too), so that ranks hold the same host bytes.
+      if (lazy_moments(nvme_, *host_)) ensure_moments(*host_, c, options_.payloads);
       optimizer_.update_chunk(
           c.shard_elems, segments.segments(),
           optim::ChunkLists{c.master, c.exp_avg, c.exp_avg_sq, c.grad32, c.shard, options_.compute_dtype});

@@ -139,6 +139,16 @@ void OptimizerStep::hand_over_speculation() {
     lists.master_in = c.master;
     lists.exp_avg_in = c.exp_avg;
     lists.exp_avg_sq_in = c.exp_avg_sq;
+    if (c.exp_avg == nullptr) {
+      // The chunk's first update: its moments are zeros not yet allocated
+      // (chunk::Fp32Lists); the result's own buffers start as them and are
+      // updated in place (element-wise, so reading and writing one buffer
+      // is the out-of-place update's arithmetic).
+      std::memset(s.exp_avg, 0, fp32_bytes);
+      std::memset(s.exp_avg_sq, 0, fp32_bytes);
+      lists.exp_avg_in = s.exp_avg;
+      lists.exp_avg_sq_in = s.exp_avg_sq;
+    }
     UpdateWorker::Job job{k, layout_->chunks()[k].used_elems, s.segments, lists, false, c.host, c.bytes};
     spec_bytes_ += need;
     spec_state_[k] = SpecState::kHanded;

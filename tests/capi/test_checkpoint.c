@@ -125,6 +125,46 @@ Test(checkpoint, resume_is_bit_exact_f16_with_loss_scaling_and_another_chunk_siz
   check_resume(PSTAR_DTYPE_F16, 2048);
 }
 
+/* Adam's moments exist from a chunk's first update (chunk::Fp32Lists): a
+ * checkpoint saved before any step holds zeros for them, and loading it
+ * into a fresh engine, or into one that has trained (its moments exist),
+ * resumes exactly as the uninterrupted run. */
+Test(checkpoint, a_checkpoint_before_the_first_step_holds_zero_moments_and_resumes_exactly) {
+  static float full[TOTAL], resumed[TOTAL];
+  const char *dir = tmpdir("before-step");
+  model a;
+  make(&a, PSTAR_DTYPE_BF16, 1024, 0);
+  T_OK(pstar_checkpoint_save(a.e, dir));
+  for (int s = 0; s < 4; ++s) step(&a, s);
+  snapshot(&a, full);
+  T_OK(pstar_engine_destroy(a.e));
+  for (int f = 0; f < 2; ++f) {
+    char path[1024];
+    latest_path(dir, f == 0 ? "exp_avg.f32" : "exp_avg_sq.f32", path, sizeof path);
+    size_t len = 0;
+    unsigned char *data = ck_slurp(path, &len);
+    cr_assert_eq(len, (size_t)(P * N + 37 * (0 + 1 + 2 + 3)) * sizeof(float), "%s: %zu bytes", path, len);
+    for (size_t i = 0; i < len; ++i) cr_assert_eq(data[i], 0, "%s: byte %zu is %d", path, i, data[i]);
+    free(data);
+  }
+  for (int trained_first = 0; trained_first < 2; ++trained_first) {
+    model b;
+    make(&b, PSTAR_DTYPE_BF16, 1024, 0);
+    if (trained_first) {
+      for (int s = 0; s < 2; ++s) step(&b, s + 7);
+    }
+    T_OK(pstar_checkpoint_load(b.e, dir));
+    cr_assert_eq(t_hparam(b.e, PSTAR_HPARAM_STEP), 0.0);
+    for (int s = 0; s < 4; ++s) step(&b, s);
+    snapshot(&b, resumed);
+    for (int i = 0; i < TOTAL; ++i) {
+      cr_assert_eq(t_f32_bits(full[i]), t_f32_bits(resumed[i]), "%s: element %d: %.9g uninterrupted, %.9g resumed",
+                   trained_first ? "after training" : "fresh", i, (double)full[i], (double)resumed[i]);
+    }
+    T_OK(pstar_engine_destroy(b.e));
+  }
+}
+
 Test(checkpoint, a_crash_at_any_point_leaves_the_previous_checkpoint) {
   static float first[TOTAL], after[TOTAL];
   const char *dir = tmpdir("crash");

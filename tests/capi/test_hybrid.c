@@ -289,6 +289,39 @@ Test(hybrid, margin_decides_how_many_chunks_go_to_the_device) {
   cr_assert_eq(r.stats.optimizer_device_bytes, opt_chunk_bytes(1));
 }
 
+/* Adam's moments exist from a chunk's first update, and the state placed on
+ * the device goes there before that update (the first step): a placed
+ * chunk's moments never exist on the host.  So the host peak is lower than
+ * with hybrid off by at least the moments of the placed chunks (more where
+ * the masters they leave in the host pool are taken again by moments of
+ * chunks of their size). */
+Test(hybrid, placed_chunks_never_have_moments_on_the_host) {
+  static hrun off, on;
+  hcfg c = base_cfg();
+  c.virtual_clock = 1;
+  const uint64_t peak = unlimited_peak(&c);
+  const uint64_t caps[3] = {0, peak + opt_chunk_bytes(0) * 3, peak + opt_chunk_bytes(0) * 7};
+  for (int i = 0; i < 3; ++i) {
+    c.capacity = caps[i];
+    c.hybrid = 0;
+    run_cfg(&c, &off);
+    c.hybrid = 1;
+    run_cfg(&c, &on);
+    const uint64_t placed = on.stats.optimizer_device_bytes;
+    const uint64_t lower = placed / 3 * 2; /* master, m, v: the moments of the placed chunks */
+    cr_assert_gt(placed, 0u, "capacity %llu: some state placed", (unsigned long long)caps[i]);
+    cr_assert_eq(on.on_device[0], on.stats.optimizer_chunks_on_device, "placed at the first step, kept");
+    cr_assert_leq(on.stats.peak_host_bytes + lower, off.stats.peak_host_bytes,
+                  "capacity %llu: host peak %llu with %llu bytes of state placed, %llu with hybrid off",
+                  (unsigned long long)caps[i], (unsigned long long)on.stats.peak_host_bytes,
+                  (unsigned long long)placed, (unsigned long long)off.stats.peak_host_bytes);
+    for (int p = 0; p < P; ++p) {
+      cr_assert_eq(memcmp(on.w[p], off.w[p], (size_t)kNumel[p] * sizeof(float)), 0, "capacity %llu: parameter %d",
+                   (unsigned long long)caps[i], p);
+    }
+  }
+}
+
 /* Capacities with room above the peak and without, for a configuration. */
 static void capacities_of(const hcfg *c, uint64_t caps[5]) {
   const uint64_t peak = unlimited_peak(c);

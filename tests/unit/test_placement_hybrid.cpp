@@ -127,7 +127,7 @@ Test(placement_hybrid, chunks_used_last_go_first_and_nothing_goes_above_the_marg
   // Room for two chunks and a little more beside the streaming reserve.
   Fixture f({kElems, kElems, kElems, kElems}, {false, false, false, false}, 2 * kCostFromHost + kReserve + 100);
   f.used_in_order({0, 2, 3, 1});  // 1 used last, then 3
-  f.hy.step_ended();
+  f.hy.step_begins();
   cr_assert(f.placed(1) && f.placed(3), "the two chunks used last");
   cr_assert(!f.placed(0) && !f.placed(2));
   cr_assert_eq(f.hy.chunks_on_device(), 2u);
@@ -146,7 +146,7 @@ Test(placement_hybrid, the_margin_is_the_capacity_above_the_need_peak_and_the_st
   f.rt.tier().add(pstar::memory::DeviceTier::Use::kNonModel, kCostFromHost + 1);
   f.rt.tier().remove(pstar::memory::DeviceTier::Use::kNonModel, kCostFromHost + 1);
   f.used_in_order({0, 1, 2});
-  f.hy.step_ended();
+  f.hy.step_begins();
   cr_assert_eq(f.hy.chunks_on_device(), 1u);
   cr_assert(f.placed(2));
 }
@@ -166,7 +166,7 @@ Test(placement_hybrid, held_chunks_count_in_the_need_and_cached_ones_do_not) {
   // The others cached, not held: the state takes their room.
   for (uint32_t k = 1; k < 6; ++k) f.rt.fetch(k);
   f.used_in_order({0, 1, 2, 3, 4, 5});
-  f.hy.step_ended();
+  f.hy.step_begins();
   cr_assert_eq(f.hy.chunks_on_device(), 2u, "two chunks' cost above the held peak and the reserve");
   cr_assert(f.placed(4) && f.placed(5));
   cr_assert_gt(f.rt.counters().evictions, 0u, "cached payloads gave way");
@@ -177,7 +177,7 @@ Test(placement_hybrid, a_chunk_that_does_not_fit_is_skipped_and_a_smaller_later_
   // Chunk 0 is a jumbo chunk of 4 * kElems (the reserve is two of it).
   Fixture f({4 * kElems, kElems, kElems}, {false, false, false}, 2 * kCostFromHost + 8 * kPayloadBytes);
   f.used_in_order({2, 1, 0});  // the jumbo chunk used last
-  f.hy.step_ended();
+  f.hy.step_begins();
   cr_assert(!f.placed(0), "too large for the margin");
   cr_assert(f.placed(1) && f.placed(2));
 }
@@ -185,15 +185,15 @@ Test(placement_hybrid, a_chunk_that_does_not_fit_is_skipped_and_a_smaller_later_
 Test(placement_hybrid, when_the_need_grows_state_goes_back_to_the_host_intact_and_returns_when_it_shrinks) {
   Fixture f({kElems, kElems, kElems}, {false, false, false}, 3 * kCostFromHost + kReserve);
   f.used_in_order({0, 1, 2});
-  f.hy.step_ended();
+  f.hy.step_begins();
   cr_assert_eq(f.hy.chunks_on_device(), 3u);
   const uint64_t d2h_before = f.rt.counters().bytes_device_to_host;
   // The next iterations need room for 1.5 chunks more: two states leave,
   // the chunks used first first.
   f.rt.tier().set_nonmodel(kCostFromHost + kCostFromHost / 2);
   f.rt.tier().set_nonmodel(0);
-  cr_assert(!f.hy.step_end_plan().empty());
-  f.hy.step_ended();
+  cr_assert(!f.hy.step_plan().empty());
+  f.hy.step_begins();
   cr_assert_eq(f.hy.chunks_on_device(), 1u);
   cr_assert(f.placed(2) && !f.placed(0) && !f.placed(1));
   f.rt.drain();
@@ -210,21 +210,21 @@ Test(placement_hybrid, when_the_need_grows_state_goes_back_to_the_host_intact_an
   }
   cr_assert_leq(f.rt.counters().peak_device_bytes, f.rt.tier().capacity());
   // The need is back to nothing: they return, with the same bits.
-  f.hy.step_ended();
+  f.hy.step_begins();
   cr_assert_eq(f.hy.chunks_on_device(), 3u);
   for (uint32_t k = 0; k < 3; ++k)
     for (int l = 0; l < 3; ++l) cr_assert(f.list_intact(k, l), "chunk %u list %d", k, l);
   // A stable need moves nothing.
-  cr_assert(f.hy.step_end_plan().empty());
+  cr_assert(f.hy.step_plan().empty());
 }
 
 Test(placement_hybrid, warm_up_steps_place_nothing_and_a_stable_need_moves_nothing) {
   Fixture f({kElems, kElems}, {false, false}, 0, false, 2);  // unlimited device
-  f.hy.step_ended();
+  f.hy.step_begins();
   cr_assert_eq(f.hy.chunks_on_device(), 0u, "still warming up");
-  f.hy.step_ended();
+  f.hy.step_begins();
   cr_assert_eq(f.hy.chunks_on_device(), 2u, "unlimited: every trainable chunk");
-  f.hy.step_ended();
+  f.hy.step_begins();
   cr_assert_eq(f.hy.chunks_on_device(), 2u);
   cr_assert_eq(f.rt.counters().bytes_host_to_device, 2 * kCostFromHost, "moved once");
 }
@@ -234,7 +234,7 @@ Test(placement_hybrid, pinned_masters_and_frozen_chunks_stay_on_the_host) {
   f.chunks.v[2].master_pins = 1;
   f.used_in_order({0, 1, 2});
   const float* pinned_master = f.chunks.v[2].master;
-  f.hy.step_ended();
+  f.hy.step_begins();
   cr_assert(f.placed(0));
   cr_assert(!f.placed(1), "frozen: no optimizer state");
   cr_assert(!f.placed(2), "a pinned master must not move");
@@ -244,7 +244,7 @@ Test(placement_hybrid, pinned_masters_and_frozen_chunks_stay_on_the_host) {
 
 Test(placement_hybrid, lists_are_copied_back_to_back_and_read_and_written_on_the_device) {
   Fixture f({kElems, 2 * kElems}, {false, false}, 0, true);
-  f.hy.step_ended();
+  f.hy.step_begins();
   for (uint32_t k = 0; k < 2; ++k) {
     const Record& c = f.chunks.v[k];
     const uint64_t n = f.layout.chunks()[k].capacity_elems;
@@ -266,7 +266,7 @@ Test(placement_hybrid, lists_are_copied_back_to_back_and_read_and_written_on_the
 
 Test(placement_hybrid, gradients_fold_into_the_device_list_and_are_cleared) {
   Fixture f({kElems}, {false}, 0, true);
-  f.hy.step_ended();
+  f.hy.step_begins();
   const uint64_t n = 256, offset = 128;
   auto* acc = static_cast<float*>(f.dev.allocate(n * sizeof(float)));
   std::vector<float> ones(n, 1.0f);

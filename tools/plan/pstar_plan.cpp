@@ -370,14 +370,20 @@ struct Evaluation {
   uint64_t opt_device_per_rank = 0;
   // Host model per node: each rank's share of the four lists, the engine's
   // own host bytes beyond the lists (measured), and the per-rank reserve.
-  // The engine holds every list on the host from build until warm-up ends
-  // (hybrid placement moves state only then), so the host need is that of
-  // the warm-up; after placement each rank's host holds its share less the
-  // state on its device.
+  // Through warm-up the engine holds the compute list and the masters on the
+  // host; Adam's moments come with a chunk's first update, and hybrid
+  // placement moves its chosen chunks' state to the device before that
+  // update, so their moments never exist on the host (chunk::Fp32Lists,
+  // placement/hybrid.h).  After placement a rank's host holds its share less
+  // the state on its device, or at least the compute list and the masters
+  // (the masters placed chunks leave stay in the host pool for the moments
+  // of chunks of their size: exactly so for the GPT shapes' chunks of one
+  // size).  The peak is the larger of the two.
   uint64_t list_bytes = 0;
   uint64_t share_per_rank = 0;
+  uint64_t warmup_share_per_rank = 0;  // compute list and masters
   uint64_t extra_per_rank = 0;
-  uint64_t host_per_node = 0;        // at warm-up: the peak, what must fit
+  uint64_t host_per_node = 0;        // the peak, what must fit
   uint64_t host_per_node_after = 0;  // after hybrid placement (steady state)
   bool host_ok = false;
   bool host_ok_after = false;
@@ -527,12 +533,19 @@ struct Planner {
 
     ev.list_bytes = ev.run.list_bytes();
     ev.share_per_rank = (ev.list_bytes + world - 1) / world;
+    const uint64_t warmup_lists = built.built.compute_list_bytes + built.built.optimizer_list_bytes;
+    ev.warmup_share_per_rank = (warmup_lists + world - 1) / world;
+    // The engine's own host bytes: the dry run's peak beyond what the model
+    // above gives for one rank holding the whole model.
+    const uint64_t one_rank_lists =
+        std::max(warmup_lists, ev.list_bytes - std::min(ev.list_bytes, ev.opt_device_bytes));
     const uint64_t peak_host = fs.peak_host_bytes;
-    ev.extra_per_rank = peak_host > ev.list_bytes ? peak_host - ev.list_bytes : 0;
+    ev.extra_per_rank = peak_host > one_rank_lists ? peak_host - one_rank_lists : 0;
     const uint64_t reserve = uint64_t(hw.host_reserve);
-    ev.host_per_node = uint64_t(hw.gpus_per_node) * (ev.share_per_rank + ev.extra_per_rank + reserve);
-    ev.host_per_node_after =
-        uint64_t(hw.gpus_per_node) * (ev.share_per_rank - ev.opt_device_per_rank + ev.extra_per_rank + reserve);
+    const uint64_t after_share = ev.share_per_rank - ev.opt_device_per_rank;
+    ev.host_per_node =
+        uint64_t(hw.gpus_per_node) * (std::max(ev.warmup_share_per_rank, after_share) + ev.extra_per_rank + reserve);
+    ev.host_per_node_after = uint64_t(hw.gpus_per_node) * (after_share + ev.extra_per_rank + reserve);
     ev.host_ok = double(ev.host_per_node) <= hw.host_mem;
     ev.host_ok_after = double(ev.host_per_node_after) <= hw.host_mem;
     ev.step_s = ev.run.last.clock_seconds;
@@ -578,8 +591,9 @@ struct Planner {
     ev.min_capacity = hi;
     ev.margin_per_rank = ev.device_capacity - hi;
     const uint64_t off_host = std::min(ev.margin_per_rank, ev.opt_share_per_rank);
-    ev.host_per_node_margin = uint64_t(args.hw.gpus_per_node) *
-                              (ev.share_per_rank - off_host + ev.extra_per_rank + uint64_t(args.hw.host_reserve));
+    ev.host_per_node_margin =
+        uint64_t(args.hw.gpus_per_node) * (std::max(ev.warmup_share_per_rank, ev.share_per_rank - off_host) +
+                                           ev.extra_per_rank + uint64_t(args.hw.host_reserve));
     ev.host_ok_margin = double(ev.host_per_node_margin) <= args.hw.host_mem;
     return ev;
   }
@@ -742,11 +756,12 @@ std::vector<std::string> common_assumptions(const Args& a) {
                          : "off (--no-hybrid: all optimizer state on the host)");
   v.push_back(buf);
   v.push_back(
-      "each of a node's ranks runs the same device-side trace with the whole model: the engine has no "
-      "ZeRO sharding yet, so bytes moved and the device peak are one rank's with the full model");
+      "each of a node's ranks runs the same device-side trace with the whole model: the dry run is one "
+      "process, so bytes moved and the device peak are one rank's with the full model (a sharded rank gathers "
+      "chunks instead; that traffic is not modelled)");
   std::snprintf(buf, sizeof buf,
                 "host per node = ranks x (share of the four chunk lists (14 B/param with a 2-byte dtype, over all "
-                "%u ranks, as ZeRO and PatrickStar divide them; ZeRO sharding is not built in the engine) + the "
+                "%u ranks, as the engine's ZeRO sharding, ZeRO and PatrickStar divide them) + the "
                 "engine's host bytes beyond the lists + %.1f GiB reserved per rank)",
                 hw.world(), hw.host_reserve / kGiB);
   v.push_back(buf);
@@ -758,10 +773,12 @@ std::vector<std::string> common_assumptions(const Args& a) {
         "are the dry run's, which holds all it placed (a rank holding less peaks lower)");
   if (a.hybrid)
     v.push_back(
-        "host need = the warm-up's: the engine holds every list on the host from build until warm-up ends and "
-        "moves the placed state only then, so hybrid placement lowers the host need after warm-up "
-        "(host_needed_per_node_after_placement_bytes), not its peak; max_params is found with the peak, "
-        "max_params_hybrid_steady_host with the need after placement (what-if)");
+        "host need = the larger of the warm-up's and the steady state's: through warm-up the host holds the "
+        "compute list and the masters (6 B/param with a 2-byte dtype), Adam's moments come with a chunk's first "
+        "update, and the state hybrid placement puts on the device goes there before that update, so its "
+        "moments are never on the host; after placement the host holds the share less the state on the device "
+        "(host_needed_per_node_after_placement_bytes); max_params is found with the larger, "
+        "max_params_hybrid_steady_host with the steady state's alone (what-if)");
   v.push_back(
       "max_params_with_device_margin (what-if, not built): each GPU's memory beyond the smallest capacity that "
       "runs holds optimizer state of its rank's share (min(that room, the share)) instead of cached chunks, and "
@@ -788,7 +805,7 @@ std::vector<std::string> common_assumptions(const Args& a) {
 }
 
 std::vector<std::string> not_modelled() {
-  return {"ZeRO all-gather and reduce-scatter traffic and time (no sharding in the engine yet)",
+  return {"ZeRO all-gather and reduce-scatter traffic and time (the dry run is one process)",
           "sharing of a PCIe switch or of host memory bandwidth between copies and the Adam pass",
           "allocator fragmentation on the device (the reserve stands for it)",
           "kernel efficiency of small or element-wise operations (a fixed sustained FLOP/s)",
@@ -838,7 +855,7 @@ void print_evaluation(const char* title, const Evaluation& e, const Hardware& hw
         fmt_bytes(double(e.opt_device_per_rank)).c_str(), fmt_bytes(double(e.opt_share_per_rank)).c_str());
   std::printf("  host %s per node of %s", fmt_bytes(double(e.host_per_node)).c_str(), fmt_bytes(hw.host_mem).c_str());
   if (e.hybrid && e.host_per_node_after != e.host_per_node)
-    std::printf(" (warm-up; %s after placement)", fmt_bytes(double(e.host_per_node_after)).c_str());
+    std::printf(" (peak; %s after placement)", fmt_bytes(double(e.host_per_node_after)).c_str());
   std::printf("\n");
 }
 
@@ -1056,13 +1073,13 @@ int run(int argc, char** argv) {
 
   // Largest model: binary search over the layer count at this width, for
   // the engine as configured (hybrid placement by default; it must fit the
-  // host at warm-up, before any state moves), without hybrid placement, and
-  // two what-ifs: hybrid placement with the host need after placement (as
-  // if the placed state never lived on the host), and each device's room
-  // beyond the smallest capacity that runs holding optimizer state instead
-  // of cached chunks.  The host bounds the searches: the four lists
-  // (>= 14 B/param) of all ranks' shares fit in the nodes' host memory
-  // (plus, where device memory may hold state, the devices' capacity).
+  // host at its peak, warm-up or after placement), without hybrid
+  // placement, and two what-ifs: hybrid placement with the host need after
+  // placement alone, and each device's room beyond the smallest capacity
+  // that runs holding optimizer state instead of cached chunks.  The host
+  // bounds the searches: the four lists (>= 14 B/param) of all ranks'
+  // shares fit in the nodes' host memory (plus, where device memory may
+  // hold state, the devices' capacity).
   const double bytes_per_param = 12.0 + a.shape.dtype_bytes;
   const double per_layer = 12.0 * double(h) * double(h);
   const double host_total = hw.host_mem * hw.nodes;
@@ -1072,7 +1089,7 @@ int run(int argc, char** argv) {
   uint32_t best = 0, best_host_only = 0, best_steady = 0, best_margin = 0;
   if (a.search) {
     auto fits = [](const Evaluation& e) { return e.fits(); };
-    best = pl.largest(cap, chunk, a.hybrid, false, fits);
+    best = pl.largest(a.hybrid ? cap_dev : cap, chunk, a.hybrid, false, fits);
     best_host_only = a.hybrid ? pl.largest(cap, chunk, false, false, fits) : best;
     if (a.hybrid)
       best_steady =

@@ -12,6 +12,7 @@
 // workload's own figures are checked against their closed forms first.
 //
 // A plain executable: prints what failed and returns 1.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -165,12 +166,18 @@ void compare(const GptShape& g, uint64_t chunk_elems, bool hybrid, Capacity mode
     // optimizer; the cached chunks that gave way to the state leave too.
     expect(r.last.evictions >= rs.optimizer_chunks - rs.optimizer_chunks_on_device,
            tag + "evicted at least for the CPU optimizer");
-    // The planner's host model: every list is on the host until warm-up
-    // ends, so the host peak is not lowered by the placement.  (The freed
-    // host lists stay cached in the engine's host pool, which counts them in
-    // host_bytes.)
-    expect(rs.peak_host_bytes >= list + opt_state, tag + "the host peak holds every list");
-    expect_eq(rs.peak_host_bytes, unlimited.final_stats.peak_host_bytes, tag + "host peak as without hybrid");
+    // The planner's host model: the host holds the compute list and the
+    // masters through warm-up; Adam's moments come with a chunk's first
+    // update, and the chunks placed at that step (before it) never have them
+    // there.  So the peak is the larger of the warm-up's and the steady
+    // state's (the masters placed chunks left stay cached in the host pool,
+    // which counts them), below that of hybrid off.
+    const uint64_t one_list = unlimited.built.optimizer_list_bytes;
+    const uint64_t placed = rs.optimizer_device_bytes;
+    const uint64_t steady = 3 * one_list > placed ? 3 * one_list - placed : 0;
+    expect(rs.peak_host_bytes >= list + std::max(one_list, steady),
+           tag + "the host peak holds the masters, and the moments of the chunks on the host");
+    expect(rs.peak_host_bytes < unlimited.final_stats.peak_host_bytes, tag + "the placement lowers the host peak");
   }
   expect_eq<uint64_t>(r.last.trace_fallbacks, 0, tag + "no trace fallback");
   expect_eq(p.last.bytes_host_to_device, r.last.bytes_host_to_device, tag + "bytes host to device");
