@@ -286,7 +286,10 @@ typedef struct pstar_engine_options {
   /** Bytes of accelerator memory the engine may use for chunks and gradient
    *  buffers; 0 = unlimited on the emulated device, all free memory on CUDA. */
   uint64_t device_capacity_bytes;
-  /** Bytes of host memory the engine may use; 0 = unlimited. */
+  /** Bytes of host memory the engine may use; 0 = unlimited.  With a
+   *  capacity, pstar_engine_build() allocates every fp32 list (Adam's m
+   *  and v too, which an unlimited host gets at each chunk's first update),
+   *  so that a capacity too small fails there. */
   uint64_t host_capacity_bytes;
   /** Elements per chunk; 0 = default (PSTAR_DEFAULT_CHUNK_ELEMS). */
   uint64_t chunk_elems;
@@ -378,8 +381,9 @@ typedef struct pstar_engine_options {
   /** Hybrid optimizer placement.  Zero (the default): the fp32 optimizer
    *  state of every trainable chunk (master, Adam m and v: 12 bytes per
    *  element, 16 with grad_accumulation) lives on the host and pstar_step()
-   *  updates it on the CPU.  Nonzero: when warm-up ends, and again at the
-   *  end of every TRAIN step after it, the engine chooses the trainable
+   *  updates it on the CPU.  Nonzero: at the step that ends warm-up, and
+   *  again at every TRAIN step after it, before the update, the engine
+   *  chooses the trainable
    *  chunks whose optimizer state fits in the margin (device_capacity_bytes
    *  - device_margin_bytes - the peak since the previous choice of what the
    *  accelerator had to hold whatever it cached: parameters in use, gradient
@@ -388,7 +392,11 @@ typedef struct pstar_engine_options {
    *  accelerator or back to the host to match; cached chunks give way to
    *  it.  Their parameter chunks stay on the accelerator while their state
    *  is there, and pstar_step() updates them there while the CPU updates
-   *  the others.  State moves only between iterations: a non-model report
+   *  the others.  Adam's m and v of a chunk exist from its first update
+   *  (without a host capacity or NVMe tier), so a chunk placed at the
+   *  first step never has them on the host: through warm-up the host holds
+   *  the compute payloads and the masters.  State moves only at steps: a
+   *  non-model report
    *  within an iteration larger than any before may fail with
    *  PSTAR_ERR_OUT_OF_MEMORY where hybrid off would evict.
    *  Results are bit-identical either way.  A zero capacity (unlimited, on
