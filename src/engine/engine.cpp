@@ -40,8 +40,7 @@ Engine::Engine(const EngineOptions& options, std::unique_ptr<dist::Communicator>
                   }}),
       gathering_(&group_, &reduce_) {
   if (group != nullptr) {
-    require(!options_.dry_run && !options_.hybrid_optimizer, PSTAR_ERR_UNSUPPORTED,
-            "engine: a sharded engine has no dry run and no hybrid optimizer placement yet");
+    require(!options_.dry_run, PSTAR_ERR_UNSUPPORTED, "engine: a sharded engine has no dry run yet");
     // A CUDA engine needs a group that takes device memory; the emulated
     // device's memory is host memory, so either kind serves it (tests run
     // the device-buffer code paths there).
@@ -78,6 +77,7 @@ Engine::Engine(const EngineOptions& options, std::unique_ptr<dist::Communicator>
   ho.enabled = options_.hybrid_optimizer;
   ho.warmup_iterations = options_.warmup_iterations;
   ho.grad_accumulation = options_.grad_accumulation;
+  ho.elem_bytes = static_cast<uint32_t>(dtype_size(options_.compute_dtype));
   hybrid_ = std::make_unique<placement::HybridPlacement>(device_.get(), placement_.get(), ho);
   values_ = std::make_unique<values::ParamValues>(
       values::ValueParts{device_.get(), placement_.get(), hybrid_.get(), &nvme_, &group_, &reduce_, &params_, &chunks_},
@@ -128,9 +128,8 @@ Engine::~Engine() {
         host_->release(c.host, c.bytes);
       }
       host_->release(c.shard, c.shard_elems * elem_bytes());
-      if (!hybrid_->release(static_cast<uint32_t>(i))) {
-        release_optimizer_buffers(c, c.shard_elems * sizeof(float));
-      }
+      hybrid_->release(static_cast<uint32_t>(i));  // the lists on the device; the others are the host's
+      release_optimizer_buffers(c, c.shard_elems * sizeof(float));
     }
   }
   reduce_.release();  // the queue is gone: nothing uses its buffers
@@ -236,7 +235,7 @@ void Engine::build() {
     for (const auto& info : layout_->chunks()) params_per_chunk.push_back(static_cast<uint32_t>(info.params.size()));
     drop_rule_.build(params_per_chunk, params_.size());
   }
-  hybrid_->attach(this, layout_.get());
+  hybrid_->attach(this, layout_.get(), sharded());
   values_->attach(layout_.get());
   step_->attach(layout_.get());
   uint64_t largest_grad = 0;
@@ -272,7 +271,7 @@ float* Engine::pin(uint32_t id, bool writable) {
   require(!sharded(), PSTAR_ERR_UNSUPPORTED, "param_pin: with world_size > 1 a rank holds only its shard of a master");
   const auto& place = layout_->param(id);
   ChunkState& c = chunks_[place.chunk];
-  require(c.opt_device == nullptr, PSTAR_ERR_UNSUPPORTED, [&] {
+  require(!hybrid_->placed(place.chunk), PSTAR_ERR_UNSUPPORTED, [&] {
     return "param_pin of '" + p.name + "': its optimizer state lives on the accelerator (hybrid placement)";
   });
   require(!nvme_.on_drive(place.chunk), PSTAR_ERR_UNSUPPORTED, [&] {

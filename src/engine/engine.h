@@ -183,6 +183,7 @@ class Engine : private placement::HybridTable {
   size_t chunk_count() const override { return chunks_.size(); }
   chunk::Chunk& chunk_at(uint32_t k) override { return chunks_[k]; }
   chunk::Fp32Lists& lists_at(uint32_t k) override { return chunks_[k]; }
+  uint64_t list_elems(uint32_t k) const override { return chunks_[k].shard_elems; }
 
   void reset_iteration_state(chunk::TensorEvent ev);
   void count_gradients_to_come();

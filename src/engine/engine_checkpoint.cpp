@@ -16,6 +16,7 @@
 #include "util/error.h"
 
 namespace pstar::engine {
+using HostLists = placement::HybridPlacement::HostLists;
 
 // A nested class (not a base of Engine, as placement::ChunkTable is): its
 // methods' names (param_count, rank, read_list...) would otherwise become
@@ -55,6 +56,7 @@ class Engine::CheckpointState final : public checkpoint::EngineState {
     // of a frozen parameter.
     const auto& place = e_.layout_->param(id);
     if (list != 3) e_.nvme_.access(place.chunk, false);
+    const HostLists lists(*e_.hybrid_, place.chunk, HostLists::list_bit(list));  // a shard's state on the device
     const ChunkState& c = e_.chunks_[place.chunk];
     const auto [lo, a, b] = e_.shard_span(id, e_.group_.rank());
     const float* src = list == 3 ? nullptr : list_base(c, list);
@@ -77,9 +79,11 @@ class Engine::CheckpointState final : public checkpoint::EngineState {
       const auto& place = e_.layout_->param(id);
       e_.nvme_.access(place.chunk, true);
       step::ensure_moments(*e_.host_, e_.chunks_[place.chunk], true);
+      HostLists lists(*e_.hybrid_, place.chunk, HostLists::list_bit(list));  // a shard's state on the device
       float* dst = list_base(e_.chunks_[place.chunk], list);
       const auto [lo, a, b] = e_.shard_span(id, e_.group_.rank());
       for (uint64_t i = a; i < b; ++i) dst[i - lo] = whole[i - place.offset_elems];
+      lists.write_back();
     }
   }
   void set_param_group(uint32_t id, float lr_scale, bool weight_decay) override {

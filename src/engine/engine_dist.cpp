@@ -45,9 +45,6 @@ void Engine::resolve_world() {
   }
   require(!options_.dry_run, PSTAR_ERR_UNSUPPORTED,
           "options: a dry run has no payloads to exchange; it models one rank (set world_size to 1)");
-  require(!options_.hybrid_optimizer, PSTAR_ERR_UNSUPPORTED,
-          "options: hybrid_optimizer with world_size > 1 is not supported yet (each rank updates its shards on the "
-          "CPU); unset one of them");
   require(options_.device == PSTAR_DEVICE_CUDA || dist::cpu_groups_available(), PSTAR_ERR_UNSUPPORTED,
           "options: data parallelism on the emulated device needs Gloo and libuv, and this libpstar was built "
           "without them (install libgloo-dev and libuv1-dev and rebuild)");

@@ -16,9 +16,11 @@ using Use = memory::DeviceTier::Use;
 std::string bytes_str(uint64_t b) { return std::to_string(b) + " bytes"; }
 }  // namespace
 
-void HybridPlacement::attach(HybridTable* chunks, const chunk::ChunkLayout* layout) {
+void HybridPlacement::attach(HybridTable* chunks, const chunk::ChunkLayout* layout, bool sharded) {
   chunks_ = chunks;
   layout_ = layout;
+  sharded_ = sharded;
+  base_.assign(chunks->chunk_count(), nullptr);
   bytes_.assign(chunks->chunk_count(), 0);
   ready_.assign(chunks->chunk_count(), nullptr);
 }
@@ -55,8 +57,19 @@ HybridPlacement::Plan HybridPlacement::step_plan() const {
 }
 
 uint64_t HybridPlacement::state_bytes(uint32_t k) const {
-  const uint64_t lists = options_.grad_accumulation ? 4 : 3;
-  return lists * layout_->chunks()[k].capacity_elems * sizeof(float);
+  const uint64_t lists = device_lists() * list_bytes(k);
+  if (!sharded_) return lists;
+  // The staging region: the slot, and the fp32 gradient with accumulation.
+  const uint64_t n = chunks_->list_elems(k);
+  return lists + n * options_.elem_bytes + (options_.grad_accumulation ? n * sizeof(float) : 0);
+}
+
+void* HybridPlacement::slot_staging(uint32_t k) const { return base_[k] + device_lists() * chunks_->list_elems(k); }
+
+float* HybridPlacement::grad_staging(uint32_t k) const {
+  if (!options_.grad_accumulation) return nullptr;
+  const uint64_t n = chunks_->list_elems(k);
+  return reinterpret_cast<float*>(static_cast<char*>(slot_staging(k)) + n * options_.elem_bytes);
 }
 
 uint64_t HybridPlacement::margin() const {
@@ -88,12 +101,13 @@ HybridPlacement::Plan HybridPlacement::plan() const {
   uint64_t left = p.margin;
   for (uint32_t k : order) {
     const chunk::Chunk& c = chunks_->chunk_at(k);
-    const bool placed = c.opt_device != nullptr;
+    const bool placed = this->placed(k);
     // Exported masters stay where they are (they are never on the device:
     // pstar_param_pin refuses state there).
     if (!placed && chunks_->lists_at(k).master_pins != 0) continue;
-    // The state, and the payload: pinned resident while the state is there.
-    const uint64_t cost = state_bytes(k) + c.bytes;
+    // The state, and (one process) the payload: pinned resident while the
+    // state is there.
+    const uint64_t cost = state_bytes(k) + (sharded_ ? 0 : c.bytes);
     if (cost <= left) {
       left -= cost;
       if (!placed) p.in.push_back(k);
@@ -107,8 +121,8 @@ HybridPlacement::Plan HybridPlacement::plan() const {
 void HybridPlacement::move(uint32_t k) {
   chunk::Chunk& c = chunks_->chunk_at(k);
   chunk::Fp32Lists& l = chunks_->lists_at(k);
-  if (c.tier != Tier::kDevice) runtime_->fetch(k);
-  const uint64_t fp32_bytes = layout_->chunks()[k].capacity_elems * sizeof(float);
+  if (!sharded_ && c.tier != Tier::kDevice) runtime_->fetch(k);
+  const uint64_t fp32_bytes = list_bytes(k);
   const uint64_t bytes = state_bytes(k);
   float* base = static_cast<float*>(runtime_->device_alloc(bytes, k, "optimizer state of chunk " + std::to_string(k)));
   runtime_->tier().add(Use::kOptimizer, bytes);
@@ -119,7 +133,7 @@ void HybridPlacement::move(uint32_t k) {
   // zero-filled on the device instead of copied.
   memory::Stream* s = device_->h2d_stream();
   float** lists[] = {&l.master, &l.exp_avg, &l.exp_avg_sq, &l.grad32};
-  const size_t slots = options_.grad_accumulation ? 4 : 3;
+  const size_t slots = device_lists();
   uint64_t copied = 0;
   for (size_t slot = 0; slot < slots; ++slot) {
     float* dst = base + slot * (fp32_bytes / sizeof(float));
@@ -135,7 +149,8 @@ void HybridPlacement::move(uint32_t k) {
     if (*lists[slot] != nullptr) runtime_->defer_free_host(done, *lists[slot], fp32_bytes);
     *lists[slot] = base + slot * (fp32_bytes / sizeof(float));
   }
-  c.opt_device = base;
+  if (!sharded_) c.opt_device = base;
+  base_[k] = base;
   bytes_[k] = bytes;
   ready_[k] = done;
   runtime_->count_host_to_device(copied);
@@ -145,17 +160,17 @@ void HybridPlacement::move(uint32_t k) {
 void HybridPlacement::move_out(uint32_t k) {
   chunk::Chunk& c = chunks_->chunk_at(k);
   chunk::Fp32Lists& l = chunks_->lists_at(k);
-  const uint64_t fp32_bytes = layout_->chunks()[k].capacity_elems * sizeof(float);
+  const uint64_t fp32_bytes = list_bytes(k);
   const uint64_t bytes = bytes_[k];
-  void* base = c.opt_device;
+  void* base = base_[k];
   // After the chunk's queued work (its device update on the compute stream).
   memory::Stream* s = device_->d2h_stream();
   device_->stream_wait(s, ready_[k]);
   device_->stream_wait(s, device_->record(device_->compute_stream()));
   device_->stream_wait(s, c.last_use);
   float** lists[] = {&l.master, &l.exp_avg, &l.exp_avg_sq, &l.grad32};
-  for (float** list : lists) {
-    if (*list == nullptr) continue;
+  for (size_t slot = 0; slot < device_lists(); ++slot) {
+    float** list = lists[slot];
     float* host = static_cast<float*>(runtime_->host_alloc(fp32_bytes));
     device_->copy_async(s, host, *list, fp32_bytes, memory::CopyKind::kDeviceToHost);
     *list = host;
@@ -164,8 +179,9 @@ void HybridPlacement::move_out(uint32_t k) {
   runtime_->host_wait(s, done);
   runtime_->check_ready(done, "optimizer state moved to the host");
   runtime_->defer_free_device(done, base, bytes, Use::kOptimizer);
-  runtime_->count_device_to_host(bytes);
+  runtime_->count_device_to_host(device_lists() * fp32_bytes);
   c.opt_device = nullptr;
+  base_[k] = nullptr;
   bytes_[k] = 0;
   ready_[k] = nullptr;
   --chunks_on_device_;
@@ -214,15 +230,58 @@ void HybridPlacement::clear_gradients() {
 }
 
 bool HybridPlacement::release(uint32_t k) {
-  chunk::Chunk& c = chunks_->chunk_at(k);
-  if (c.opt_device == nullptr) return false;
-  device_->deallocate(c.opt_device, bytes_[k]);
-  c.opt_device = nullptr;
+  if (!placed(k)) return false;
+  device_->deallocate(base_[k], bytes_[k]);
+  chunks_->chunk_at(k).opt_device = nullptr;
   chunk::Fp32Lists& l = chunks_->lists_at(k);
-  l.master = l.exp_avg = l.exp_avg_sq = l.grad32 = nullptr;
+  l.master = l.exp_avg = l.exp_avg_sq = nullptr;
+  if (device_lists() == 4) l.grad32 = nullptr;
+  base_[k] = nullptr;
   bytes_[k] = 0;
   ready_[k] = nullptr;
   return true;
+}
+
+HybridPlacement::HostLists::HostLists(HybridPlacement& hybrid, uint32_t k, unsigned which) : hybrid_(hybrid), k_(k) {
+  if (!hybrid.placed(k)) return;
+  hybrid.sync(k);
+  chunk::Fp32Lists& l = hybrid.chunks_->lists_at(k);
+  float** lists[] = {&l.master, &l.exp_avg, &l.exp_avg_sq};
+  const uint64_t bytes = hybrid.list_bytes(k);
+  try {
+    for (size_t i = 0; i < 3; ++i) {
+      if ((which & (1u << i)) == 0) continue;
+      float* host = static_cast<float*>(hybrid.runtime_->host_alloc(bytes));
+      device_[i] = *lists[i];
+      *lists[i] = host;
+      hybrid.device_->copy_sync(host, device_[i], bytes, memory::CopyKind::kDeviceToHost);
+    }
+  } catch (...) {
+    restore();
+    throw;
+  }
+}
+
+void HybridPlacement::HostLists::write_back() {
+  chunk::Fp32Lists& l = hybrid_.chunks_->lists_at(k_);
+  const float* lists[] = {l.master, l.exp_avg, l.exp_avg_sq};
+  for (size_t i = 0; i < 3; ++i) {
+    if (device_[i] == nullptr) continue;
+    hybrid_.device_->copy_sync(device_[i], lists[i], hybrid_.list_bytes(k_), memory::CopyKind::kHostToDevice);
+  }
+}
+
+HybridPlacement::HostLists::~HostLists() { restore(); }
+
+void HybridPlacement::HostLists::restore() noexcept {
+  chunk::Fp32Lists& l = hybrid_.chunks_->lists_at(k_);
+  float** lists[] = {&l.master, &l.exp_avg, &l.exp_avg_sq};
+  for (size_t i = 0; i < 3; ++i) {
+    if (device_[i] == nullptr) continue;
+    hybrid_.runtime_->defer_free_host(memory::EventPtr(), *lists[i], hybrid_.list_bytes(k_));
+    *lists[i] = device_[i];
+    device_[i] = nullptr;
+  }
 }
 
 }  // namespace pstar::placement

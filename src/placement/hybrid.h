@@ -15,16 +15,26 @@
 // (chunk::Chunk::opt_device makes it no victim), and its Adam update runs on
 // the device, queued on the compute stream by the engine.
 //
+// With ZeRO sharding (world > 1) each rank places its own shards' state in
+// its own margin, and decides alone (no collective: the ranks' capacities
+// and needs may differ).  A shard's payload is not pinned (gathered chunks
+// follow the gathering's rules), its gradient list stays on the host, and
+// its device buffer holds, after the three lists, a staging region for the
+// update: the shard's compute slot (gradient in, weights out) and, with
+// accumulation, its fp32 gradient.  The buffer is then not the chunk's
+// Chunk::opt_device (which pins a payload): placed() says where state is.
+//
 // What it owns: the decision (which chunks, in what order, within which
 // margin), the move of the lists into one device buffer per chunk, that
 // buffer (its size and the event after which it is valid), the count of
 // TRAIN steps that ends warm-up, and the host's access to lists on the
 // device (waits and copies).  It sees chunks through a HybridTable (the
 // chunk's placement part and its fp32 lists) and the layout (which chunks
-// are trainable, their capacity); it moves payloads and allocates through
-// the placement runtime.  What it must not know: parameters, tensor states,
-// the optimizer's arithmetic, shards (a sharded engine has no hybrid
-// placement), the NVMe tier (not combined with it).
+// are trainable), the elements of each chunk's lists (HybridTable::
+// list_elems: a shard's with world > 1); it moves payloads and allocates
+// through the placement runtime.  What it must not know: parameters,
+// tensor states, the optimizer's arithmetic, the collectives, the NVMe tier
+// (not combined with it).
 //
 // Threading: the engine's thread only, as the engine.
 #pragma once
@@ -45,6 +55,8 @@ namespace pstar::placement {
 class HybridTable : public ChunkTable {
  public:
   virtual chunk::Fp32Lists& lists_at(uint32_t k) = 0;
+  // Elements of each of chunk k's fp32 lists (this rank's shard of them).
+  virtual uint64_t list_elems(uint32_t k) const = 0;
 
  protected:
   ~HybridTable() = default;
@@ -58,7 +70,8 @@ constexpr uint64_t kStreamingChunks = 2;
 struct HybridOptions {
   bool enabled = false;            // options.hybrid_optimizer
   uint32_t warmup_iterations = 1;  // TRAIN steps before the state is placed
-  bool grad_accumulation = false;  // the gradient list moves too
+  bool grad_accumulation = false;  // the gradient list moves too (one process)
+  uint32_t elem_bytes = 2;         // the compute dtype's size (a shard's staging region)
 };
 
 class HybridPlacement {
@@ -69,8 +82,10 @@ class HybridPlacement {
   HybridPlacement(memory::Device* device, Runtime* runtime, const HybridOptions& options)
       : options_(options), device_(device), runtime_(runtime) {}
 
-  // At build, before any other call that names a chunk.
-  void attach(HybridTable* chunks, const chunk::ChunkLayout* layout);
+  // At build, before any other call that names a chunk.  `sharded`: world
+  // > 1 (the lists are shards, the buffers have a staging region; see
+  // above), known once the engine's group is connected.
+  void attach(HybridTable* chunks, const chunk::ChunkLayout* layout, bool sharded = false);
 
   // The decision, re-made at every TRAIN step after warm-up: trainable
   // chunks, used last first, take their cost (their state and their pinned
@@ -102,8 +117,16 @@ class HybridPlacement {
   // with hybrid placement off, plan() otherwise.
   Plan step_plan() const;
 
-  // Bytes of chunk k's device buffer: its fp32 lists back to back.
+  // Bytes of chunk k's device buffer: its fp32 lists back to back (and the
+  // staging region with world > 1).
   uint64_t state_bytes(uint32_t k) const;
+  // Whether chunk k's optimizer state is on the device.
+  bool placed(uint32_t k) const { return bytes_[k] != 0; }
+  // world > 1, a placed chunk: the staging region of its buffer, the
+  // shard's compute slot (list_elems of the compute dtype) and, with
+  // accumulation, its fp32 gradient (null without).
+  void* slot_staging(uint32_t k) const;
+  float* grad_staging(uint32_t k) const;
   uint32_t chunks_on_device() const { return chunks_on_device_; }
   // Completes when chunk k's state is valid on the device (the copy from
   // the host); work queued on the device that reads it waits for it.
@@ -133,6 +156,31 @@ class HybridPlacement {
   // use it any more) and forgets its lists; false when it has none.
   bool release(uint32_t k);
 
+  // Host code that reads or writes master, m and v of a chunk in place
+  // (the sharded engine's values, checkpoints and skipped-step restore):
+  // while a HostLists lives, the chosen lists (`which`: bits 1 master, 2
+  // m, 4 v) of a placed chunk point at host copies (read from the device at
+  // construction), and write_back() copies them to the device.  For a chunk
+  // not placed it does nothing.  Slow paths, outside the training loop; the
+  // host copies come from the host pool, which normally holds the host
+  // lists the chunk's placement gave back.
+  class HostLists {
+   public:
+    static constexpr unsigned kMaster = 1, kExpAvg = 2, kExpAvgSq = 4;
+    static unsigned list_bit(int list) { return 1u << list; }  // 0 master, 1 m, 2 v
+    HostLists(HybridPlacement& hybrid, uint32_t k, unsigned which);
+    ~HostLists();
+    HostLists(const HostLists&) = delete;
+    HostLists& operator=(const HostLists&) = delete;
+    void write_back();
+
+   private:
+    void restore() noexcept;  // the device lists back, the host copies freed
+    HybridPlacement& hybrid_;
+    uint32_t k_;
+    float* device_[3] = {nullptr, nullptr, nullptr};  // null: not placed
+  };
+
  private:
   void move(uint32_t k);
   // The state of chunk k back to new host lists: the copies queued on the
@@ -141,16 +189,22 @@ class HybridPlacement {
   // once they are done, and the payload becomes evictable again.
   void move_out(uint32_t k);
   uint64_t margin() const;
+  // Lists that live in the device buffer: master, m, v, and the gradient
+  // list with accumulation in one process.
+  size_t device_lists() const { return options_.grad_accumulation && !sharded_ ? 4 : 3; }
+  uint64_t list_bytes(uint32_t k) const { return chunks_->list_elems(k) * sizeof(float); }
 
   const HybridOptions options_;
   memory::Device* device_;  // not owned
   Runtime* runtime_;        // not owned
   HybridTable* chunks_ = nullptr;
   const chunk::ChunkLayout* layout_ = nullptr;
+  bool sharded_ = false;
   uint64_t train_steps_ = 0;  // TRAIN steps begun so far
   uint32_t chunks_on_device_ = 0;
-  // Per chunk: its device buffer's size (0: none) and the event after
-  // which the buffer is valid.
+  // Per chunk: its device buffer (null: none; one process: also the
+  // chunk's opt_device), its size, and the event after which it is valid.
+  std::vector<float*> base_;
   std::vector<uint64_t> bytes_;
   std::vector<memory::EventPtr> ready_;
 };

@@ -185,6 +185,9 @@ class OptimizerStep {
 
  private:
   void run_local(pstar_step_result& r);
+  // world > 1, hybrid placement: queues the device update of chunk k's
+  // shard (sharded_step.cpp); returns the event of its last copy.
+  memory::EventPtr queue_shard_update(uint32_t k, const std::vector<optim::Segment>& segments);
 
   // One chunk handed to the update thread for a speculative update: the
   // constants it used and its result buffers (the chunk's lists' and

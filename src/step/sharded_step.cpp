@@ -80,6 +80,41 @@ void OptimizerStep::apply_reduced(uint32_t k, const std::vector<uint32_t>& param
   }
 }
 
+// Hybrid placement with world > 1: the update of chunk k's shard, whose
+// master, m and v are on the device.  Its compute shard (the gradient where
+// the step finalized it there, the weights elsewhere) and, with
+// accumulation, its fp32 gradient go into the buffer's staging region on
+// the H2D stream; Adam runs on the compute stream with the same constants
+// as the host (same kernel code, same bits), writing the weights into the
+// staging slot; the slot comes back into the compute shard on the D2H
+// stream.  Returns the event of that copy; the previous step's copies are
+// done (the host waited for them), so the staging region is free.
+memory::EventPtr OptimizerStep::queue_shard_update(uint32_t k, const std::vector<optim::Segment>& segments) {
+  ChunkState& c = chunks_[k];
+  const uint64_t n = c.shard_elems;
+  const uint64_t slot_bytes = n * elem_bytes();
+  void* slot = hybrid_->slot_staging(k);
+  float* grad = hybrid_->grad_staging(k);
+  memory::Stream* h2d = device_->h2d_stream();
+  memory::Stream* cs = device_->compute_stream();
+  memory::Stream* d2h = device_->d2h_stream();
+  device_->copy_async(h2d, slot, c.shard, slot_bytes, memory::CopyKind::kHostToDevice);
+  uint64_t in_bytes = slot_bytes;
+  if (grad != nullptr) {
+    device_->copy_async(h2d, grad, c.grad32, n * sizeof(float), memory::CopyKind::kHostToDevice);
+    in_bytes += n * sizeof(float);
+  }
+  device_->stream_wait(cs, device_->record(h2d));
+  device_->stream_wait(cs, hybrid_->state_ready(k));
+  const optim::ChunkLists lists{c.master, c.exp_avg, c.exp_avg_sq, grad, slot, options_.compute_dtype};
+  for (const optim::Segment& sg : segments) device_->adam_update_async(cs, sg.constants, lists.range(sg.begin, sg.end));
+  device_->stream_wait(d2h, device_->record(cs));
+  device_->copy_async(d2h, c.shard, slot, slot_bytes, memory::CopyKind::kDeviceToHost);
+  placement_->count_host_to_device(in_bytes);
+  placement_->count_device_to_host(slot_bytes);
+  return device_->record(d2h);
+}
+
 // Gradients still pending are reduce-scattered (chunk order), gathered
 // buffers dropped (the shards are about to change), the squared norm and
 // the overflow flag of this rank's shards exchanged (one all-gather, summed
@@ -128,18 +163,13 @@ void OptimizerStep::run_sharded(pstar_step_result& r) {
     skip_step(&r);
   } else {
     optim::SegmentList segments = optimizer_.begin_step(clip_coef);  // spans in the shard
-    // Shards whose lists live on the NVMe drive stream through the staging
-    // ring (memory/nvme_tier.h); the others are updated in place.
-    std::vector<uint32_t> order;
-    for (uint32_t k = 0; k < chunks_.size(); ++k) {
-      if (!layout_->chunks()[k].frozen) order.push_back(k);
-    }
-    nvme_.update_chunks(order, [&](uint32_t k) {
-      const auto& info = layout_->chunks()[k];
-      ChunkState& c = chunks_[k];
+    // Chunk k's parameters with a gradient as spans of this rank's shard;
+    // false when none of them had one (the shard of a chunk that had one
+    // may still hold no span of it: padding only).
+    auto shard_segments = [&](uint32_t k) {
       segments.clear();
       bool updated = false;
-      for (uint32_t id : info.params) {
+      for (uint32_t id : layout_->chunks()[k].params) {
         const Param& p = params_[id];
         if (!p.has_grad) continue;
         ++r.params_updated;
@@ -148,7 +178,25 @@ void OptimizerStep::run_sharded(pstar_step_result& r) {
         if (a >= b) continue;
         segments.add(a - lo, b - lo, p.lr_scale, p.weight_decay);
       }
-      if (!updated) return;
+      return updated;
+    };
+    // Shards whose optimizer state is on the device (hybrid placement) are
+    // updated there first, queued, while the host updates the others.
+    std::vector<uint32_t> order;
+    memory::EventPtr device_done;
+    for (uint32_t k = 0; k < chunks_.size(); ++k) {
+      if (layout_->chunks()[k].frozen) continue;
+      if (!hybrid_->placed(k)) {
+        order.push_back(k);
+      } else if (shard_segments(k)) {
+        device_done = queue_shard_update(k, segments.segments());
+      }
+    }
+    // Shards whose lists live on the NVMe drive stream through the staging
+    // ring (memory/nvme_tier.h); the others are updated in place.
+    nvme_.update_chunks(order, [&](uint32_t k) {
+      ChunkState& c = chunks_[k];
+      if (!shard_segments(k)) return;
       // Every rank's shard of an updated chunk has its moments (a shard of
       // padding only too), so that ranks hold the same host bytes.
       if (lazy_moments(nvme_, *host_)) ensure_moments(*host_, c, options_.payloads);
@@ -156,6 +204,12 @@ void OptimizerStep::run_sharded(pstar_step_result& r) {
           c.shard_elems, segments.segments(),
           optim::ChunkLists{c.master, c.exp_avg, c.exp_avg_sq, c.grad32, c.shard, options_.compute_dtype});
     });
+    if (device_done) {
+      // The next iteration's all-gathers read the compute shards.
+      memory::Stream* d2h = device_->d2h_stream();
+      placement_->host_wait(d2h, device_done);
+      placement_->check_ready(device_done, "compute shard updated on the device");
+    }
     ++counters_.steps;
     optimizer_.end_step(false);
   }

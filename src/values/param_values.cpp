@@ -8,6 +8,7 @@
 namespace pstar::values {
 
 using chunk::Tier;
+using HostLists = placement::HybridPlacement::HostLists;
 
 size_t ParamValues::elem_bytes() const { return dtype_size(compute_dtype_); }
 
@@ -131,11 +132,13 @@ void ParamValues::write_sharded(uint32_t id, const void* src, pstar_dtype dtype)
   if (!p.frozen()) parts_.nvme->access(place.chunk, true);  // the master shard may live on the drive
   chunk::ChunkState& c = (*parts_.chunks)[place.chunk];
   const auto [lo, a, b] = shard_span(id);
+  HostLists lists(*parts_.hybrid, place.chunk, HostLists::kMaster);  // a master shard on the device
   for (uint64_t i = a; i < b; ++i) {
     const float v = load_as(src, dtype, i - place.offset_elems);
     if (!p.frozen()) c.master[i - lo] = v;
     store_as(c.shard, compute_dtype_, i - lo, v);
   }
+  if (!p.frozen() && a < b) lists.write_back();
 }
 
 // Collective: all-gathers the chunk's fp32 masters (a frozen parameter: its
@@ -147,6 +150,7 @@ void ParamValues::read_sharded(uint32_t id, void* dst, pstar_dtype dtype) {
   constexpr auto kRead = dist::CollectiveKind::kRead;
   if (!(*parts_.params)[id].frozen()) {
     parts_.nvme->access(place.chunk, false);
+    const HostLists lists(*parts_.hybrid, place.chunk, HostLists::kMaster);
     std::vector<float> full(c.elems);
     parts_.group->all_gather_host("param_read: all-gather", kRead, place.chunk, c.master, full.data(),
                                   c.shard_elems * sizeof(float));
@@ -170,6 +174,7 @@ void ParamValues::restore_slot_sharded(uint32_t id) {
   parts_.nvme->access(place.chunk, false);
   chunk::ChunkState& c = (*parts_.chunks)[place.chunk];
   const auto [lo, a, b] = shard_span(id);
+  const HostLists lists(*parts_.hybrid, place.chunk, HostLists::kMaster);
   for (uint64_t i = a; i < b; ++i) store_as(c.shard, compute_dtype_, i - lo, c.master[i - lo]);
 }
 

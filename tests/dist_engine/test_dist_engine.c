@@ -65,6 +65,8 @@ typedef struct scenario {
   int load_fault_rank;          /* with resume_step: every rank first tries a load that fails on this rank
                                  * (PSTAR_TEST_CHECKPOINT_LOAD_FAULT=load_fault there); -1 none */
   char load_fault[16];
+  int hybrid;                /* ranks (not the reference) have hybrid optimizer placement */
+  uint64_t hybrid_capacity;  /* ... and odd ranks this device capacity (0: unlimited, every chunk placed) */
 } scenario;
 
 typedef struct step_out {
@@ -317,6 +319,10 @@ static int run_one(const scenario *sc, int ref, int rank, rank_out *out) {
   }
   if (sc->slot_short_capacity != 0 && rank == 1 && !ref) o.device_capacity_bytes = sc->slot_short_capacity;
   if (sc->nvme_host_capacity != 0 && !ref) o.host_capacity_bytes = sc->nvme_host_capacity;
+  if (sc->hybrid && !ref) {
+    o.hybrid_optimizer = 1;
+    if (rank % 2 == 1) o.device_capacity_bytes = sc->hybrid_capacity;
+  }
   CK(pstar_engine_create(&o, &c->e));
   if (sc->gather_ahead != 0) {
     CK(pstar_x_engine_set_gather_ahead(c->e, sc->gather_ahead + (rank == sc->gather_mismatch_rank && !ref)));
@@ -931,6 +937,105 @@ static rank_out *run_resuming(const scenario *b, const float *uninterrupted) {
 }
 
 /* ------------------------------------------------------------------------ */
+/* Hybrid optimizer placement with sharding                                  */
+/* ------------------------------------------------------------------------ */
+
+/* Each rank places its own shards' optimizer state in its own margin and
+ * updates them on the device; odd ranks get a capacity of `room` bytes
+ * above their device peak with hybrid off and the streaming reserve (two
+ * jumbo chunks), even ranks an unlimited one (room 0: odd ranks too).
+ * Parameters, norms and decisions stay bit-identical to one process with
+ * everything on the host; each rank's host peak falls by at least the
+ * moments of the shards it placed, against the same run with hybrid off. */
+static void expect_hybrid_shards(scenario sc, uint64_t room) {
+  static rank_out off[5];
+  sc.hybrid = 0;
+  rank_out *o = run_scenario(&sc, 1);
+  memcpy(off, o, (size_t)(sc.world + 1) * sizeof(rank_out));
+  const int all_placed_on_odd = room == 0;
+  const uint64_t capacity = room == 0 ? 0 : off[1].stats.peak_device_bytes + 2 * 2304 * 2 + room;
+  sc.hybrid = 1;
+  sc.hybrid_capacity = capacity;
+  rank_out *out = run_scenario(&sc, 1);
+  expect_equal_to_reference(&sc, out, 0);
+  for (int r = 0; r < sc.world; ++r) {
+    const pstar_stats *s = &out[r].stats;
+    cr_log_info("%d ranks%s%s: rank %d placed %u of %u trainable shards (%llu bytes), host peak %llu (hybrid off: "
+                "%llu), moved %llu + %llu bytes", sc.world, sc.accumulation ? ", accumulation" : "",
+                sc.overflow_step ? ", a skipped step" : "", r, s->optimizer_chunks_on_device, s->optimizer_chunks,
+                (unsigned long long)s->optimizer_device_bytes, (unsigned long long)s->peak_host_bytes,
+                (unsigned long long)off[r].stats.peak_host_bytes, (unsigned long long)s->bytes_host_to_device,
+                (unsigned long long)s->bytes_device_to_host);
+    if (r % 2 == 0 || all_placed_on_odd) {
+      cr_assert_eq(s->optimizer_chunks_on_device, s->optimizer_chunks, "rank %d: every trainable shard placed", r);
+    } else {
+      cr_assert_gt(s->optimizer_chunks_on_device, 0, "rank %d: some placed", r);
+      cr_assert_lt(s->optimizer_chunks_on_device, s->optimizer_chunks, "rank %d: not all placed", r);
+      cr_assert_leq(s->peak_device_bytes, capacity, "rank %d: within its capacity", r);
+    }
+    /* m and v of the placed shards never on the host: 8 of each shard's
+     * 12 + staging bytes per element are the moments' (state_bytes =
+     * n (12 + 2 [+ 4 with accumulation])). */
+    const uint64_t per_elem = 12 + 2 + (sc.accumulation ? 4 : 0);
+    const uint64_t moments = s->optimizer_device_bytes / per_elem * 8;
+    cr_assert_leq(s->peak_host_bytes + moments, off[r].stats.peak_host_bytes,
+                  "rank %d: host peak %llu with %llu bytes of moments placed, %llu with hybrid off", r,
+                  (unsigned long long)s->peak_host_bytes, (unsigned long long)moments,
+                  (unsigned long long)off[r].stats.peak_host_bytes);
+    cr_assert_gt(s->bytes_host_to_device, off[r].stats.bytes_host_to_device, "rank %d: the shards' copies count", r);
+  }
+}
+
+Test(dist_engine, hybrid_placement_with_sharding_is_bit_identical) {
+  scenario sc = base(2, PSTAR_DTYPE_BF16);
+  sc.strict = 1;
+  sc.eval_after_step = 2;
+  expect_hybrid_shards(sc, 0);
+  sc = base(3, PSTAR_DTYPE_BF16);
+  expect_hybrid_shards(sc, 0);
+}
+
+Test(dist_engine, hybrid_placement_with_sharding_skipped_steps_and_accumulation) {
+  scenario sc = base(2, PSTAR_DTYPE_F16);
+  sc.overflow_step = 2;
+  expect_hybrid_shards(sc, 0);
+  sc = base(2, PSTAR_DTYPE_BF16);
+  sc.accumulation = 1;
+  sc.micro = 2;
+  expect_hybrid_shards(sc, 0);
+}
+
+/* A rank whose capacity holds some of its shards' state but not all. */
+Test(dist_engine, hybrid_placement_with_sharding_in_a_small_margin) {
+  scenario sc = base(2, PSTAR_DTYPE_BF16);
+  sc.strict = 1;
+  expect_hybrid_shards(sc, 512 * 14 * 5 / 2); /* two and a half regular shards' state */
+}
+
+/* A checkpoint saved by ranks with state on their devices resumes bit for
+ * bit, at 2 ranks with hybrid placement again and at 3 without. */
+Test(dist_engine, hybrid_placement_with_sharding_checkpoints_resume_exactly) {
+  static float uninterrupted[TOTAL_ELEMS];
+  scenario a = base(2, PSTAR_DTYPE_BF16);
+  a.steps = 5;
+  a.save_step = 2;
+  a.hybrid = 1;
+  rank_out *oa = run_saving(&a, "dist-hybrid-ckpt", uninterrupted);
+  for (int r = 0; r < 2; ++r) {
+    cr_assert_eq(oa[r].stats.optimizer_chunks_on_device, oa[r].stats.optimizer_chunks, "rank %d", r);
+  }
+  for (int world = 2; world <= 3; ++world) {
+    scenario b = a;
+    b.world = world;
+    b.save_step = 0;
+    b.resume_step = 2;
+    b.hybrid = world == 2;
+    run_resuming(&b, world == 2 ? uninterrupted : NULL);
+  }
+  remove_checkpoints(&a);
+}
+
+/* ------------------------------------------------------------------------ */
 /* The NVMe tier with sharding                                               */
 /* ------------------------------------------------------------------------ */
 
@@ -1313,10 +1418,6 @@ Test(dist_engine, option_checks) {
   o.rank = 0;
   o.comm_timeout_ms = 0;
   o.device = PSTAR_DEVICE_EMULATED;
-  o.hybrid_optimizer = 1;
-  cr_assert_eq(pstar_engine_create(&o, &e), PSTAR_ERR_UNSUPPORTED);
-  cr_assert(strstr(pstar_last_error_message(), "hybrid_optimizer") != NULL, "%s", pstar_last_error_message());
-  o.hybrid_optimizer = 0;
   o.dry_run = 1;
   cr_assert_eq(pstar_engine_create(&o, &e), PSTAR_ERR_UNSUPPORTED);
   /* An explicit world of 1 ignores a launcher's environment. */

@@ -26,13 +26,16 @@ namespace {
 constexpr uint64_t kElems = 1024;              // chunk_elems
 constexpr uint64_t kPayloadBytes = kElems * 2;  // a 2-byte compute dtype
 
-struct Record : pstar::chunk::Chunk, pstar::chunk::Fp32Lists {};
+struct Record : pstar::chunk::Chunk, pstar::chunk::Fp32Lists {
+  uint64_t elems = 0;  // of each fp32 list
+};
 
 struct Chunks final : pstar::placement::HybridTable {
   std::vector<Record> v;
   size_t chunk_count() const override { return v.size(); }
   pstar::chunk::Chunk& chunk_at(uint32_t k) override { return v[k]; }
   pstar::chunk::Fp32Lists& lists_at(uint32_t k) override { return v[k]; }
+  uint64_t list_elems(uint32_t k) const override { return v[k].elems; }
 };
 
 // The value of element i of list `list` (0 master, 1 m, 2 v, 3 gradient) of
@@ -60,6 +63,7 @@ struct Fixture {
       const auto& info = layout.chunks()[k];
       Record& c = chunks.v[k];
       c.bytes = info.capacity_elems * 2;
+      c.elems = info.capacity_elems;
       c.host = host.acquire(c.bytes);
       std::memset(c.host, 0x20 + static_cast<int>(k), c.bytes);
       if (info.frozen) continue;

@@ -401,7 +401,9 @@ typedef struct pstar_engine_options {
    *  PSTAR_ERR_OUT_OF_MEMORY where hybrid off would evict.
    *  Results are bit-identical either way.  A zero capacity (unlimited, on
    *  the emulated device) places every chunk; on CUDA it is rejected.
-   *  Not available with world_size > 1 (PSTAR_ERR_UNSUPPORTED). */
+   *  With world_size > 1 each rank places its own shards' state in its own
+   *  margin (its shard's payload is not pinned; the update copies the
+   *  shard's gradient in and its weights out: docs/distributed.md). */
   int32_t hybrid_optimizer;
   /* Data parallelism (ZeRO-3 sharding; docs/distributed.md) */
   /** This process's rank, 0..world_size-1; read only when world_size > 0

@@ -318,7 +318,9 @@ pub struct pstar_engine_options {
     #[doc = "  PSTAR_ERR_OUT_OF_MEMORY where hybrid off would evict."]
     #[doc = "  Results are bit-identical either way.  A zero capacity (unlimited, on"]
     #[doc = "  the emulated device) places every chunk; on CUDA it is rejected."]
-    #[doc = "  Not available with world_size > 1 (PSTAR_ERR_UNSUPPORTED)."]
+    #[doc = "  With world_size > 1 each rank places its own shards' state in its own"]
+    #[doc = "  margin (its shard's payload is not pinned; the update copies the"]
+    #[doc = "  shard's gradient in and its weights out: docs/distributed.md)."]
     pub hybrid_optimizer: i32,
     #[doc = " This process's rank, 0..world_size-1; read only when world_size > 0"]
     #[doc = "  (it must be 0 when world_size is 0)."]
