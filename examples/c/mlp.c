@@ -590,6 +590,7 @@ typedef struct {
   int check;
   pstar_policy policy;
   int prefetch;
+  int hybrid;           /* options.hybrid_optimizer */
   const char *timeline; /* Chrome-trace file written at the end, or NULL */
 } config;
 
@@ -613,10 +614,13 @@ static void usage(FILE *f) {
           "  --strict                 the emulated device's strict mode (slow; for tests)\n"
           "  --policy opt|lru|static  eviction policy (default opt: from the warm-up trace)\n"
           "  --no-prefetch            fetch chunks on demand only\n"
+          "  --hybrid                 hybrid optimizer placement: the optimizer state of the\n"
+          "                           chunks that fit beside the device's need is updated there\n"
           "  --timeline FILE          write the engine's timeline of moves and memory per\n"
           "                           moment as a Chrome trace (bench/plot_trace.py plots it)\n"
           "  --check                  exit non-zero unless the loss fell below half its first\n"
-          "                           value, every iteration evicted chunks, and every\n"
+          "                           value, every iteration evicted chunks (with --hybrid:\n"
+          "                           and some optimizer state was placed), and every\n"
           "                           compute-dtype weight equals its fp32 master rounded\n"
           "  --help                   this text\n",
           N_LAYERS, DEFAULT_STEPS, DEFAULT_CHUNK_ELEMS, DEFAULT_LR, DEFAULT_SEED);
@@ -668,6 +672,7 @@ static void parse_args(int argc, char **argv, config *c) {
   c->strict = 0;
   c->policy = PSTAR_POLICY_OPT;
   c->prefetch = 1;
+  c->hybrid = 0;
   c->check = 0;
   c->timeline = NULL;
   for (i = 1; i < argc; ++i) {
@@ -689,6 +694,10 @@ static void parse_args(int argc, char **argv, config *c) {
     }
     if (strcmp(opt, "--no-prefetch") == 0) {
       c->prefetch = 0;
+      continue;
+    }
+    if (strcmp(opt, "--hybrid") == 0) {
+      c->hybrid = 1;
       continue;
     }
     if (strcmp(opt, "--policy") == 0 && i + 1 < argc) {
@@ -765,6 +774,7 @@ static void engine_options(const config *c, uint64_t device_capacity, int32_t wo
   o->strict = c->strict;
   o->placement_policy = c->policy;
   o->prefetch = c->prefetch;
+  o->hybrid_optimizer = c->hybrid;
   o->record_timeline = c->timeline != NULL;
   o->strict_seed = c->seed;
   o->lr = (float)c->lr;
@@ -1058,6 +1068,9 @@ int main(int argc, char **argv) {
          (unsigned long long)st.trace_fallbacks);
   printf("  device -> host:     %llu bytes in %llu evictions\n", (unsigned long long)st.bytes_device_to_host,
          (unsigned long long)st.evictions);
+  if (cfg.hybrid)
+    printf("  optimizer state on the device: %u of %u chunks (%llu bytes)\n", st.optimizer_chunks_on_device,
+           st.optimizer_chunks, (unsigned long long)st.optimizer_device_bytes);
   printf("  evictions per step: min %llu, max %llu\n", (unsigned long long)evict_min, (unsigned long long)evict_max);
   printf("  device peak:        %llu bytes, capacity %llu\n", (unsigned long long)st.peak_device_bytes,
          (unsigned long long)capacity);
@@ -1082,6 +1095,10 @@ int main(int argc, char **argv) {
       }
     } else if (evict_min == 0) {
       fprintf(stderr, "check failed: some iterations evicted no chunk (capacity too large?)\n");
+      ok = 0;
+    }
+    if (cfg.hybrid && st.optimizer_chunks_on_device == 0) {
+      fprintf(stderr, "check failed: --hybrid placed no optimizer state on the device (capacity too small?)\n");
       ok = 0;
     }
     if (!check_compute_copies(&n)) ok = 0;
