@@ -40,12 +40,17 @@ case "${1:-}" in
     ;;
   tsan)
     cmake --preset tsan > /dev/null
-    cmake --build --preset tsan -j "$jobs" --target pstar-example-mlp pstar-bench pstar_threads_stress \
+    cmake --build --preset tsan -j "$jobs" --target pstar-example-mlp pstar-bench pstar_threads_stress pstar-run \
       > build/tsan-build.log 2>&1 ||
       { tail -50 build/tsan-build.log; exit 1; }
     export TSAN_OPTIONS=halt_on_error=1:exitcode=66
     build/tsan/bin/pstar-example-mlp --steps 20 --strict
     build/tsan/bin/pstar-example-mlp --steps 20
+    # Two ranks: each one's overlapped step updates its shards on its update
+    # thread; with --hybrid some shards are updated on the device.
+    build/tsan/bin/pstar-run -n 2 --timeout 300 -- build/tsan/bin/pstar-example-mlp --steps 10
+    build/tsan/bin/pstar-run -n 2 --timeout 300 -- build/tsan/bin/pstar-example-mlp --steps 10 --hybrid \
+      --device-capacity 1m --check
     build/tsan/bin/pstar-bench access --iters 50 --reps 1
     # The overlapped step: the update thread against the engine's thread
     # and the device's workers, synchronous and overlapped engines.

@@ -369,7 +369,7 @@ void Engine::iteration_begin(pstar_iteration_kind kind) {
     placement_->iteration_begin();
     // The overlapped step: the chunks whose update is done may come back
     // now, ahead of their first use.
-    if (step_->overlaps() && options_.prefetch && placement_->follower().following()) {
+    if (step_->overlaps() && !sharded() && options_.prefetch && placement_->follower().following()) {
       placement_->prefetch_ahead(0);
     }
     gathering_.iteration_begin();

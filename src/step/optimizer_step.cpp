@@ -47,7 +47,11 @@ size_t OptimizerStep::elem_bytes() const { return dtype_size(options_.compute_dt
 
 void OptimizerStep::attach(const chunk::ChunkLayout* layout) {
   layout_ = layout;
-  if (overlap_ && options_.payloads && !options_.virtual_clock && !group_.sharded() && !nvme_.requested()) {
+  // With world > 1 not while gathering ahead: the collective queue's thread
+  // reads compute shards ahead of their use, which would race the update
+  // of one still in flight.
+  const bool gathers_ahead = group_.sharded() && gathering_.depth() > 0;
+  if (overlap_ && options_.payloads && !options_.virtual_clock && !gathers_ahead && !nvme_.requested()) {
     // A job is the synchronous step's update of one chunk, later.
     worker_ = std::make_unique<UpdateWorker>(
         [this](const UpdateWorker::Job& job) {

@@ -2,6 +2,7 @@
 // reduce-scatter actions and the update of this rank's shards.  Every
 // collective here is issued at a point fixed by the calls (a release that
 // completes a chunk's backward, the step), never by placement.
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -192,18 +193,46 @@ void OptimizerStep::run_sharded(pstar_step_result& r) {
         device_done = queue_shard_update(k, segments.segments());
       }
     }
-    // Shards whose lists live on the NVMe drive stream through the staging
-    // ring (memory/nvme_tier.h); the others are updated in place.
-    nvme_.update_chunks(order, [&](uint32_t k) {
-      ChunkState& c = chunks_[k];
-      if (!shard_segments(k)) return;
-      // Every rank's shard of an updated chunk has its moments (a shard of
-      // padding only too), so that ranks hold the same host bytes.
-      if (lazy_moments(nvme_, *host_)) ensure_moments(*host_, c, options_.payloads);
-      optimizer_.update_chunk(
-          c.shard_elems, segments.segments(),
-          optim::ChunkLists{c.master, c.exp_avg, c.exp_avg_sq, c.grad32, c.shard, options_.compute_dtype});
-    });
+    if (worker_ != nullptr) {
+      // The overlapped step (optimizer_step.h): the host shards' updates run
+      // on the update thread after the step returns, in the order the next
+      // iteration first uses the chunks (chunk order before a trace
+      // exists); a chunk's acquire waits for its own update before its
+      // all-gather reads the shard.  The device shards above are done when
+      // the step returns.
+      const placement::AccessTrace& trace = placement_->follower().trace();
+      if (trace.moments() > 0) {
+        std::stable_sort(order.begin(), order.end(),
+                         [&](uint32_t a, uint32_t b) { return trace.first_use(a) < trace.first_use(b); });
+      }
+      std::vector<UpdateWorker::Job> jobs;
+      for (uint32_t k : order) {
+        ChunkState& c = chunks_[k];
+        if (!shard_segments(k)) continue;
+        if (lazy_moments(nvme_, *host_)) ensure_moments(*host_, c, options_.payloads);
+        jobs.push_back(UpdateWorker::Job{
+            k, c.shard_elems, segments.segments(),
+            optim::ChunkLists{c.master, c.exp_avg, c.exp_avg_sq, c.grad32, c.shard, options_.compute_dtype},
+            options_.grad_accumulation});
+        c.awaiting_update = true;
+      }
+      if (!jobs.empty()) ++counters_.steps_overlapped;
+      counters_.chunks_overlapped += jobs.size();
+      worker_->start(std::move(jobs));
+    } else {
+      // Shards whose lists live on the NVMe drive stream through the staging
+      // ring (memory/nvme_tier.h); the others are updated in place.
+      nvme_.update_chunks(order, [&](uint32_t k) {
+        ChunkState& c = chunks_[k];
+        if (!shard_segments(k)) return;
+        // Every rank's shard of an updated chunk has its moments (a shard of
+        // padding only too), so that ranks hold the same host bytes.
+        if (lazy_moments(nvme_, *host_)) ensure_moments(*host_, c, options_.payloads);
+        optimizer_.update_chunk(
+            c.shard_elems, segments.segments(),
+            optim::ChunkLists{c.master, c.exp_avg, c.exp_avg_sq, c.grad32, c.shard, options_.compute_dtype});
+      });
+    }
     if (device_done) {
       // The next iteration's all-gathers read the compute shards.
       memory::Stream* d2h = device_->d2h_stream();
@@ -214,9 +243,13 @@ void OptimizerStep::run_sharded(pstar_step_result& r) {
     optimizer_.end_step(false);
   }
   if (options_.grad_accumulation) {
-    // The accumulated gradients are consumed (or discarded by a skip).
+    // The accumulated gradients are consumed (or discarded by a skip); a
+    // shard awaiting its overlapped update has its gradient spans cleared
+    // by the update thread after it (the others hold zeros).
     for (uint32_t k = 0; k < chunks_.size(); ++k) {
-      if (chunks_[k].grad32 != nullptr) std::memset(chunks_[k].grad32, 0, chunks_[k].shard_elems * sizeof(float));
+      if (chunks_[k].grad32 != nullptr && !chunks_[k].awaiting_update) {
+        std::memset(chunks_[k].grad32, 0, chunks_[k].shard_elems * sizeof(float));
+      }
     }
   }
 }

@@ -65,6 +65,7 @@ typedef struct scenario {
   int load_fault_rank;          /* with resume_step: every rank first tries a load that fails on this rank
                                  * (PSTAR_TEST_CHECKPOINT_LOAD_FAULT=load_fault there); -1 none */
   char load_fault[16];
+  int sync_step;             /* ranks turn the overlapped step off (pstar_x_engine_set_overlap_step) */
   int hybrid;                /* ranks (not the reference) have hybrid optimizer placement */
   uint64_t hybrid_capacity;  /* ... and odd ranks this device capacity (0: unlimited, every chunk placed) */
 } scenario;
@@ -94,6 +95,7 @@ typedef struct rank_out {
   pstar_stats stats;
   pstar_x_gather_stats gstats;
   pstar_x_nvme_stats nstats;
+  pstar_x_step_stats xstats;
   step_out steps[MAX_STEPS];
   uint64_t use_hash[MAX_STEPS]; /* hash of everything acquired in the step */
   float params[TOTAL_ELEMS];
@@ -324,6 +326,7 @@ static int run_one(const scenario *sc, int ref, int rank, rank_out *out) {
     if (rank % 2 == 1) o.device_capacity_bytes = sc->hybrid_capacity;
   }
   CK(pstar_engine_create(&o, &c->e));
+  if (sc->sync_step && !ref) CK(pstar_x_engine_set_overlap_step(c->e, 0));
   if (sc->gather_ahead != 0) {
     CK(pstar_x_engine_set_gather_ahead(c->e, sc->gather_ahead + (rank == sc->gather_mismatch_rank && !ref)));
   }
@@ -454,6 +457,8 @@ static int run_one(const scenario *sc, int ref, int rank, rank_out *out) {
   }
   CK(pstar_stats_init(&out->stats));
   CK(pstar_engine_get_stats(c->e, &out->stats));
+  CK(pstar_x_step_stats_init(&out->xstats));
+  CK(pstar_x_step_get_stats(c->e, &out->xstats));
   CK(pstar_x_gather_stats_init(&out->gstats));
   CK(pstar_x_gather_get_stats(c->e, &out->gstats));
   if (nvme_dir[0] != 0) {
@@ -934,6 +939,69 @@ static rank_out *run_resuming(const scenario *b, const float *uninterrupted) {
     }
   }
   return ob;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The overlapped step with sharding                                         */
+/* ------------------------------------------------------------------------ */
+
+/* Each rank's host shards are updated on its update thread after pstar_step
+ * returns, and each acquire waits for its chunk's update before the
+ * all-gather reads the shard: parameters, norms and decisions bit-identical
+ * to one process and to the synchronous step, at 2 and 3 ranks, with strict
+ * mode and an EVAL iteration, fp16 with a skipped step, accumulation, and
+ * hybrid placement (its device shards are done when the step returns);
+ * never while gathering ahead (the collective queue reads shards ahead). */
+static void expect_overlapped(scenario sc, int overlaps) {
+  static float sync_params[TOTAL_ELEMS];
+  sc.sync_step = 1;
+  rank_out *s = run_scenario(&sc, 1);
+  expect_equal_to_reference(&sc, s, 0);
+  memcpy(sync_params, s[0].params, sizeof sync_params);
+  for (int r = 0; r < sc.world; ++r) cr_assert_eq(s[r].xstats.steps_overlapped, 0, "rank %d: synchronous", r);
+  sc.sync_step = 0;
+  rank_out *o = run_scenario(&sc, 1);
+  expect_equal_to_reference(&sc, o, 0);
+  for (size_t i = 0; i < TOTAL_ELEMS; ++i) {
+    cr_assert_eq(f32_bits(o[0].params[i]), f32_bits(sync_params[i]), "element %zu: overlapped %.9g, sync %.9g", i,
+                 (double)o[0].params[i], (double)sync_params[i]);
+  }
+  for (int r = 0; r < sc.world; ++r) {
+    const pstar_x_step_stats *x = &o[r].xstats;
+    cr_log_info("%d ranks%s%s%s: rank %d overlapped %llu of %d steps, %llu shard updates on its update thread",
+                sc.world, sc.accumulation ? ", accumulation" : "", sc.overflow_step ? ", a skipped step" : "",
+                sc.hybrid ? ", hybrid" : "", r, (unsigned long long)x->steps_overlapped, sc.steps,
+                (unsigned long long)x->chunks_updated);
+    if (overlaps) {
+      cr_assert_eq(x->overlap, 1, "rank %d", r);
+      cr_assert_gt(x->steps_overlapped, 0, "rank %d: no step overlapped", r);
+    } else {
+      cr_assert_eq(x->steps_overlapped, 0, "rank %d: overlapped while gathering ahead", r);
+    }
+  }
+}
+
+Test(dist_engine, overlapped_step_with_sharding_is_bit_identical) {
+  scenario sc = base(2, PSTAR_DTYPE_BF16);
+  sc.strict = 1;
+  sc.eval_after_step = 2;
+  expect_overlapped(sc, 1);
+  sc = base(3, PSTAR_DTYPE_BF16);
+  expect_overlapped(sc, 1);
+  sc = base(2, PSTAR_DTYPE_F16);
+  sc.overflow_step = 2;
+  expect_overlapped(sc, 1);
+  sc = base(2, PSTAR_DTYPE_BF16);
+  sc.accumulation = 1;
+  sc.micro = 2;
+  expect_overlapped(sc, 1);
+  sc = base(2, PSTAR_DTYPE_BF16);
+  sc.hybrid = 1;
+  sc.hybrid_capacity = 0;
+  expect_overlapped(sc, 0); /* every shard placed: nothing left for the host */
+  sc = base(2, PSTAR_DTYPE_BF16);
+  sc.gather_ahead = 2;
+  expect_overlapped(sc, 0);
 }
 
 /* ------------------------------------------------------------------------ */
