@@ -55,6 +55,13 @@ string(JSON adam GET "${out}" max adam_s)
 if(step LESS compute)
   message(FATAL_ERROR "step ${step} s is shorter than its compute ${compute} s")
 endif()
+# The overlapped step: no longer than the synchronous one, no shorter than
+# its compute.
+expect_positive("${out}" step_s_overlap)
+string(JSON overlap GET "${out}" max step_s_overlap)
+if(overlap GREATER step OR overlap LESS compute)
+  message(FATAL_ERROR "overlapped step ${overlap} s outside [compute ${compute} s, step ${step} s]")
+endif()
 
 # Hybrid placement: the figures without it, the state placed per rank, and
 # the order of the searches (hybrid fits at least what host-only fits; the

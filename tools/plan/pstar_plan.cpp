@@ -401,6 +401,12 @@ struct Evaluation {
   double device_adam_s = 0;
   double adam_s = 0;
   double step_s = 0;
+  // The overlapped step (pstar_x_engine_set_overlap_step, the default with
+  // payloads): the host updates run during the next forward, so only the
+  // part the forward waits for is exposed (overlap_model()); the device
+  // updates stay in the step, ahead of the next forward's kernels.
+  double exposed_host_adam_s = 0;
+  double step_s_overlap = 0;
   // With the NVMe tier (evaluate_nvme): the optimizer state the engine put
   // on the drive, and the drive's time for reading and writing it once.
   uint64_t nvme_bytes = 0;
@@ -413,6 +419,67 @@ struct Evaluation {
 };
 
 constexpr double kOptListsBytesPerElem = 12.0;  // fp32 master, m, v
+
+// The overlapped step's exposed host update, in seconds.  The engine's
+// update thread updates the host-held chunks one after the other, in the
+// next iteration's first-use order, from the moment pstar_step returns;
+// the next iteration's first use of a chunk waits until that chunk is
+// updated.  Chunks are packed from the parameters as chunk/layout.cpp does
+// (registration order, next fit, one jumbo chunk per parameter larger than
+// a chunk); registration order is the workload's first-use order.  Hybrid
+// placement puts the chunks used last in backward, the first ones in
+// forward, on the device: the first `chunks_on_device` chunks need no host
+// update.  The host pass's time is spread over the host chunks by their
+// elements, and an updated chunk reaches the device its payload's copy
+// later (bytes / h2d: the copy starts when its update ends; the dry run's
+// waiting counts the synchronous step's own, so this counts such a wait
+// twice, on the safe side).  Walking the schedule with the compute of each use
+// (flops / flops_per_s), the exposed time is how much later the iteration's
+// compute ends than it would without waiting.
+double exposed_host_update(const Workload& w, uint64_t chunk_elems, uint32_t chunks_on_device, double host_adam_s,
+                           double flops_per_s, double h2d_bytes_per_s) {
+  std::vector<uint32_t> chunk_of(w.params.size());
+  std::vector<uint64_t> elems;  // per chunk
+  uint64_t open_used = 0;
+  int64_t open = -1;
+  for (size_t i = 0; i < w.params.size(); ++i) {
+    const uint64_t n = w.params[i].numel;
+    if (n > chunk_elems) {
+      elems.push_back((n + 127) / 128 * 128);
+      chunk_of[i] = uint32_t(elems.size() - 1);
+      continue;
+    }
+    if (open >= 0 && (open_used + 127) / 128 * 128 + n > chunk_elems) open = -1;
+    if (open < 0) {
+      elems.push_back(chunk_elems);
+      open = int64_t(elems.size() - 1);
+      open_used = 0;
+    }
+    open_used = (open_used + 127) / 128 * 128 + n;
+    chunk_of[i] = uint32_t(open);
+  }
+  uint64_t host_elems = 0;
+  for (size_t k = chunks_on_device; k < elems.size(); ++k) host_elems += elems[k];
+  std::vector<double> done(elems.size(), 0.0);  // when each chunk's update ends
+  double t = 0;
+  for (size_t k = chunks_on_device; k < elems.size() && host_elems > 0; ++k) {
+    t += host_adam_s * double(elems[k]) / double(host_elems);
+    done[k] = t + double(elems[k]) * w.shape.dtype_bytes / h2d_bytes_per_s;
+  }
+  std::vector<bool> used(elems.size(), false);
+  double clock = 0, compute = 0;
+  for (const auto& use : w.schedule) {
+    for (uint32_t p : use.params) {
+      const uint32_t k = chunk_of[p];
+      if (used[k]) continue;
+      used[k] = true;
+      clock = std::max(clock, done[k]);
+    }
+    clock += use.flops / flops_per_s;
+    compute += use.flops / flops_per_s;
+  }
+  return clock - compute;
+}
 
 // Largest layer count in [1, cap] for which fits(layers) holds, by
 // bisection (assuming monotonicity); 0 if even one layer fails.
@@ -549,6 +616,9 @@ struct Planner {
     ev.host_ok = double(ev.host_per_node) <= hw.host_mem;
     ev.host_ok_after = double(ev.host_per_node_after) <= hw.host_mem;
     ev.step_s = ev.run.last.clock_seconds;
+    ev.exposed_host_adam_s =
+        exposed_host_update(w, chunk_elems, ev.opt_chunks_on_device, ev.host_adam_s, hw.flops, hw.h2d);
+    ev.step_s_overlap = ev.step_s - ev.adam_s + ev.device_adam_s + ev.exposed_host_adam_s;
     if (args.verbose)
       std::fprintf(stderr,
                    "pstar-plan: dry run %u: %u layers, %.3fB params, chunk %" PRIu64
@@ -710,6 +780,8 @@ Json evaluation_json(const Evaluation& e) {
   j["evictions_per_iter"] = it.evictions;
   j["flops_per_iter"] = num(e.flops);
   j["step_s"] = num(e.step_s);
+  j["step_s_overlap"] = num(e.step_s_overlap);
+  j["exposed_host_adam_s"] = num(e.exposed_host_adam_s);
   j["compute_s"] = num(e.run.compute_seconds);
   j["wait_s"] = num(it.wait_seconds);
   j["adam_s"] = num(e.adam_s);
@@ -842,6 +914,8 @@ void print_evaluation(const char* title, const Evaluation& e, const Hardware& hw
               it.bytes_critical / 1e9);
   std::printf("  step %.3f s = compute %.3f + waiting %.3f + Adam %.3f (host %.3f, device %.3f, concurrent)\n",
               e.step_s, e.run.compute_seconds, it.wait_seconds, e.adam_s, e.host_adam_s, e.device_adam_s);
+  std::printf("  overlapped step %.3f s: the next forward waits %.3f s of the host's %.3f s of Adam\n",
+              e.step_s_overlap, e.exposed_host_adam_s, e.host_adam_s);
   std::printf("  device peak %s of %s (activations up to %s)",
               fmt_bytes(double(e.run.final_stats.peak_device_bytes)).c_str(),
               fmt_bytes(double(e.device_capacity)).c_str(), fmt_bytes(double(e.run.peak_nonmodel_reported)).c_str());
@@ -1161,6 +1235,7 @@ int run(int argc, char** argv) {
     o["max_shape"] = top ? shape_json(top->shape) : Json(nullptr);
     o["bytes_moved_per_iter"] = top ? top->run.last.bytes_moved() : 0;
     o["step_s"] = top ? num(top->step_s) : Json(nullptr);
+    o["step_s_overlap"] = top ? num(top->step_s_overlap) : Json(nullptr);
     o["peak_device_bytes"] = top ? top->run.final_stats.peak_device_bytes : 0;
     o["host_needed_per_node_bytes"] = top ? top->host_per_node : 0;
     o["optimizer_device_bytes_per_rank"] = top ? top->opt_device_per_rank : 0;
@@ -1169,6 +1244,7 @@ int run(int argc, char** argv) {
     o["max_shape_host_only"] = top_host_only ? shape_json(top_host_only->shape) : Json(nullptr);
     o["bytes_moved_per_iter_host_only"] = top_host_only ? top_host_only->run.last.bytes_moved() : 0;
     o["step_s_host_only"] = top_host_only ? num(top_host_only->step_s) : Json(nullptr);
+    o["step_s_overlap_host_only"] = top_host_only ? num(top_host_only->step_s_overlap) : Json(nullptr);
     o["max_host_only"] = top_host_only ? evaluation_json(*top_host_only) : Json(nullptr);
     o["max_params_hybrid_steady_host"] = top_steady ? top_steady->params : 0;
     o["max_shape_hybrid_steady_host"] = top_steady ? shape_json(top_steady->shape) : Json(nullptr);
