@@ -41,6 +41,8 @@ class ChunkGathering {
  public:
   // This rank's compute shard of chunk k, on the host, and its bytes.
   struct Shards {
+    // This rank's shard of chunk k, ready to be read (with an overlapped
+    // step, once the shard's update is done: the call may wait for it).
     std::function<const void*(uint32_t k)> shard;
     std::function<uint64_t(uint32_t k)> shard_bytes;
   };

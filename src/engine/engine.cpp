@@ -94,7 +94,10 @@ Engine::Engine(const EngineOptions& options, std::unique_ptr<dist::Communicator>
         copy_sync(dst, src, bytes, to_device ? memory::CopyKind::kHostToDevice : memory::CopyKind::kDeviceToHost);
       }});
   gathering_.attach(device_.get(), placement_.get(), this,
-                    dist::ChunkGathering::Shards{[this](uint32_t k) -> const void* { return chunks_[k].shard; },
+                    dist::ChunkGathering::Shards{[this](uint32_t k) -> const void* {
+                                                   step_->before_acquire(k);  // its overlapped update
+                                                   return chunks_[k].shard;
+                                                 },
                                                  [this](uint32_t k) { return chunks_[k].shard_elems * elem_bytes(); }});
   placement_->set_release_staging([this] { return reduce_.release_oldest_stage(); });
   connect_group();

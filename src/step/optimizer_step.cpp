@@ -47,11 +47,10 @@ size_t OptimizerStep::elem_bytes() const { return dtype_size(options_.compute_dt
 
 void OptimizerStep::attach(const chunk::ChunkLayout* layout) {
   layout_ = layout;
-  // With world > 1 not while gathering ahead: the collective queue's thread
-  // reads compute shards ahead of their use, which would race the update
-  // of one still in flight.
-  const bool gathers_ahead = group_.sharded() && gathering_.depth() > 0;
-  if (overlap_ && options_.payloads && !options_.virtual_clock && !gathers_ahead && !nvme_.requested()) {
+  // With world > 1 a gather, ahead of use too, reads a shard on the
+  // engine's thread after waiting for its update (the engine's
+  // ChunkGathering::Shards).
+  if (overlap_ && options_.payloads && !options_.virtual_clock && !nvme_.requested()) {
     // A job is the synchronous step's update of one chunk, later.
     worker_ = std::make_unique<UpdateWorker>(
         [this](const UpdateWorker::Job& job) {

@@ -950,8 +950,8 @@ static rank_out *run_resuming(const scenario *b, const float *uninterrupted) {
  * all-gather reads the shard: parameters, norms and decisions bit-identical
  * to one process and to the synchronous step, at 2 and 3 ranks, with strict
  * mode and an EVAL iteration, fp16 with a skipped step, accumulation, and
- * hybrid placement (its device shards are done when the step returns);
- * never while gathering ahead (the collective queue reads shards ahead). */
+ * hybrid placement (its device shards are done when the step returns), and
+ * gathering ahead (a gather ahead of use waits for its shard's update). */
 static void expect_overlapped(scenario sc, int overlaps) {
   static float sync_params[TOTAL_ELEMS];
   sc.sync_step = 1;
@@ -1000,8 +1000,13 @@ Test(dist_engine, overlapped_step_with_sharding_is_bit_identical) {
   sc.hybrid_capacity = 0;
   expect_overlapped(sc, 0); /* every shard placed: nothing left for the host */
   sc = base(2, PSTAR_DTYPE_BF16);
+  sc.strict = 1;
   sc.gather_ahead = 2;
-  expect_overlapped(sc, 0);
+  expect_overlapped(sc, 1); /* the gather ahead waits for its shard's update */
+  sc = base(3, PSTAR_DTYPE_BF16);
+  sc.recompute = 1;
+  sc.gather_ahead = 1;
+  expect_overlapped(sc, 1);
 }
 
 /* ------------------------------------------------------------------------ */

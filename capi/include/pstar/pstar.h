@@ -1057,12 +1057,10 @@ PSTAR_API pstar_status pstar_x_gather_get_stats(pstar_engine *engine, pstar_x_ga
  *  pstar_engine_get_stats, the next pstar_step, pstar_iteration_abort,
  *  destroy) first waits for the step in flight.  The results are the bits
  *  of the synchronous step.  0: pstar_step() returns once every update is
- *  done.  With world_size > 1 each rank's host shards are updated so (the
- *  acquire waits for its chunk's update before the all-gather reads the
- *  shard).  The step is synchronous whatever this says while gathering
- *  ahead (pstar_x_engine_set_gather_ahead(): the collective queue reads
- *  shards ahead of use), with an NVMe tier (pstar_x_engine_set_nvme()), on
- *  the virtual clock
+ *  done.  With world_size > 1 each rank's host shards are updated so (an
+ *  all-gather, ahead of use too, waits for its chunk's update before it
+ *  reads the shard).  The step is synchronous whatever this says with an
+ *  NVMe tier (pstar_x_engine_set_nvme()), on the virtual clock
  *  (options.virtual_clock: what placement does stays a function of the
  *  calls alone) and in a dry run (nothing is computed).  Legal before
  *  pstar_engine_build() only. */
