@@ -150,12 +150,19 @@ struct PolicyRun {
   const char* name;
   pstar_policy policy;
   bool prefetch;
+  // options.hybrid_optimizer: the chunks placed keep their payload on the
+  // device across the step, so an iteration no longer starts from an empty
+  // device and the lower bound (which assumes it does) does not apply; the
+  // row is reported beside the others, outside the bound's check and the
+  // policies' comparison.
+  bool hybrid = false;
 };
 
 constexpr PolicyRun kPolicies[] = {{"opt", PSTAR_POLICY_OPT, true},
                                    {"opt_noprefetch", PSTAR_POLICY_OPT, false},
                                    {"lru", PSTAR_POLICY_LRU, false},
-                                   {"static", PSTAR_POLICY_STATIC, false}};
+                                   {"static", PSTAR_POLICY_STATIC, false},
+                                   {"opt_hybrid", PSTAR_POLICY_OPT, true, true}};
 
 std::vector<double> parse_fractions(const std::string& s) {
   std::vector<double> out;
@@ -188,6 +195,7 @@ int run_placement(const PlacementOptions& o) {
       std::map<std::string, uint64_t> moved;
       uint64_t bound;
       double critical_fraction_opt;
+      double critical_fraction_hybrid = -1.0;  // -1: infeasible
     };
     std::vector<Row> rows;
     for (double f : fractions) {
@@ -229,6 +237,7 @@ int run_placement(const PlacementOptions& o) {
         cfg.options.device_capacity_bytes = capacity;
         cfg.options.placement_policy = pr.policy;
         cfg.options.prefetch = pr.prefetch ? 1 : 0;
+        cfg.options.hybrid_optimizer = pr.hybrid ? 1 : 0;
         cfg.options.h2d_bytes_per_s = o.h2d_gbps * 1e9;
         cfg.options.d2h_bytes_per_s = o.h2d_gbps * 1e9;
         cfg.iterations = o.iterations;
@@ -270,6 +279,12 @@ int run_placement(const PlacementOptions& o) {
         j["trace_fallbacks"] = it.trace_fallbacks;
         j["budget_overruns"] = it.budget_overruns;
         j["peak_device_bytes"] = r.final_stats.peak_device_bytes;
+        if (pr.hybrid) {
+          j["optimizer_chunks_on_device"] = r.final_stats.optimizer_chunks_on_device;
+          row.critical_fraction_hybrid = j["critical_fraction"].get<double>();
+          std::cout << (o.json ? j.dump() : j.dump(1)) << "\n";
+          continue;
+        }
         if (it.bytes_host_to_device < best.bytes_fetched) {
           // Nothing can beat a true lower bound: a bug in one of the two.
           std::cerr << "pstar-bench placement: " << model.name << " at " << f << ", " << pr.name
@@ -283,7 +298,7 @@ int run_placement(const PlacementOptions& o) {
       if (row.moved.size() == 4) rows.push_back(row);
     }
     // The targets, evaluated on this run (reported, not asserted).
-    double worst_ratio = 0.0, worst_critical = 0.0;
+    double worst_ratio = 0.0, worst_critical = 0.0, worst_critical_hybrid = 0.0;
     bool never_above = true, below_lru = false, below_static = false;
     for (const Row& row : rows) {
       const uint64_t opt = row.moved.at("opt");
@@ -292,6 +307,7 @@ int run_placement(const PlacementOptions& o) {
       below_lru = below_lru || opt < row.moved.at("lru");
       below_static = below_static || opt < row.moved.at("static");
       worst_critical = std::max(worst_critical, row.critical_fraction_opt);
+      worst_critical_hybrid = std::max(worst_critical_hybrid, row.critical_fraction_hybrid);
     }
     nlohmann::ordered_json s;
     s["bench"] = "placement_summary";
@@ -302,6 +318,7 @@ int run_placement(const PlacementOptions& o) {
     s["opt_strictly_below_lru_somewhere"] = below_lru;
     s["opt_strictly_below_static_somewhere"] = below_static;
     s["opt_worst_critical_fraction"] = worst_critical;
+    s["opt_hybrid_worst_critical_fraction"] = worst_critical_hybrid;
     std::cout << (o.json ? s.dump() : s.dump(1)) << "\n";
   }
   return failures == 0 ? 0 : 1;
