@@ -55,6 +55,10 @@ string(JSON adam GET "${out}" max adam_s)
 if(step LESS compute)
   message(FATAL_ERROR "step ${step} s is shorter than its compute ${compute} s")
 endif()
+# The presets' 8 ranks: their collectives predicted and timed.
+expect_positive("${out}" collective_s)
+expect_positive("${out}" "max;all_gathered_bytes_per_iter")
+expect_positive("${out}" "max;reduce_scattered_bytes_per_iter")
 # The overlapped step: no longer than the synchronous one, no shorter than
 # its compute.
 expect_positive("${out}" step_s_overlap)

@@ -28,6 +28,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "collectives.h"
 #include "gpt_workload.h"
 #include "pstar/pstar.h"
 #include "replay.h"
@@ -60,6 +61,9 @@ struct Hardware {
   double nvme_write = PSTAR_X_DEFAULT_NVME_WRITE_BYTES_PER_S;
   double h2d = PSTAR_DEFAULT_LINK_BYTES_PER_S;  // bytes/s per GPU
   double d2h = PSTAR_DEFAULT_LINK_BYTES_PER_S;
+  // bytes/s per GPU each way between GPUs (NVLink, or PCIe peer to peer):
+  // the sharded ranks' all-gathers and reduce-scatters (0: not given).
+  double collective = 0;
   double flops = 0;          // sustained FLOP/s per GPU
   double host_adam = 100e9;  // bytes/s of the fused Adam pass per node
   // bytes/s of the Adam update of device-held optimizer state per GPU
@@ -113,6 +117,7 @@ std::vector<Preset> presets() {
     p.hw.gpu_mem = 32 * kGiB;
     p.hw.host_mem = 240 * kGiB;
     p.hw.h2d = p.hw.d2h = 6e9;
+    p.hw.collective = 150e9;
     p.hw.flops = 50e12;
     p.hw.host_adam = 100e9;
     p.hw.device_adam = 900e9;
@@ -122,6 +127,8 @@ std::vector<Preset> presets() {
                     "4B as given in the planner issue; PatrickStar's README says only that PatrickStar's "
                     "model is over twice as large"}};
     p.assumptions = {"batch 8 per GPU: PatrickStar's sources do not state the batch of the 18B run",
+                     "collectives 150 GB/s per GPU each way: NVLink 2.0, six links of 25 GB/s each way (NVIDIA's V100 "
+                     "datasheet: 300 GB/s both ways); NCCL reaches less (not modelled)",
                      "link 6 GB/s per GPU each way: PCIe 3.0 x16 (12 GB/s) shared by two GPUs per switch when all "
                      "GPUs copy at once",
                      "50 TFLOP/s sustained per GPU: 40% of the V100's 125 TFLOP/s fp16 tensor-core peak",
@@ -144,6 +151,7 @@ std::vector<Preset> presets() {
     p.hw.gpu_mem = 80 * kGiB;
     p.hw.host_mem = 1024 * kGiB;
     p.hw.h2d = p.hw.d2h = 12e9;
+    p.hw.collective = 300e9;
     p.hw.flops = 125e12;
     p.hw.host_adam = 200e9;
     p.hw.device_adam = 2.0e12;
@@ -152,6 +160,8 @@ std::vector<Preset> presets() {
                    {"DeepSpeed v0.5.7", 0, "README: PatrickStar's 68B is over 6x DeepSpeed's largest"}};
     p.assumptions = {"batch 8 per GPU: PatrickStar's A100 benchmark script sweeps 4, 8 and 16 for its large models",
                      "link 12 GB/s per GPU each way: PCIe 4.0 x16 (24 GB/s) shared by two GPUs per switch",
+                     "collectives 300 GB/s per GPU each way: NVLink 3.0, twelve links of 25 GB/s each way (NVIDIA's "
+                     "A100 datasheet: 600 GB/s both ways); NCCL reaches less (not modelled)",
                      "125 TFLOP/s sustained per GPU: 40% of the A100's 312 TFLOP/s bf16 tensor-core peak",
                      "host Adam 200 GB/s per node: two AMD EPYC 7742 with 8 DDR4-3200 channels each (409 GB/s peak)",
                      "device Adam 2 TB/s per GPU (hybrid placement): the A100-80GB's HBM2e bandwidth (2.04 TB/s)"};
@@ -285,6 +295,8 @@ Args parse_args(int argc, char** argv, const std::vector<Preset>& known) {
   quantity(hardware, "--nvme-write", "BYTES/S", a.hw.nvme_write, "the drive's write bandwidth (default 3.0GB/s)");
   quantity(hardware, "--h2d", "BYTES/S", a.hw.h2d, "host to device, per GPU (default 12GB/s)");
   quantity(hardware, "--d2h", "BYTES/S", a.hw.d2h, "device to host, per GPU (default 12GB/s)");
+  quantity(hardware, "--collective-bytes-per-s", "BYTES/S", a.hw.collective,
+           "between GPUs, per GPU each way: the sharded ranks' all-gathers and reduce-scatters");
   quantity(hardware, "--flops", "FLOP/S", a.hw.flops, "sustained per GPU");
   quantity(hardware, "--host-adam-bytes-per-s", "BYTES/S", a.hw.host_adam,
            "the host Adam pass, per node (default 100GB/s)");
@@ -407,6 +419,15 @@ struct Evaluation {
   // updates stay in the step, ahead of the next forward's kernels.
   double exposed_host_adam_s = 0;
   double step_s_overlap = 0;
+  // ZeRO sharding over all ranks (world > 1): one rank's all-gathers and
+  // reduce-scatters per iteration (predict_collectives(), checked against
+  // runs of 2 and 4 ranks by test_plan_collectives), the bytes its link
+  // carries for them in a ring, and their time at --collective-bytes-per-s,
+  // issued at the acquire and the backward's end without gathering ahead,
+  // so serial with the compute (0 without a collective bandwidth).
+  pstar::workload::CollectiveBytes collectives;
+  double collective_link_bytes = 0;
+  double collective_s = 0;
   // With the NVMe tier (evaluate_nvme): the optimizer state the engine put
   // on the drive, and the drive's time for reading and writing it once.
   uint64_t nvme_bytes = 0;
@@ -619,6 +640,9 @@ struct Planner {
     ev.exposed_host_adam_s =
         exposed_host_update(w, chunk_elems, ev.opt_chunks_on_device, ev.host_adam_s, hw.flops, hw.h2d);
     ev.step_s_overlap = ev.step_s - ev.adam_s + ev.device_adam_s + ev.exposed_host_adam_s;
+    ev.collectives = pstar::workload::predict_collectives(w, chunk_elems, world);
+    ev.collective_link_bytes = ev.collectives.link_bytes(world);
+    ev.collective_s = hw.collective > 0 ? ev.collective_link_bytes / hw.collective : 0.0;
     if (args.verbose)
       std::fprintf(stderr,
                    "pstar-plan: dry run %u: %u layers, %.3fB params, chunk %" PRIu64
@@ -782,6 +806,10 @@ Json evaluation_json(const Evaluation& e) {
   j["step_s"] = num(e.step_s);
   j["step_s_overlap"] = num(e.step_s_overlap);
   j["exposed_host_adam_s"] = num(e.exposed_host_adam_s);
+  j["all_gathered_bytes_per_iter"] = e.collectives.all_gathered;
+  j["reduce_scattered_bytes_per_iter"] = e.collectives.reduce_scattered;
+  j["collective_link_bytes_per_iter"] = num(e.collective_link_bytes);
+  j["collective_s"] = num(e.collective_s);
   j["compute_s"] = num(e.run.compute_seconds);
   j["wait_s"] = num(it.wait_seconds);
   j["adam_s"] = num(e.adam_s);
@@ -829,8 +857,10 @@ std::vector<std::string> common_assumptions(const Args& a) {
   v.push_back(buf);
   v.push_back(
       "each of a node's ranks runs the same device-side trace with the whole model: the dry run is one "
-      "process, so bytes moved and the device peak are one rank's with the full model (a sharded rank gathers "
-      "chunks instead; that traffic is not modelled)");
+      "process, so bytes moved and the device peak are one rank's with the full model; with sharding over all "
+      "ranks each rank's all-gathers and reduce-scatters are predicted from the layout and the drop rule "
+      "(collective_s at --collective-bytes-per-s, ring traffic (N-1)/N, serial with the compute as without "
+      "gathering ahead; checked against runs of 2 and 4 ranks)");
   std::snprintf(buf, sizeof buf,
                 "host per node = ranks x (share of the four chunk lists (14 B/param with a 2-byte dtype, over all "
                 "%u ranks, as the engine's ZeRO sharding, ZeRO and PatrickStar divide them) + the "
@@ -877,13 +907,16 @@ std::vector<std::string> common_assumptions(const Args& a) {
 }
 
 std::vector<std::string> not_modelled() {
-  return {"ZeRO all-gather and reduce-scatter traffic and time (the dry run is one process)",
-          "sharing of a PCIe switch or of host memory bandwidth between copies and the Adam pass",
-          "allocator fragmentation on the device (the reserve stands for it)",
-          "kernel efficiency of small or element-wise operations (a fixed sustained FLOP/s)",
-          "overlap of the host Adam pass with transfers (the step is serial after backward)",
-          "CPU contention between ranks, the data loader and the Adam threads",
-          "the NVMe tier with more than one GPU (the engine's tier runs one process; docs/nvme.md)"};
+  return {
+      "a sharded rank's own PCIe traffic (the dry run's is that of a rank holding the whole model; a sharded "
+      "rank copies 1/N of each gathered chunk to its GPU: an upper bound), gathered chunks evicted under a "
+      "tight capacity (they would be fetched instead of all-gathered again), and the bandwidth NCCL achieves",
+      "sharing of a PCIe switch or of host memory bandwidth between copies and the Adam pass",
+      "allocator fragmentation on the device (the reserve stands for it)",
+      "kernel efficiency of small or element-wise operations (a fixed sustained FLOP/s)",
+      "overlap of the host Adam pass with transfers (the step is serial after backward)",
+      "CPU contention between ranks, the data loader and the Adam threads",
+      "the NVMe tier with more than one GPU (the engine's tier runs one process; docs/nvme.md)"};
 }
 
 std::string fmt_bytes(double b) {
@@ -916,6 +949,12 @@ void print_evaluation(const char* title, const Evaluation& e, const Hardware& hw
               e.step_s, e.run.compute_seconds, it.wait_seconds, e.adam_s, e.host_adam_s, e.device_adam_s);
   std::printf("  overlapped step %.3f s: the next forward waits %.3f s of the host's %.3f s of Adam\n",
               e.step_s_overlap, e.exposed_host_adam_s, e.host_adam_s);
+  if (e.collectives.gathers > 0)
+    std::printf(
+        "  sharded over %u ranks: %u all-gathers (%.2f GB) and %u reduce-scatters (%.2f GB) per iteration, "
+        "%.2f GB over each GPU's link, %.3f s\n",
+        hw.world(), e.collectives.gathers, e.collectives.all_gathered / 1e9, e.collectives.reductions,
+        e.collectives.reduce_scattered / 1e9, e.collective_link_bytes / 1e9, e.collective_s);
   std::printf("  device peak %s of %s (activations up to %s)",
               fmt_bytes(double(e.run.final_stats.peak_device_bytes)).c_str(),
               fmt_bytes(double(e.device_capacity)).c_str(), fmt_bytes(double(e.run.peak_nonmodel_reported)).c_str());
@@ -1236,6 +1275,8 @@ int run(int argc, char** argv) {
     o["bytes_moved_per_iter"] = top ? top->run.last.bytes_moved() : 0;
     o["step_s"] = top ? num(top->step_s) : Json(nullptr);
     o["step_s_overlap"] = top ? num(top->step_s_overlap) : Json(nullptr);
+    o["collective_s"] = top ? num(top->collective_s) : Json(nullptr);
+    o["step_s_overlap_with_collectives"] = top ? num(top->step_s_overlap + top->collective_s) : Json(nullptr);
     o["peak_device_bytes"] = top ? top->run.final_stats.peak_device_bytes : 0;
     o["host_needed_per_node_bytes"] = top ? top->host_per_node : 0;
     o["optimizer_device_bytes_per_rank"] = top ? top->opt_device_per_rank : 0;
