@@ -119,7 +119,7 @@ class Engine::CheckpointState final : public checkpoint::EngineState {
       step::ensure_moments(*e_.host_, c, true);
     }
     float* at = list_base(c, list) + place.offset_elems;
-    if (e_.chunks_[place.chunk].opt_device != nullptr) {
+    if (c.opt_device != nullptr) {
       e_.sync_optimizer(place.chunk);
       if (into_engine) {
         e_.copy_sync(at, in, bytes, memory::CopyKind::kHostToDevice);

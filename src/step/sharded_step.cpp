@@ -181,6 +181,13 @@ void OptimizerStep::run_sharded(pstar_step_result& r) {
       }
       return updated;
     };
+    // A host shard's lists for its update.  Every rank's shard of an
+    // updated chunk has its moments (a shard of padding only too), so that
+    // ranks hold the same host bytes.
+    auto host_lists = [&](ChunkState& c) {
+      if (lazy_moments(nvme_, *host_)) ensure_moments(*host_, c, options_.payloads);
+      return optim::ChunkLists{c.master, c.exp_avg, c.exp_avg_sq, c.grad32, c.shard, options_.compute_dtype};
+    };
     // Shards whose optimizer state is on the device (hybrid placement) are
     // updated there first, queued, while the host updates the others.
     std::vector<uint32_t> order;
@@ -209,11 +216,8 @@ void OptimizerStep::run_sharded(pstar_step_result& r) {
       for (uint32_t k : order) {
         ChunkState& c = chunks_[k];
         if (!shard_segments(k)) continue;
-        if (lazy_moments(nvme_, *host_)) ensure_moments(*host_, c, options_.payloads);
-        jobs.push_back(UpdateWorker::Job{
-            k, c.shard_elems, segments.segments(),
-            optim::ChunkLists{c.master, c.exp_avg, c.exp_avg_sq, c.grad32, c.shard, options_.compute_dtype},
-            options_.grad_accumulation});
+        jobs.push_back(
+            UpdateWorker::Job{k, c.shard_elems, segments.segments(), host_lists(c), options_.grad_accumulation});
         c.awaiting_update = true;
       }
       if (!jobs.empty()) ++counters_.steps_overlapped;
@@ -225,12 +229,7 @@ void OptimizerStep::run_sharded(pstar_step_result& r) {
       nvme_.update_chunks(order, [&](uint32_t k) {
         ChunkState& c = chunks_[k];
         if (!shard_segments(k)) return;
-        // Every rank's shard of an updated chunk has its moments (a shard of
-        // padding only too), so that ranks hold the same host bytes.
-        if (lazy_moments(nvme_, *host_)) ensure_moments(*host_, c, options_.payloads);
-        optimizer_.update_chunk(
-            c.shard_elems, segments.segments(),
-            optim::ChunkLists{c.master, c.exp_avg, c.exp_avg_sq, c.grad32, c.shard, options_.compute_dtype});
+        optimizer_.update_chunk(c.shard_elems, segments.segments(), host_lists(c));
       });
     }
     if (device_done) {

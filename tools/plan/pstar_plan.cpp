@@ -28,6 +28,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "chunk_packing.h"
 #include "collectives.h"
 #include "gpt_workload.h"
 #include "pstar/pstar.h"
@@ -445,9 +446,9 @@ constexpr double kOptListsBytesPerElem = 12.0;  // fp32 master, m, v
 // update thread updates the host-held chunks one after the other, in the
 // next iteration's first-use order, from the moment pstar_step returns;
 // the next iteration's first use of a chunk waits until that chunk is
-// updated.  Chunks are packed from the parameters as chunk/layout.cpp does
-// (registration order, next fit, one jumbo chunk per parameter larger than
-// a chunk); registration order is the workload's first-use order.  Hybrid
+// updated.  Chunks are packed from the parameters as the engine does
+// (chunk_packing.h); registration order is the workload's first-use
+// order.  Hybrid
 // placement puts the chunks used last in backward, the first ones in
 // forward, on the device: the first `chunks_on_device` chunks need no host
 // update.  The host pass's time is spread over the host chunks by their
@@ -459,26 +460,9 @@ constexpr double kOptListsBytesPerElem = 12.0;  // fp32 master, m, v
 // compute ends than it would without waiting.
 double exposed_host_update(const Workload& w, uint64_t chunk_elems, uint32_t chunks_on_device, double host_adam_s,
                            double flops_per_s, double h2d_bytes_per_s) {
-  std::vector<uint32_t> chunk_of(w.params.size());
-  std::vector<uint64_t> elems;  // per chunk
-  uint64_t open_used = 0;
-  int64_t open = -1;
-  for (size_t i = 0; i < w.params.size(); ++i) {
-    const uint64_t n = w.params[i].numel;
-    if (n > chunk_elems) {
-      elems.push_back((n + 127) / 128 * 128);
-      chunk_of[i] = uint32_t(elems.size() - 1);
-      continue;
-    }
-    if (open >= 0 && (open_used + 127) / 128 * 128 + n > chunk_elems) open = -1;
-    if (open < 0) {
-      elems.push_back(chunk_elems);
-      open = int64_t(elems.size() - 1);
-      open_used = 0;
-    }
-    open_used = (open_used + 127) / 128 * 128 + n;
-    chunk_of[i] = uint32_t(open);
-  }
+  const pstar::workload::ChunkPacking packing = pstar::workload::pack_chunks(w, chunk_elems, 1);
+  const std::vector<uint32_t>& chunk_of = packing.chunk_of;
+  const std::vector<uint64_t>& elems = packing.elems;
   uint64_t host_elems = 0;
   for (size_t k = chunks_on_device; k < elems.size(); ++k) host_elems += elems[k];
   std::vector<double> done(elems.size(), 0.0);  // when each chunk's update ends

@@ -3,45 +3,17 @@
 
 #include <vector>
 
-namespace pstar::workload {
+#include "chunk_packing.h"
 
-namespace {
-constexpr uint64_t kAlignElems = 128;  // chunk/layout.h
-uint64_t align_up(uint64_t x, uint64_t m) { return (x + m - 1) / m * m; }
-}  // namespace
+namespace pstar::workload {
 
 CollectiveBytes predict_collectives(const Workload& w, uint64_t chunk_elems, uint32_t world) {
   CollectiveBytes out;
   if (world <= 1) return out;
-  // The layout (chunk/layout.cpp: registration order, next fit, a jumbo
-  // chunk per parameter larger than a chunk; every workload parameter is
-  // trainable), with the sharded engine's padding.
-  const uint64_t unit = kAlignElems * world;
-  const uint64_t cap = align_up(chunk_elems, unit);
-  std::vector<uint32_t> chunk_of(w.params.size());
-  std::vector<uint64_t> elems;
-  std::vector<uint32_t> params_in;
-  int64_t open = -1;
-  uint64_t used = 0;
-  for (size_t i = 0; i < w.params.size(); ++i) {
-    const uint64_t n = w.params[i].numel;
-    if (n > cap) {
-      elems.push_back(align_up(align_up(n, kAlignElems), unit));
-      params_in.push_back(0);
-      chunk_of[i] = uint32_t(elems.size() - 1);
-    } else {
-      if (open >= 0 && align_up(used, kAlignElems) + n > cap) open = -1;
-      if (open < 0) {
-        elems.push_back(cap);
-        params_in.push_back(0);
-        open = int64_t(elems.size() - 1);
-        used = 0;
-      }
-      used = align_up(used, kAlignElems) + n;
-      chunk_of[i] = uint32_t(open);
-    }
-    ++params_in[chunk_of[i]];
-  }
+  const ChunkPacking packing = pack_chunks(w, chunk_elems, world);
+  const std::vector<uint32_t>& chunk_of = packing.chunk_of;
+  const std::vector<uint64_t>& elems = packing.elems;
+  const std::vector<uint32_t>& params_in = packing.params_in;
   const size_t chunks = elems.size();
   const uint64_t dtype = w.shape.dtype_bytes;
   // The drop rule's counts (dist/drop_rule.h), from an iteration's start.
