@@ -139,10 +139,10 @@ StepTimes time_steps(const NvmeOptions& o, const std::string& nvme_dir, uint32_t
       if (rep > 0) before_step();
       const auto t0 = Clock::now();
       check(pstar_step(e, nullptr), "step");
-      // The whole update: the host-memory engine's step overlaps (its CPU
-      // updates run on the update thread after pstar_step returns), and
-      // getting the step statistics waits for them; the NVMe tier's step
-      // is synchronous, so this returns at once there.
+      // The whole update: both engines' steps overlap (the CPU updates, and
+      // with the tier the drive's reads and write-backs, run on the update
+      // thread after pstar_step returns), and getting the step statistics
+      // waits for them.
       pstar_x_step_stats st;
       check(pstar_x_step_stats_init(&st), "step_stats_init");
       check(pstar_x_step_get_stats(e, &st), "step_get_stats");

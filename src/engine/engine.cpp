@@ -432,7 +432,12 @@ void Engine::iteration_abort() {
           "would need every rank to agree on it; rebuild the group's engines from a checkpoint "
           "(pstar_checkpoint_load) instead");
   require(iteration_active_, PSTAR_ERR_INVALID_STATE, "iteration_abort: no iteration in progress");
-  step_->wait();  // the slots are restored from the masters
+  // The slots are restored from the masters.  A failure of the step in
+  // flight (an acquire of this iteration may have reported it) is not
+  // thrown here: it stays held, so that the abort ends the iteration and
+  // the next iteration_begin refuses until a checkpoint load clears it.
+  step_->discard_speculation();
+  step_->wait_noexcept();
   // The caller's work on what it acquired and the gradient finalizes its
   // releases queued (which write grad_sumsq and grad_nonfinite) are done
   // before anything below reads, restores or frees their memory.

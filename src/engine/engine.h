@@ -121,7 +121,8 @@ class Engine : private placement::HybridTable {
 
   // The NVMe tier (experimental; memory/nvme_tier.h, docs/nvme.md).
   void set_nvme(const pstar_x_nvme_options& options);
-  void fill_nvme_stats(pstar_x_nvme_stats* out) const { nvme_.fill_stats(out); }
+  // Waits for an overlapped step first: its I/O is counted once it is done.
+  void fill_nvme_stats(pstar_x_nvme_stats* out) const;
 
   // Gathering ahead along the recorded schedule (experimental;
   // engine_dist.cpp, docs/distributed.md).

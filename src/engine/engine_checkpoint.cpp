@@ -65,14 +65,15 @@ class Engine::CheckpointState final : public checkpoint::EngineState {
       out[i - a] = list == 3 ? load_as(c.shard, e_.options_.compute_dtype, i - lo) : src ? src[i - lo] : 0.0f;
     }
   }
-  void read_values(uint32_t id, float* out) override { e_.read(id, out, e_.params_[id].numel, PSTAR_DTYPE_F32); }
+  // Straight to the values (not Engine::read/write, whose checks the
+  // callers have made, and whose wait would throw the update thread's
+  // failure that the load is about to clear).
+  void read_values(uint32_t id, float* out) override {
+    e_.values_->read(id, out, e_.params_[id].numel, PSTAR_DTYPE_F32);
+  }
   void write_list(uint32_t id, int list, const float* whole) override {
     if (list == 0 || list == 3) {
-      if (e_.sharded()) {
-        e_.values_->write(id, whole, e_.params_[id].numel, PSTAR_DTYPE_F32);
-      } else {
-        e_.write(id, whole, e_.params_[id].numel, PSTAR_DTYPE_F32);
-      }
+      e_.values_->write(id, whole, e_.params_[id].numel, PSTAR_DTYPE_F32);
     } else if (!e_.sharded()) {
       copy_list(id, list, true, nullptr, whole);
     } else {

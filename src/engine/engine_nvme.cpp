@@ -3,6 +3,8 @@
 // and the chunk lists the tier places and points at its staging buffers.
 #include "engine/engine.h"
 
+#include "step/optimizer_step.h"
+
 namespace pstar::engine {
 
 void Engine::set_nvme(const pstar_x_nvme_options& in) {
@@ -31,6 +33,11 @@ void Engine::nvme_place_lists(std::vector<ChunkState>& chunks, uint64_t largest_
     c.exp_avg = a;
     c.exp_avg_sq = v;
   });
+}
+
+void Engine::fill_nvme_stats(pstar_x_nvme_stats* out) const {
+  step_->wait_noexcept();
+  nvme_.fill_stats(out);
 }
 
 }  // namespace pstar::engine

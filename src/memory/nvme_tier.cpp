@@ -201,8 +201,8 @@ void NvmeTier::release() {
 }
 
 void NvmeTier::fail(const std::string& error, const char* what) {
-  failed_ = true;
   failure_ = error;
+  failed_.store(true, std::memory_order_release);
   log::error(std::string(what) + ": " + failure_);
   throw Error(PSTAR_ERR_IO, std::string(what) + ": " + failure_ +
                                 "; the optimizer state on the drive is not trusted any more: training is refused "
@@ -210,7 +210,7 @@ void NvmeTier::fail(const std::string& error, const char* what) {
 }
 
 void NvmeTier::require_ok(const char* what) const {
-  require(!failed_, PSTAR_ERR_IO, [&] {
+  require(!failed(), PSTAR_ERR_IO, [&] {
     return std::string(what) + ": refused after an NVMe I/O error (" + failure_ +
            "); load a checkpoint (pstar_checkpoint_load) to go on";
   });
@@ -253,6 +253,28 @@ void NvmeTier::flush_access() {
 #endif
 }
 
+void NvmeTier::begin_step_io() {
+#if PSTAR_HAVE_NVME
+  if (ring_.empty() || !store_) return;
+  flush_access();
+  // Test hook (tests/capi/test_nvme.c): PSTAR_TEST_NVME_FAULT=KIND:N, seen
+  // by a step, makes the request after N more of its direction fail
+  // (write_nospace, read_eio, write_corrupt).  Read here, on the engine's
+  // thread, inside pstar_step.
+  if (const char* f = std::getenv("PSTAR_TEST_NVME_FAULT")) {
+    const std::string spec(f);
+    const size_t colon = spec.find(':');
+    const std::string kind = spec.substr(0, colon);
+    const uint64_t after = colon == std::string::npos ? 0 : std::strtoull(spec.c_str() + colon + 1, nullptr, 10);
+    using K = NvmeStore::FaultKind;
+    if (kind == "write_nospace") store_->inject_fault(K::kWriteNoSpace, after);
+    if (kind == "read_eio") store_->inject_fault(K::kReadIo, after);
+    if (kind == "write_corrupt") store_->inject_fault(K::kWriteCorrupt, after);
+  }
+  step_io_begun_ = true;
+#endif
+}
+
 void NvmeTier::update_chunks(const std::vector<uint32_t>& order, const std::function<void(uint32_t)>& update) {
 #if PSTAR_HAVE_NVME
   if (ring_.empty()) {
@@ -275,20 +297,8 @@ void NvmeTier::update_chunks(const std::vector<uint32_t>& order, const std::func
     wait_seconds_ += s;
     return;
   }
-  flush_access();
-  // Test hook (tests/capi/test_nvme.c): PSTAR_TEST_NVME_FAULT=KIND:N, seen
-  // by a step, makes the request after N more of its direction fail
-  // (write_nospace, read_eio, write_corrupt).
-  if (const char* f = std::getenv("PSTAR_TEST_NVME_FAULT")) {
-    const std::string spec(f);
-    const size_t colon = spec.find(':');
-    const std::string kind = spec.substr(0, colon);
-    const uint64_t after = colon == std::string::npos ? 0 : std::strtoull(spec.c_str() + colon + 1, nullptr, 10);
-    using K = NvmeStore::FaultKind;
-    if (kind == "write_nospace") store_->inject_fault(K::kWriteNoSpace, after);
-    if (kind == "read_eio") store_->inject_fault(K::kReadIo, after);
-    if (kind == "write_corrupt") store_->inject_fault(K::kWriteCorrupt, after);
-  }
+  if (!step_io_begun_) begin_step_io();
+  step_io_begun_ = false;
   std::vector<uint32_t> disk;  // the chunks of `order` on the drive, in order
   for (uint32_t k : order) {
     if (on_drive(k)) disk.push_back(k);
@@ -362,7 +372,7 @@ void NvmeTier::begin_rewrite() {
 
 void NvmeTier::end_rewrite() {
   flush_access();
-  failed_ = false;
+  failed_.store(false, std::memory_order_release);
   failure_.clear();
 }
 

@@ -39,9 +39,13 @@
 // own.  Dependencies point one way: engine -> NvmeTier -> NvmeStore,
 // HostPool, Device.
 //
-// Threading: the engine's thread only (NvmeStore's I/O thread aside).
+// Threading: the engine's thread (NvmeStore's I/O thread aside), except
+// that an overlapped step's update_chunks() runs on the update thread while
+// the engine's thread waits for it before touching the tier (see
+// begin_step_io); failed() may be read from either.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -99,7 +103,16 @@ class NvmeTier {
   void flush_access();
   // The CPU update of `order` in order: those on the drive stream through
   // the ring (reads ahead, write-backs behind); `update(k)` runs with the
-  // chunk's lists staged in.
+  // chunk's lists staged in.  It begins with begin_step_io() unless that
+  // was called for this step already.
+  //
+  // The overlapped step (step/update_worker.h) calls begin_step_io() on the
+  // engine's thread at pstar_step, then update_chunks() on its update
+  // thread; until that returns the tier is the update thread's: the
+  // engine's thread calls nothing here but failed(), require_ok() and
+  // flush_access() (a no-op then: the access buffer was flushed and host
+  // code that stages a chunk waits for the step first).
+  void begin_step_io();
   void update_chunks(const std::vector<uint32_t>& order, const std::function<void(uint32_t)>& update);
   // A checkpoint load is about to rewrite every state: drops the access
   // buffer and writes zeros to every slot; end_rewrite() (the load
@@ -109,7 +122,7 @@ class NvmeTier {
 
   // After an NVMe I/O error, until end_rewrite(): the stored state is not
   // trusted.  require_ok refuses (PSTAR_ERR_IO) then.
-  bool failed() const { return failed_; }
+  bool failed() const { return failed_.load(std::memory_order_acquire); }
   void require_ok(const char* what) const;
 
   void fill_stats(pstar_x_nvme_stats* out) const;
@@ -161,9 +174,12 @@ class NvmeTier {
   // changed it since it was staged.
   int64_t access_chunk_ = -1;
   bool access_dirty_ = false;
-  // An I/O error and its message; cleared only by end_rewrite().
-  bool failed_ = false;
+  // An I/O error and its message; cleared only by end_rewrite().  failure_
+  // is written before failed_ is set (release), and read only once it is.
+  std::atomic<bool> failed_{false};
   std::string failure_;
+  // begin_step_io() ran for the step update_chunks() is about to run.
+  bool step_io_begun_ = false;
   // Step figures for the stats: seconds waited for I/O, bytes the steps
   // moved (padded).
   double wait_seconds_ = 0.0;

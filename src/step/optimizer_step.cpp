@@ -50,20 +50,41 @@ void OptimizerStep::attach(const chunk::ChunkLayout* layout) {
   // With world > 1 a gather, ahead of use too, reads a shard on the
   // engine's thread after waiting for its update (the engine's
   // ChunkGathering::Shards).
-  if (overlap_ && options_.payloads && !options_.virtual_clock && !nvme_.requested()) {
+  if (overlap_ && options_.payloads && !options_.virtual_clock) {
+    // With the NVMe tier, the jobs of chunks whose lists live on the drive
+    // run inside the tier's ring (the lists are staged in around each), on
+    // the update thread; begin_step_io() ran on the engine's thread.
+    UpdateWorker::RunSequence sequence;
+    if (nvme_.requested()) {
+      sequence = [this](const std::vector<UpdateWorker::Job>& jobs, const std::function<void(size_t)>& run_one) {
+        std::vector<uint32_t> order;
+        order.reserve(jobs.size());
+        for (const UpdateWorker::Job& job : jobs) order.push_back(job.chunk);
+        size_t next = 0;
+        nvme_.update_chunks(order, [&](uint32_t) { run_one(next++); });
+      };
+    }
     // A job is the synchronous step's update of one chunk, later.
     worker_ = std::make_unique<UpdateWorker>(
         [this](const UpdateWorker::Job& job) {
           // A speculative job works on a copy of the payload (the gradients
           // in the chunk's own stay for a discarded result).
           if (job.copy_slot_from != nullptr) std::memcpy(job.lists.slot, job.copy_slot_from, job.slot_bytes);
-          optimizer_.update_chunk(job.elems, job.segments, job.lists);
+          optim::ChunkLists lists = job.lists;
+          if (nvme_.on_drive(job.chunk)) {
+            // Staged in now (the tier pointed the chunk's lists at its buffer).
+            const ChunkState& c = chunks_[job.chunk];
+            lists.master = c.master;
+            lists.exp_avg = c.exp_avg;
+            lists.exp_avg_sq = c.exp_avg_sq;
+          }
+          optimizer_.update_chunk(job.elems, job.segments, lists);
           if (!job.clear_gradients) return;
           for (const optim::Segment& sg : job.segments) {
             std::memset(const_cast<float*>(job.lists.grad_f32) + sg.begin, 0, (sg.end - sg.begin) * sizeof(float));
           }
         },
-        static_cast<uint32_t>(layout->chunks().size()));
+        static_cast<uint32_t>(layout->chunks().size()), std::move(sequence));
     spec_state_.assign(layout->chunks().size(), SpecState::kNone);
     spec_pos_.assign(layout->chunks().size(), 0);
     if (speculates()) reserve_speculation();
@@ -285,6 +306,7 @@ void OptimizerStep::run_local(pstar_step_result& r) {
       // Kept speculations ran on the update thread too (during the backward).
       if (!jobs.empty() || kept_any) ++counters_.steps_overlapped;
       counters_.chunks_overlapped += jobs.size();
+      if (!jobs.empty()) nvme_.begin_step_io();
       worker_->start(std::move(jobs));
       if (ahead) placement_->prefetch_ahead(0);  // the chunks that need no update
     } else {

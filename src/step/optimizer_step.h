@@ -139,7 +139,7 @@ class OptimizerStep {
   // engine's destructor.
   bool overlaps() const { return worker_ != nullptr; }
   // Before attach: whether to overlap (the default) where the step can:
-  // one process, payloads, no NVMe tier.
+  // with payloads (not a dry run) and the device's own clock.
   void set_overlap(bool on) { overlap_ = on; }
   bool overlap_requested() const { return overlap_; }
   // Throws the update thread's failure, if any (no wait).

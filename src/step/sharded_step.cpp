@@ -222,6 +222,7 @@ void OptimizerStep::run_sharded(pstar_step_result& r) {
       }
       if (!jobs.empty()) ++counters_.steps_overlapped;
       counters_.chunks_overlapped += jobs.size();
+      if (!jobs.empty()) nvme_.begin_step_io();
       worker_->start(std::move(jobs));
     } else {
       // Shards whose lists live on the NVMe drive stream through the staging

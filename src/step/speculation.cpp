@@ -79,7 +79,7 @@ void OptimizerStep::reserve_speculation() {
   try {
     for (uint32_t k = 0; k < chunks_.size(); ++k) {
       const ChunkState& c = chunks_[k];
-      if (layout_->chunks()[k].frozen) continue;
+      if (layout_->chunks()[k].frozen || nvme_.on_drive(k)) continue;
       const uint64_t fp32_bytes = c.shard_elems * sizeof(float);
       if (result_bytes(c) > spec_budget_ - bytes) break;
       for (uint64_t b : {fp32_bytes, fp32_bytes, fp32_bytes, c.bytes}) {
@@ -98,7 +98,9 @@ void OptimizerStep::reserve_speculation() {
 void OptimizerStep::gradients_left(uint32_t k) {
   if (!speculates() || spec_state_[k] != SpecState::kNone) return;
   const ChunkState& c = chunks_[k];
-  if (c.tier != Tier::kHost || c.opt_device != nullptr || c.master_pins != 0) return;
+  // Not a chunk whose lists live on the NVMe drive: they are staged in only
+  // inside the step's ring.
+  if (c.tier != Tier::kHost || c.opt_device != nullptr || c.master_pins != 0 || nvme_.on_drive(k)) return;
   spec_state_[k] = SpecState::kPending;
   spec_pending_.push_back(k);
   hand_over_speculation();

@@ -13,7 +13,8 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 }  // namespace
 
-UpdateWorker::UpdateWorker(RunJob run_job, uint32_t chunks) : run_job_(std::move(run_job)), position_(chunks, -1) {
+UpdateWorker::UpdateWorker(RunJob run_job, uint32_t chunks, RunSequence run_sequence)
+    : run_job_(std::move(run_job)), run_sequence_(std::move(run_sequence)), position_(chunks, -1) {
   thread_ = std::thread([this] { run(); });
 }
 
@@ -62,26 +63,43 @@ void UpdateWorker::run() {
       continue;
     }
     // jobs_ is not touched by the engine's thread until the last job is
-    // published (finish() runs after completed_ reaches the end).
+    // published (finish() runs after completed_ reaches the end).  The
+    // last job is published after the sequence returns (see RunSequence).
     const size_t n = jobs_.size();
-    for (size_t i = 0; i < n; ++i) {
-      const Job& job = jobs_[i];
+    auto run_one = [&](size_t i) {
       const auto t0 = std::chrono::steady_clock::now();
-      std::exception_ptr failure;
-      try {
-        run_job_(job);
-      } catch (...) {
-        failure = std::current_exception();
-      }
-      busy_seconds_.store(busy_seconds_.load(std::memory_order_relaxed) + seconds_since(t0), std::memory_order_relaxed);
+      struct Busy {
+        UpdateWorker* w;
+        std::chrono::steady_clock::time_point t0;
+        ~Busy() {
+          w->busy_seconds_.store(w->busy_seconds_.load(std::memory_order_relaxed) + seconds_since(t0),
+                                 std::memory_order_relaxed);
+        }
+      } busy{this, t0};
+      run_job_(jobs_[i]);
+      if (i + 1 == n) return;
       {
         std::lock_guard<std::mutex> lock(mu_);
-        if (failure) failure_ = failure;
-        completed_.store(failure ? n : i + 1, std::memory_order_release);
+        completed_.store(i + 1, std::memory_order_release);
       }
       done_cv_.notify_all();
-      if (failure) break;
+    };
+    std::exception_ptr failure;
+    try {
+      if (run_sequence_) {
+        run_sequence_(jobs_, run_one);
+      } else {
+        for (size_t i = 0; i < n; ++i) run_one(i);
+      }
+    } catch (...) {
+      failure = std::current_exception();
     }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (failure) failure_ = failure;
+      completed_.store(n, std::memory_order_release);
+    }
+    done_cv_.notify_all();
   }
 }
 

@@ -20,9 +20,9 @@
 //    awaiting_update (placement neither fetches nor prefetches it), and
 //    every call that reads or writes values, lists or optimizer state waits
 //    for the whole step first.
-//  - An exception in a job ends the step in flight: the jobs after it are
-//    not run, waits return, and the failure is kept (failed(), error())
-//    until the engine clears it.  The updated chunks keep their new values;
+//  - An exception in a job (or in the RunSequence around them) ends the
+//    step in flight: the jobs after it are not run, waits return, and the
+//    failure is kept (failed(), error()) until the engine clears it.  The updated chunks keep their new values;
 //    the others keep the old ones.
 //  - One step in flight at a time: start() requires the previous one taken
 //    in full.  The destructor waits for the step in flight and joins.
@@ -73,9 +73,16 @@ class UpdateWorker {
   // Runs one job on the update thread (the optimizer step's update of a
   // chunk); an exception ends the step in flight.
   using RunJob = std::function<void(const Job&)>;
+  // Runs the jobs of one step: calls run_one(i) for i = 0, 1, ... n-1, in
+  // that order, each once; run_one runs job i and publishes its completion,
+  // and throws what the job threw.  What it does around them (the NVMe
+  // tier streams the drive's lists through its staging ring) is its own;
+  // the step is complete, and its last job published, only when it
+  // returns, so that nothing it started outlives the step.  Empty: a loop.
+  using RunSequence = std::function<void(const std::vector<Job>& jobs, const std::function<void(size_t)>& run_one)>;
 
   // `chunks`: the engine's chunk count (positions are kept per chunk).
-  UpdateWorker(RunJob run_job, uint32_t chunks);
+  UpdateWorker(RunJob run_job, uint32_t chunks, RunSequence run_sequence = {});
   ~UpdateWorker();
   UpdateWorker(const UpdateWorker&) = delete;
   UpdateWorker& operator=(const UpdateWorker&) = delete;
@@ -122,6 +129,7 @@ class UpdateWorker {
   double wait_until(size_t count);
 
   const RunJob run_job_;
+  const RunSequence run_sequence_;
   // Engine thread: the jobs of the step in flight, the prefix taken, and
   // each chunk's position in jobs_ (-1: none).
   std::vector<Job> jobs_;

@@ -56,6 +56,7 @@ typedef struct config {
   uint64_t host_capacity;
   int buffered;
   int grad_accumulation;
+  int synchronous; /* pstar_x_engine_set_overlap_step(e, 0) */
 } config;
 
 /* Host bytes that leave about half of the trainable chunks' optimizer state
@@ -81,6 +82,7 @@ static void make(model *m, const config *c) {
   o.host_capacity_bytes = c->host_capacity + (c->host_capacity && c->grad_accumulation ? P * CHUNK * 4 : 0);
   o.grad_accumulation = c->grad_accumulation;
   m->e = t_create(&o);
+  if (c->synchronous) T_OK(pstar_x_engine_set_overlap_step(m->e, 0));
   if (c->nvme_dir != NULL) {
     pstar_x_nvme_options n;
     T_OK(pstar_x_nvme_options_init(&n));
@@ -98,18 +100,42 @@ static void make(model *m, const config *c) {
   free(v);
 }
 
+/* Acquires for the iteration in progress; a failure of the overlapped step
+ * before it (an NVMe I/O error on the update thread surfaces at the first
+ * acquire that waits for an update) abandons the iteration and is
+ * returned. */
+static char g_failure[T_MSG_CAP]; /* the message of the last failure train_step returned */
+
+static pstar_status acquire_or_abort(model *m, int i, pstar_stage stage) {
+  void *p = NULL;
+  const pstar_status st = pstar_param_acquire(m->e, m->ids[i], stage, NULL, &p);
+  if (st == PSTAR_OK) {
+    cr_assert_not_null(p);
+    return st;
+  }
+  t_copy_last_error(g_failure, sizeof g_failure);
+  T_OK(pstar_iteration_abort(m->e)); /* nothing is held: each use is released before the next */
+  return st;
+}
+
 /* One TRAIN iteration; step 3 has an inf gradient (a skipped step, whose
- * restore reads the masters). */
+ * restore reads the masters).  The step overlaps: its I/O runs after
+ * pstar_step returns, so an error in it is returned by a later call (see
+ * settled_step). */
 static pstar_status train_step(model *m, int s) {
   float *g = t_alloc_f(N + 17 * P);
   const float scale = (float)t_hparam(m->e, PSTAR_HPARAM_LOSS_SCALE);
   pstar_status st = pstar_iteration_begin(m->e, PSTAR_ITERATION_TRAIN);
   if (st != PSTAR_OK) {
+    t_copy_last_error(g_failure, sizeof g_failure);
     free(g);
     return st;
   }
   for (int i = 0; i <= P; ++i) {
-    (void)t_acquire(m->e, m->ids[i], PSTAR_STAGE_FORWARD);
+    if ((st = acquire_or_abort(m, i, PSTAR_STAGE_FORWARD)) != PSTAR_OK) {
+      free(g);
+      return st;
+    }
     T_OK(pstar_param_release(m->e, m->ids[i], NULL));
   }
   for (int i = P; i >= 0; --i) {
@@ -123,7 +149,19 @@ static pstar_status train_step(model *m, int s) {
     T_OK(pstar_param_release(m->e, m->ids[i], NULL));
   }
   st = pstar_step(m->e, NULL);
+  if (st != PSTAR_OK) t_copy_last_error(g_failure, sizeof g_failure);
   free(g);
+  return st;
+}
+
+/* train_step, then a call that waits for the step's updates and reports
+ * their failure (pstar_param_read). */
+static pstar_status settled_step(model *m, int s) {
+  pstar_status st = train_step(m, s);
+  if (st != PSTAR_OK) return st;
+  float v[N];
+  st = pstar_param_read(m->e, m->ids[0], v, N, PSTAR_DTYPE_F32);
+  if (st != PSTAR_OK) t_copy_last_error(g_failure, sizeof g_failure);
   return st;
 }
 
@@ -163,6 +201,14 @@ static void run(const config *c, int steps, float *out) {
     cr_assert(ns.bytes_read >= (uint64_t)(steps - 1) * ns.bytes_on_nvme, "read %llu", (unsigned long long)ns.bytes_read);
     cr_assert(ns.bytes_written >= (uint64_t)steps * ns.bytes_on_nvme);
     cr_assert_eq(ns.direct, c->buffered ? 0 : ns.direct);
+    /* The steps overlapped (all but the skipped one), the drive's chunks
+     * streamed through the ring on the update thread. */
+    pstar_x_step_stats ss;
+    T_OK(pstar_x_step_stats_init(&ss));
+    T_OK(pstar_x_step_get_stats(m.e, &ss));
+    cr_assert_eq(ss.overlap, c->synchronous ? 0 : 1);
+    cr_assert_eq(ss.steps_overlapped, c->synchronous ? 0 : (uint64_t)(steps > 3 ? steps - 1 : steps),
+                 "steps overlapped: %llu", (unsigned long long)ss.steps_overlapped);
     const pstar_stats st = t_stats(m.e);
     cr_assert(st.peak_host_bytes <= kTightHost + (c->grad_accumulation ? P * CHUNK * 4 : 0),
               "host peak %llu over the budget", (unsigned long long)st.peak_host_bytes);
@@ -175,13 +221,17 @@ static void run(const config *c, int steps, float *out) {
   }
 }
 
+/* The drive, overlapped (the default) and synchronous, against memory
+ * with the synchronous step: the same bits. */
 static void check_same_as_memory(int buffered, int accumulation) {
   static float mem[TOTAL], disk[TOTAL];
-  const config in_memory = {NULL, 0, 0, accumulation};
+  const config in_memory = {NULL, 0, 0, accumulation, 1};
   run(&in_memory, 8, mem);
-  const config on_drive = {fresh_dir(buffered ? "buf" : "direct"), kTightHost, buffered, accumulation};
-  run(&on_drive, 8, disk);
-  assert_same(mem, disk, buffered ? "buffered" : "O_DIRECT where available");
+  for (int synchronous = 0; synchronous <= 1; ++synchronous) {
+    const config on_drive = {fresh_dir(buffered ? "buf" : "direct"), kTightHost, buffered, accumulation, synchronous};
+    run(&on_drive, 8, disk);
+    assert_same(mem, disk, synchronous ? "on the drive, synchronous step" : "on the drive, overlapped step");
+  }
 }
 
 Test(nvme, same_parameters_as_in_memory) { check_same_as_memory(0, 0); }
@@ -203,7 +253,7 @@ Test(nvme, without_the_drive_the_host_budget_is_out_of_memory) {
 Test(nvme, checkpoints_move_state_between_the_drive_and_memory) {
   static float full[TOTAL], resumed[TOTAL];
   char ckpt[600];
-  const config on_drive = {fresh_dir("ckpt"), kTightHost, 0, 0};
+  const config on_drive = {fresh_dir("ckpt"), kTightHost, 0, 0, 0};
   snprintf(ckpt, sizeof ckpt, "%s/ckpt", on_drive.nvme_dir);
   model a;
   make(&a, &on_drive);
@@ -214,7 +264,7 @@ Test(nvme, checkpoints_move_state_between_the_drive_and_memory) {
   T_OK(pstar_engine_destroy(a.e));
   /* Resumed in memory, and on the drive again. */
   for (int again_on_drive = 0; again_on_drive <= 1; ++again_on_drive) {
-    const config in_memory = {NULL, 0, 0, 0};
+    const config in_memory = {NULL, 0, 0, 0, 0};
     model b;
     make(&b, again_on_drive ? &on_drive : &in_memory);
     T_OK(pstar_checkpoint_load(b.e, ckpt));
@@ -228,12 +278,12 @@ Test(nvme, checkpoints_move_state_between_the_drive_and_memory) {
 /* A fault in some step: that step fails with PSTAR_ERR_IO and `needle`;
  * training is refused; loading the checkpoint made before it repairs the
  * engine, and training then matches an engine that never failed. */
-static void check_fault(const char *fault, void (*damage)(const char *dir), const char *needle) {
+static void check_fault_in(const char *fault, void (*damage)(const char *dir), const char *needle, int synchronous) {
   static float expect[TOTAL], got[TOTAL];
   char ckpt[600];
-  const config on_drive = {fresh_dir("fault"), kTightHost, 0, 0};
+  const config on_drive = {fresh_dir("fault"), kTightHost, 0, 0, synchronous};
   snprintf(ckpt, sizeof ckpt, "%s/ckpt", on_drive.nvme_dir);
-  const config in_memory = {NULL, 0, 0, 0};
+  const config in_memory = {NULL, 0, 0, 0, 0};
   run(&in_memory, 6, expect);
 
   model m;
@@ -251,9 +301,8 @@ static void check_fault(const char *fault, void (*damage)(const char *dir), cons
     failed_at = s;
   }
   cr_assert_eq(st, PSTAR_ERR_IO, "no step failed (%s)", pstar_status_name(st));
-  char msg[T_MSG_CAP];
-  t_copy_last_error(msg, sizeof msg);
-  cr_assert(strstr(msg, needle) != NULL, "step %d failed with \"%s\", expected \"%s\"", failed_at, msg, needle);
+  cr_assert(strstr(g_failure, needle) != NULL, "step %d failed with \"%s\", expected \"%s\"", failed_at, g_failure,
+            needle);
   T_FAIL(pstar_iteration_begin(m.e, PSTAR_ITERATION_TRAIN), PSTAR_ERR_IO, "checkpoint");
   if (damage == NULL) {
     /* The drive is fine again: loading rewrites every state. */
@@ -263,6 +312,14 @@ static void check_fault(const char *fault, void (*damage)(const char *dir), cons
     assert_same(expect, got, fault);
   }
   T_OK(pstar_engine_destroy(m.e));
+}
+
+/* With the overlapped step the error surfaces at a later call than the
+ * step that met it (the first acquire waiting for an update, or the next
+ * iteration_begin); with the synchronous step, at that step. */
+static void check_fault(const char *fault, void (*damage)(const char *dir), const char *needle) {
+  check_fault_in(fault, damage, needle, 0);
+  check_fault_in(fault, damage, needle, 1);
 }
 
 Test(nvme, disk_full_stops_training_until_a_checkpoint_is_loaded) { check_fault("write_nospace:1", NULL, "disk full"); }
@@ -319,9 +376,9 @@ static void expect_refused_unchanged(model *m, const char *ckpt, const char *wha
 Test(nvme, refused_checkpoint_loads_leave_the_drive_as_it_was) {
   static float expect[TOTAL], got[TOTAL];
   char ckpt[600], manifest[700], masters[700], what[96];
-  const config on_drive = {fresh_dir("refused"), kTightHost, 0, 0};
+  const config on_drive = {fresh_dir("refused"), kTightHost, 0, 0, 0};
   snprintf(ckpt, sizeof ckpt, "%s/ckpt", on_drive.nvme_dir);
-  const config in_memory = {NULL, 0, 0, 0};
+  const config in_memory = {NULL, 0, 0, 0, 0};
   run(&in_memory, 6, expect);
 
   model m;
@@ -382,7 +439,7 @@ Test(nvme, refused_checkpoint_loads_leave_the_drive_as_it_was) {
   /* An NVMe read error in a step, then a refused load: still refused. */
   T_OK(pstar_checkpoint_load(m.e, ckpt));
   setenv("PSTAR_TEST_NVME_FAULT", "read_eio:1", 1);
-  T_STATUS(train_step(&m, 1), PSTAR_ERR_IO);
+  T_STATUS(settled_step(&m, 1), PSTAR_ERR_IO);
   unsetenv("PSTAR_TEST_NVME_FAULT");
   memcpy(copy, pristine, len);
   copy[len / 2] ^= 0x01;
@@ -448,7 +505,7 @@ Test(nvme, misuse_is_refused) {
 }
 
 Test(nvme, the_drive_capacity_is_a_limit) {
-  const config on_drive = {fresh_dir("cap"), kTightHost, 0, 0};
+  const config on_drive = {fresh_dir("cap"), kTightHost, 0, 0, 0};
   pstar_engine_options o = t_options(PSTAR_DTYPE_F16, CHUNK);
   o.host_capacity_bytes = on_drive.host_capacity;
   pstar_engine *e = t_create(&o);
@@ -467,7 +524,7 @@ Test(nvme, the_drive_capacity_is_a_limit) {
  * the same step traffic as a run with payloads, and advances its clock by
  * the modelled drive time. */
 Test(nvme, a_dry_run_places_and_counts_like_a_real_run) {
-  const config on_drive = {fresh_dir("dry"), kTightHost, 0, 0};
+  const config on_drive = {fresh_dir("dry"), kTightHost, 0, 0, 0};
   model real;
   make(&real, &on_drive);
   for (int s = 0; s < 3; ++s) T_OK(train_step(&real, s));
@@ -519,7 +576,7 @@ Test(nvme, a_dry_run_places_and_counts_like_a_real_run) {
 }
 
 Test(nvme, a_master_on_the_drive_cannot_be_pinned) {
-  const config on_drive = {fresh_dir("pin"), kTightHost, 0, 0};
+  const config on_drive = {fresh_dir("pin"), kTightHost, 0, 0, 0};
   model m;
   make(&m, &on_drive);
   int refused = 0, pinned = 0;

@@ -1146,6 +1146,26 @@ Test(dist_engine, nvme_tier_holds_each_ranks_shards) {
   expect_nvme_shards(2, 2, 150 * 1024); /* a second reduce-scatter buffer pair */
 }
 
+/* The overlapped step with each rank's shards partly on the drive: the
+ * update thread streams them through the tier's ring; bit-identical to the
+ * synchronous step and to one process, with a skipped fp16 step, at 2 and 3
+ * ranks and gathering ahead. */
+Test(dist_engine, overlapped_step_with_the_nvme_tier_is_bit_identical) {
+  const struct {
+    int world;
+    uint32_t gather_ahead;
+    uint64_t host;
+  } cases[] = {{2, 0, 136 * 1024}, {3, 0, 100 * 1024}, {2, 2, 150 * 1024}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
+    scenario sc = base(cases[i].world, PSTAR_DTYPE_F16);
+    sc.overflow_step = 2;
+    sc.steps = 4;
+    sc.gather_ahead = cases[i].gather_ahead;
+    sc.nvme_host_capacity = cases[i].host;
+    expect_overlapped(sc, 1);
+  }
+}
+
 /* A sharded checkpoint saved by ranks whose shards partly live on the drive
  * resumes them bit for bit, on the drive again, at 2 and at 3 ranks. */
 Test(dist_engine, nvme_tier_sharded_checkpoints_resume_exactly) {
