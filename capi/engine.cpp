@@ -478,6 +478,15 @@ pstar_status pstar_x_engine_set_overlap_step(pstar_engine* engine, int enabled) 
   return guarded([&] { EngineCall(engine, "pstar_x_engine_set_overlap_step")->set_overlap_step(enabled != 0); });
 }
 
+pstar_status pstar_x_engine_set_modelled_host_update(pstar_engine* engine, double bytes_per_s) {
+  return guarded([&] {
+    EngineCall e(engine, "pstar_x_engine_set_modelled_host_update");
+    require(bytes_per_s == 0.0 || (bytes_per_s >= 1.0 && bytes_per_s <= 1e18), PSTAR_ERR_INVALID_ARGUMENT,
+            "set_modelled_host_update: bytes_per_s must be 0 or in [1, 1e18]");
+    e->set_modelled_host_update(bytes_per_s);
+  });
+}
+
 pstar_status pstar_x_engine_set_speculative_update(pstar_engine* engine, uint64_t max_bytes) {
   return guarded(
       [&] { EngineCall(engine, "pstar_x_engine_set_speculative_update")->set_speculative_update(max_bytes); });

@@ -132,6 +132,9 @@ class Engine : private placement::HybridTable {
   // build; on by default.
   void set_overlap_step(bool enabled);
   void set_speculative_update(uint64_t max_bytes);
+  // The CPU update's modelled time on the virtual clock (experimental;
+  // step::OptimizerStep::set_modelled_update_rate).
+  void set_modelled_host_update(double bytes_per_s);
   void fill_step_stats(pstar_x_step_stats* out) const;
   void fill_gather_stats(pstar_x_gather_stats* out) const;
 

@@ -114,6 +114,16 @@ void Engine::set_overlap_step(bool enabled) {
   step_->set_overlap(enabled);
 }
 
+void Engine::set_modelled_host_update(double bytes_per_s) {
+  require(!built(), PSTAR_ERR_INVALID_STATE, "set_modelled_host_update: the engine is built; set it before");
+  require(options_.virtual_clock || options_.dry_run, PSTAR_ERR_UNSUPPORTED,
+          "set_modelled_host_update: the engine runs on the wall clock, where the update's time is its own (set "
+          "options.virtual_clock)");
+  require(group_.world() == 1, PSTAR_ERR_UNSUPPORTED,
+          "set_modelled_host_update: one process only (the sharded step's time is not modelled)");
+  step_->set_modelled_update_rate(bytes_per_s);
+}
+
 void Engine::set_speculative_update(uint64_t max_bytes) {
   require(!built(), PSTAR_ERR_INVALID_STATE, "set_speculative_update: the engine is built; set it before");
   step_->set_speculation_budget(max_bytes);

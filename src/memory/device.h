@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "optim/adam_kernel.h"
 #include "pstar/pstar.h"
@@ -104,6 +105,13 @@ class Device {
   // Virtual clock only: the caller computes for `seconds`; throws
   // Error(PSTAR_ERR_UNSUPPORTED) on a wall clock.
   virtual void advance_clock(double seconds);
+  // Virtual clock only: host work of `seconds` (an overlapped CPU update,
+  // modelled) on the device's host-work lane, which runs one item at a
+  // time beside the caller: it starts at the latest of now, the lane's
+  // previous item and the events in `after`; the returned event completes
+  // when it ends.  The caller's clock does not move.  Throws
+  // Error(PSTAR_ERR_UNSUPPORTED) on a wall clock.
+  virtual EventPtr model_host_work(double seconds, const std::vector<EventPtr>& after);
   // When `event` completes on the clock, if the device knows it ahead (the
   // virtual clock does); NaN otherwise.
   virtual double completion_time(const EventPtr& event) const;

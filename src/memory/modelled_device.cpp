@@ -147,6 +147,15 @@ void ModelledDevice::advance_clock(double seconds) {
 
 double ModelledDevice::completion_time(const EventPtr& event) const { return event_time(event); }
 
+EventPtr ModelledDevice::model_host_work(double seconds, const std::vector<EventPtr>& after) {
+  require(std::isfinite(seconds) && seconds >= 0.0, PSTAR_ERR_INVALID_ARGUMENT,
+          "modelled host work: seconds must be finite and >= 0");
+  double start = std::max(now_, host_lane_until_);
+  for (const EventPtr& e : after) start = std::max(start, event_time(e));
+  host_lane_until_ = start + seconds;
+  return std::make_shared<ModelledEvent>(host_lane_until_);
+}
+
 void ModelledDevice::grad_accumulate(Stream* stream, float* acc, const void* src, pstar_dtype src_dtype,
                                      pstar_mem_space, size_t n) {
   ModelledStream* s = stream_of(stream);

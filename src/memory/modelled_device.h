@@ -17,6 +17,9 @@
 //    time adds the optimizer separately).
 //  - An event completes at its stream's time when it was recorded; query()
 //    is "completion time <= now".
+//  - Host work that runs beside the caller (an overlapped step's CPU
+//    updates, modelled: model_host_work) goes on a lane of its own, one
+//    item at a time, each for the seconds it is given.
 //
 // Execution is eager: every queued item runs at once on the calling thread,
 // in queue order.  That order respects every dependency the engine can
@@ -81,6 +84,7 @@ class ModelledDevice final : public Device {
   double clock_seconds() const override { return now_; }
   void advance_clock(double seconds) override;
   double completion_time(const EventPtr& event) const override;
+  EventPtr model_host_work(double seconds, const std::vector<EventPtr>& after) override;
 
   void grad_accumulate(Stream* stream, float* acc, const void* src, pstar_dtype src_dtype, pstar_mem_space space,
                        size_t n) override;
@@ -104,6 +108,9 @@ class ModelledDevice final : public Device {
   double h2d_bytes_per_s_;
   double d2h_bytes_per_s_;
   double now_ = 0.0;  // the host's time; invariant: never decreases
+  // When the host-work lane's last item ends (model_host_work); never
+  // decreases.
+  double host_lane_until_ = 0.0;
   std::unique_ptr<ModelledStream> compute_;
   std::unique_ptr<ModelledStream> h2d_;
   std::unique_ptr<ModelledStream> d2h_;

@@ -300,6 +300,16 @@ void* Runtime::host_view(uint32_t k) {
   return c.tier == Tier::kDevice ? c.device : c.host;
 }
 
+void* Runtime::host_view_modelled(uint32_t k) {
+  if (!options_.virtual_clock && options_.payloads) internal_error("host_view_modelled on the wall clock");
+  chunk::Chunk& c = at(k);
+  if (c.tier == Tier::kDevice) {
+    if (c.opt_device != nullptr) internal_error("host view of a chunk that stays on the device");
+    evict(k);
+  }
+  return c.host;
+}
+
 void Runtime::check_ready(const memory::EventPtr& ev, const char* what) const {
   if (!device_->query(ev)) internal_error(std::string(what) + " accessed before the event guarding it completed");
 }

@@ -152,6 +152,11 @@ class Runtime {
   memory::EventPtr copy_out(uint32_t k);
   // The payload for host code now (a device chunk is evicted first).
   void* host_view(uint32_t k);
+  // host_view for host work modelled on the virtual clock's host-work lane
+  // (memory::Device::model_host_work) after the chunk's ready and last_use
+  // events: a device chunk is evicted first; nothing is waited for (the
+  // modelled device executes eagerly: the bytes are in place already).
+  void* host_view_modelled(uint32_t k);
   // Chunk k's device payload is about to be written (a BACKWARD acquire,
   // a value written on the device, an update there): its host copy is no
   // longer the same bits, so it goes, and the next eviction copies back.

@@ -314,15 +314,29 @@ void OptimizerStep::run_local(pstar_step_result& r) {
       // staging ring (memory/nvme_tier.h); the others are updated in place.  An
       // I/O error ends the update part way (the engine then refuses training
       // until a checkpoint is loaded): the prefetch state is put back first.
+      // On the virtual clock with a modelled update rate, each update's
+      // time is modelled (set_modelled_update_rate): on the host-work lane
+      // when the step overlaps, else on the caller's clock.
+      const bool modelled = modelled_overlap();
+      bool any_modelled = false;
       try {
         nvme_.update_chunks(host_chunks, [&](uint32_t k) {
           ChunkState& c = chunks_[k];
           if (segments_of(k)) {
             if (lazy_moments(nvme_, *host_)) ensure_moments(*host_, c, options_.payloads);
-            void* payload = placement_->host_view(k);
+            void* payload = modelled ? placement_->host_view_modelled(k) : placement_->host_view(k);
+            const uint64_t elems = layout_->chunks()[k].used_elems;
             if (options_.payloads) {  // a dry run places chunks; it computes nothing
               // One parallel pass over the chunk (optim/chunk_update.h).
-              optimizer_.update_chunk(layout_->chunks()[k].used_elems, segments.segments(), lists_of(c, payload));
+              optimizer_.update_chunk(elems, segments.segments(), lists_of(c, payload));
+            }
+            if (modelled) {
+              c.ready = device_->model_host_work(modelled_update_seconds(elems), {c.ready, c.last_use});
+              c.last_use = c.ready;
+              ++counters_.chunks_overlapped;
+              any_modelled = true;
+            } else if (modelled_update_rate_ > 0.0) {
+              device_->advance_clock(modelled_update_seconds(elems));
             }
           }
           if (ahead) {
@@ -334,6 +348,7 @@ void OptimizerStep::run_local(pstar_step_result& r) {
         for (uint32_t k : host_chunks) chunks_[k].awaiting_update = false;
         throw;
       }
+      if (any_modelled) ++counters_.steps_overlapped;
     }
     ++counters_.steps;
     optimizer_.end_step(false);

@@ -137,7 +137,22 @@ class OptimizerStep {
   // thread's failure, which stays until clear_failure() (a checkpoint load
   // that completed rewrote every state).  wait_noexcept(): for the
   // engine's destructor.
-  bool overlaps() const { return worker_ != nullptr; }
+  bool overlaps() const { return worker_ != nullptr || modelled_overlap(); }
+  // The virtual clock's model of the CPU update (experimental API
+  // pstar_x_engine_set_modelled_host_update): a chunk's update takes
+  // elements x (2 x the compute dtype's size + 24) / bytes_per_s modelled
+  // seconds (kModelledUpdateFp32BytesPerElem).
+  // With the overlap requested the updates are applied at pstar_step, as a
+  // synchronous step does (the same bits), and their time goes on the
+  // device's host-work lane in the step's order, each chunk's payload ready
+  // at its end (a fetch, and the acquire, wait for it); without it the
+  // step advances the caller's clock by each.  0: the update takes no
+  // modelled time (the default).  Before attach.
+  void set_modelled_update_rate(double bytes_per_s) { modelled_update_rate_ = bytes_per_s; }
+  // The bytes a fused Adam pass moves per element: the compute-dtype
+  // gradient read and weight written (2 x its size, added per call), the
+  // fp32 master, m and v read and written (24).
+  static constexpr double kModelledUpdateFp32BytesPerElem = 24.0;
   // Before attach: whether to overlap (the default) where the step can:
   // with payloads (not a dry run) and the device's own clock.
   void set_overlap(bool on) { overlap_ = on; }
@@ -185,6 +200,12 @@ class OptimizerStep {
 
  private:
   void run_local(pstar_step_result& r);
+  bool modelled_overlap() const { return overlap_ && modelled_update_rate_ > 0.0; }
+  // Modelled seconds of chunk k's CPU update (set_modelled_update_rate).
+  double modelled_update_seconds(uint64_t elems) const {
+    return static_cast<double>(elems) * (2.0 * static_cast<double>(elem_bytes()) + kModelledUpdateFp32BytesPerElem) /
+           modelled_update_rate_;
+  }
   // world > 1, hybrid placement: queues the device update of chunk k's
   // shard (sharded_step.cpp); returns the event of its last copy.
   memory::EventPtr queue_shard_update(uint32_t k, const std::vector<optim::Segment>& segments);
@@ -249,6 +270,7 @@ class OptimizerStep {
   const chunk::ChunkLayout* layout_ = nullptr;  // null until attach
   StepCounters counters_;
   bool overlap_ = true;
+  double modelled_update_rate_ = 0.0;     // bytes/s; 0: none (set_modelled_update_rate)
   std::unique_ptr<UpdateWorker> worker_;  // the overlapped step's thread (null: synchronous)
   // Speculation (engine thread).  Invariants: spec_state_[k] is kPending
   // exactly for the chunks in spec_pending_ and kHanded exactly for those

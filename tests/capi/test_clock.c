@@ -3,6 +3,7 @@
  * A dry run must count exactly what a run with payloads does (bytes, moves,
  * peaks per tier, modelled time): both run the same placement code on the
  * same modelled clock, and the timelines they export must be identical. */
+#define PSTAR_EXPERIMENTAL_API 1
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +20,7 @@ static const double kComputeSeconds = 2e-6;
 
 typedef struct clock_run {
   pstar_stats stats;
+  pstar_x_step_stats step_stats;
   double now;
   float w[P][4000];
 } clock_run;
@@ -31,6 +33,8 @@ typedef struct clock_cfg {
   uint64_t margin;
   int record;
   const char *trace_path; /* exported after the run when record != 0 */
+  double update_rate;     /* pstar_x_engine_set_modelled_host_update (0: none) */
+  int sync_step;          /* pstar_x_engine_set_overlap_step(e, 0) */
 } clock_cfg;
 
 /* Non-model bytes after the forward use of layer i: activations grow
@@ -79,6 +83,8 @@ static void run_cfg(const clock_cfg *c, clock_run *out) {
   o.h2d_bytes_per_s = 1e9;
   o.d2h_bytes_per_s = 2e9;
   pstar_engine *e = t_create(&o);
+  if (c->sync_step) T_OK(pstar_x_engine_set_overlap_step(e, 0));
+  if (c->update_rate > 0) T_OK(pstar_x_engine_set_modelled_host_update(e, c->update_rate));
   uint32_t id[P];
   char name[8];
   for (int i = 0; i < P; ++i) {
@@ -94,6 +100,8 @@ static void run_cfg(const clock_cfg *c, clock_run *out) {
   }
   for (int s = 0; s < ITERS; ++s) iteration(e, id, s, c->dry_run);
   out->stats = t_stats(e);
+  T_OK(pstar_x_step_stats_init(&out->step_stats));
+  T_OK(pstar_x_step_get_stats(e, &out->step_stats));
   T_OK(pstar_clock_now(e, &out->now));
   if (!c->dry_run) {
     for (int i = 0; i < P; ++i) t_read_f32(e, id[i], out->w[i], (uint64_t)kNumel[i]);
@@ -152,7 +160,7 @@ Test(clock, dry_run_counts_exactly_what_a_real_run_does) {
   for (size_t pi = 0; pi < 3; ++pi) {
     for (int chunks = 3; chunks <= 9; chunks += 3) {
       for (int prefetch = 0; prefetch <= 1; ++prefetch) {
-        clock_cfg c = {policies[pi], prefetch, 0, capacity_for(chunks), 0, 1, PSTAR_TEST_TMP_DIR "/clock_real.json"};
+        clock_cfg c = {policies[pi], prefetch, 0, capacity_for(chunks), 0, 1, PSTAR_TEST_TMP_DIR "/clock_real.json", 0.0, 0};
         run_cfg(&c, &real);
         c.dry_run = 1;
         c.trace_path = PSTAR_TEST_TMP_DIR "/clock_dry.json";
@@ -206,7 +214,7 @@ Test(clock, modelled_copy_time_is_bytes_over_bandwidth) {
 
 Test(clock, prefetch_hides_copies_behind_compute) {
   static clock_run demand, pre;
-  clock_cfg c = {PSTAR_POLICY_OPT, 0, 1, capacity_for(3), 0, 0, NULL};
+  clock_cfg c = {PSTAR_POLICY_OPT, 0, 1, capacity_for(3), 0, 0, NULL, 0.0, 0};
   run_cfg(&c, &demand);
   c.prefetch = 1;
   run_cfg(&c, &pre);
@@ -221,14 +229,77 @@ Test(clock, prefetch_hides_copies_behind_compute) {
   cr_assert_eq(again.stats.wait_seconds, pre.stats.wait_seconds);
 }
 
+/* The CPU update's modelled time (pstar_x_engine_set_modelled_host_update):
+ * about the compute of an iteration.  28 bytes per bf16 element. */
+static const double kUpdateBytesPerS = 5e9;
+
+/* With the overlapped step the modelled updates run beside the next
+ * iteration (a chunk's fetch waits for its own); the synchronous step
+ * waits for all of them.  Same bits either way and without the model; a
+ * dry run counts the same modelled time as a real run. */
+Test(clock, modelled_updates_overlap_the_next_iteration) {
+  static clock_run none, sync, over, dry;
+  const pstar_policy policies[] = {PSTAR_POLICY_OPT, PSTAR_POLICY_LRU, PSTAR_POLICY_STATIC};
+  double total_elems = 0;
+  for (int i = 0; i < P; ++i) total_elems += (double)kNumel[i];
+  const double update_s = total_elems * 28.0 / kUpdateBytesPerS;
+  for (size_t pi = 0; pi < 3; ++pi) {
+    for (int chunks = 3; chunks <= 9; chunks += 3) {
+      char what[96];
+      snprintf(what, sizeof what, "policy %d, %d chunks", (int)policies[pi], chunks);
+      clock_cfg c = {policies[pi], 1, 0, capacity_for(chunks), 0, 0, NULL, 0.0, 0};
+      run_cfg(&c, &none);
+      c.update_rate = kUpdateBytesPerS;
+      c.sync_step = 1;
+      run_cfg(&c, &sync);
+      c.sync_step = 0;
+      run_cfg(&c, &over);
+      c.dry_run = 1;
+      run_cfg(&c, &dry);
+      cr_assert_eq(memcmp(sync.w, none.w, sizeof sync.w), 0, "%s: the synchronous step changed the results", what);
+      cr_assert_eq(memcmp(over.w, none.w, sizeof over.w), 0, "%s: the overlapped step changed the results", what);
+      cr_log_info("%s: modelled run %.1f us without the update's time, %.1f us synchronous, %.1f us overlapped "
+                  "(updates %.1f us per step)",
+                  what, none.now * 1e6, sync.now * 1e6, over.now * 1e6, update_s * 1e6);
+      /* The synchronous step spends the updates on the caller's clock (a
+       * copy may progress meanwhile); the overlap hides part of them. */
+      cr_assert_gt(sync.now, none.now + 0.5 * ITERS * update_s, "%s", what);
+      cr_assert_lt(over.now, sync.now, "%s: the overlap hid nothing", what);
+      cr_assert_geq(over.now, none.now, "%s: the modelled update made the run faster than a free one", what);
+      cr_assert_eq(sync.step_stats.steps_overlapped, 0, "%s", what);
+      cr_assert_eq(over.step_stats.overlap, 1, "%s", what);
+      cr_assert_eq(over.step_stats.steps_overlapped, (uint64_t)ITERS, "%s", what);
+      cr_assert_eq(dry.now, over.now, "%s: dry run %.9g s, real run %.9g s", what, dry.now, over.now);
+      assert_same_counts(&over.stats, &dry.stats, what);
+    }
+  }
+}
+
+Test(clock, modelled_host_update_errors) {
+  pstar_engine_options o = t_options(PSTAR_DTYPE_BF16, CHUNK);
+  pstar_engine *e = t_create(&o);
+  T_FAIL(pstar_x_engine_set_modelled_host_update(e, 1e9), PSTAR_ERR_UNSUPPORTED, "wall clock");
+  T_OK(pstar_engine_destroy(e));
+  o.virtual_clock = 1;
+  e = t_create(&o);
+  T_FAIL(pstar_x_engine_set_modelled_host_update(e, -1.0), PSTAR_ERR_INVALID_ARGUMENT, "bytes_per_s");
+  T_FAIL(pstar_x_engine_set_modelled_host_update(e, NAN), PSTAR_ERR_INVALID_ARGUMENT, "bytes_per_s");
+  T_FAIL(pstar_x_engine_set_modelled_host_update(e, 0.5), PSTAR_ERR_INVALID_ARGUMENT, "bytes_per_s");
+  T_OK(pstar_x_engine_set_modelled_host_update(e, 0.0));
+  (void)t_register(e, "w", CHUNK, 0);
+  T_OK(pstar_engine_build(e));
+  T_FAIL(pstar_x_engine_set_modelled_host_update(e, 1e9), PSTAR_ERR_INVALID_STATE, "built");
+  T_OK(pstar_engine_destroy(e));
+}
+
 Test(clock, results_do_not_depend_on_the_clock_policy_or_capacity) {
   static clock_run ref, r;
-  clock_cfg c = {PSTAR_POLICY_OPT, 1, 0, 0, 0, 0, NULL};
+  clock_cfg c = {PSTAR_POLICY_OPT, 1, 0, 0, 0, 0, NULL, 0.0, 0};
   run_cfg(&c, &ref);
   const pstar_policy policies[] = {PSTAR_POLICY_OPT, PSTAR_POLICY_LRU, PSTAR_POLICY_STATIC};
   for (size_t pi = 0; pi < 3; ++pi) {
     for (int chunks = 3; chunks <= 9; chunks += 2) {
-      clock_cfg k = {policies[pi], (int)pi == 0, 0, capacity_for(chunks), 0, 0, NULL};
+      clock_cfg k = {policies[pi], (int)pi == 0, 0, capacity_for(chunks), 0, 0, NULL, 0.0, 0};
       run_cfg(&k, &r);
       cr_assert_eq(memcmp(r.w, ref.w, sizeof r.w), 0, "policy %d at %d chunks changed the results", (int)policies[pi],
                    chunks);
@@ -244,7 +315,7 @@ Test(clock, window_budget_holds_at_every_moment) {
   for (int chunks = 3; chunks <= 8; ++chunks) {
     for (int prefetch = 0; prefetch <= 1; ++prefetch) {
       const uint64_t capacity = capacity_for(chunks) + margin;
-      clock_cfg c = {PSTAR_POLICY_OPT, prefetch, 1, capacity, margin, 1, PSTAR_TEST_TMP_DIR "/clock_budget.json"};
+      clock_cfg c = {PSTAR_POLICY_OPT, prefetch, 1, capacity, margin, 1, PSTAR_TEST_TMP_DIR "/clock_budget.json", 0.0, 0};
       run_cfg(&c, &r);
       cr_assert_eq(r.stats.budget_overruns, 0u);
       cr_assert_leq(r.stats.peak_device_bytes, capacity - margin, "%d chunks: peak over the budget", chunks);
@@ -268,7 +339,7 @@ Test(clock, window_budget_holds_at_every_moment) {
 
 Test(clock, trace_export_writes_every_move) {
   static clock_run r;
-  clock_cfg c = {PSTAR_POLICY_LRU, 0, 1, capacity_for(4), 0, 1, PSTAR_TEST_TMP_DIR "/clock_moves.json"};
+  clock_cfg c = {PSTAR_POLICY_LRU, 0, 1, capacity_for(4), 0, 1, PSTAR_TEST_TMP_DIR "/clock_moves.json", 0.0, 0};
   run_cfg(&c, &r);
   char *text = slurp(PSTAR_TEST_TMP_DIR "/clock_moves.json");
   cr_assert_not_null(strstr(text, "\"traceEvents\":["));

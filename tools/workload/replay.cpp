@@ -73,6 +73,10 @@ ReplayResult replay(const Workload& w, const ReplayConfig& cfg) {
   try {
     check(pstar_engine_create(&cfg.options, &e), "pstar_engine_create");
     if (cfg.use_nvme) check(pstar_x_engine_set_nvme(e, &cfg.nvme), "pstar_x_engine_set_nvme");
+    if (cfg.host_update_bytes_per_s > 0.0) {
+      check(pstar_x_engine_set_modelled_host_update(e, cfg.host_update_bytes_per_s),
+            "pstar_x_engine_set_modelled_host_update");
+    }
     std::vector<uint32_t> ids(w.params.size());
     uint64_t max_numel = 0;
     for (size_t i = 0; i < w.params.size(); ++i) {

@@ -31,6 +31,11 @@ struct ReplayConfig {
   // Set: replaces optimizer_seconds; called before each pstar_step with the
   // engine's statistics at that point (a result <= 0 advances nothing).
   std::function<double(const pstar_stats&)> optimizer_seconds_fn;
+  // > 0 (a clocked replay): the CPU update's modelled rate
+  // (pstar_x_engine_set_modelled_host_update): with the overlapped step
+  // (options as given: on by default) the updates run beside the next
+  // iteration on the clock.
+  double host_update_bytes_per_s = 0.0;
   bool build_only = false;  // register and build, run nothing
   // Non-empty (with options.record_timeline): pstar_trace_export() there at the end.
   std::string timeline_path;

@@ -1059,12 +1059,30 @@ PSTAR_API pstar_status pstar_x_gather_get_stats(pstar_engine *engine, pstar_x_ga
  *  of the synchronous step.  0: pstar_step() returns once every update is
  *  done.  With world_size > 1 each rank's host shards are updated so (an
  *  all-gather, ahead of use too, waits for its chunk's update before it
- *  reads the shard).  The step is synchronous whatever this says with an
- *  NVMe tier (pstar_x_engine_set_nvme()), on the virtual clock
- *  (options.virtual_clock: what placement does stays a function of the
- *  calls alone) and in a dry run (nothing is computed).  Legal before
+ *  reads the shard).  With an NVMe tier (pstar_x_engine_set_nvme()) the
+ *  same thread streams the drive's chunks through the staging ring, and an
+ *  I/O error there is returned by the next call that waits for the step.
+ *  On the virtual clock (options.virtual_clock: what placement does stays
+ *  a function of the calls alone) and in a dry run the updates are applied
+ *  at pstar_step(); their time is modelled only with
+ *  pstar_x_engine_set_modelled_host_update().  Legal before
  *  pstar_engine_build() only. */
 PSTAR_API pstar_status pstar_x_engine_set_overlap_step(pstar_engine *engine, int enabled);
+
+/** Experimental: the time of the CPU update on the virtual clock
+ *  (options.virtual_clock or options.dry_run; one process).  A chunk's
+ *  update then takes elements x (2 x the compute dtype's size + 24) /
+ *  bytes_per_s modelled seconds: the bytes a fused Adam pass moves per
+ *  element.  With the overlapped step (pstar_x_engine_set_overlap_step(),
+ *  the default) that time runs beside the caller, chunk after chunk in the
+ *  step's order, and a chunk's next fetch and acquire wait for its update's
+ *  end; without it pstar_step() advances the clock by all of it.  The
+ *  updates themselves are applied at pstar_step() either way (the same
+ *  bits).  0 (the default): the update takes no modelled time.
+ *  bytes_per_s must be 0 or in [1, 1e18].  Legal before
+ *  pstar_engine_build() only; PSTAR_ERR_UNSUPPORTED on the wall clock or
+ *  with world_size > 1. */
+PSTAR_API pstar_status pstar_x_engine_set_modelled_host_update(pstar_engine *engine, double bytes_per_s);
 
 /** Experimental: the speculative update (docs/design.md, "The speculative
  *  update").  With the overlapped step, a chunk whose backward is over is
