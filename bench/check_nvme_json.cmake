@@ -14,11 +14,12 @@ if(NOT rc EQUAL 0)
 endif()
 string(STRIP "${out}" out)
 bench_json_keys("${out}" bench disk_read_gbs disk_write_gbs bound_fraction ratio_vs_host chunks_on_nvme nvme_step_s
-                host_step_s)
+                host_step_s bound_fraction_sync nvme_step_s_sync)
 if(NOT v_bench STREQUAL "nvme")
   message(FATAL_ERROR "\"bench\" is '${v_bench}'")
 endif()
-bench_json_positive("${out}" disk_read_gbs disk_write_gbs bound_fraction ratio_vs_host nvme_step_s host_step_s)
+bench_json_positive("${out}" disk_read_gbs disk_write_gbs bound_fraction ratio_vs_host nvme_step_s host_step_s
+                    bound_fraction_sync nvme_step_s_sync)
 # 2^21 elements in chunks of 2^18: every one of the 8 chunks on the drive.
 if(NOT v_chunks_on_nvme EQUAL 8)
   message(FATAL_ERROR "expected 8 chunks on the drive: '${out}'")

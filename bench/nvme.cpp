@@ -23,6 +23,9 @@
 // Where the CPU update is slower than the drive, the step cannot reach the
 // disk bound; `update_bound_fraction` = max(disk_bound_s, host_step_s) /
 // nvme_step_s says how close it gets to the larger of the two bounds.
+// (4) Then (2) again with the synchronous step
+// (pstar_x_engine_set_overlap_step(e, 0)), the drive measured before each
+// of its steps too: bound_fraction_sync, nvme_step_s_sync.
 #define PSTAR_EXPERIMENTAL_API 1
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -88,7 +91,7 @@ struct StepTimes {
 // returns the median time of pstar_step() over the last reps.
 // `before_step` runs before each timed step.
 StepTimes time_steps(const NvmeOptions& o, const std::string& nvme_dir, uint32_t params, uint64_t per_param,
-                     const std::function<void()>& before_step) {
+                     const std::function<void()>& before_step, bool synchronous = false) {
   pstar_engine_options eo;
   check(pstar_engine_options_init(&eo), "options_init");
   eo.compute_dtype = PSTAR_DTYPE_BF16;
@@ -110,6 +113,7 @@ StepTimes time_steps(const NvmeOptions& o, const std::string& nvme_dir, uint32_t
   check(pstar_engine_create(&eo, &e), "engine_create");
   StepTimes out;
   try {
+    if (synchronous) check(pstar_x_engine_set_overlap_step(e, 0), "set_overlap_step");
     if (!nvme_dir.empty()) {
       no.dir = nvme_dir.c_str();
       check(pstar_x_engine_set_nvme(e, &no), "set_nvme");
@@ -182,7 +186,20 @@ int run_nvme(const NvmeOptions& o) {
     std::vector<DiskBandwidth> disks;
     const StepTimes nvme =
         time_steps(o, dir, params, per_param, [&] { disks.push_back(measure_disk_bandwidth(dir, disk, 4u << 20, 8)); });
+    // (4) The same as (2) with the synchronous step, the drive measured
+    // before each of its steps too: the overlapped step's cost or gain
+    // against the drive, each fraction against its own rep's bound.
+    std::vector<DiskBandwidth> disks_sync;
+    const StepTimes nvme_sync = time_steps(
+        o, dir, params, per_param, [&] { disks_sync.push_back(measure_disk_bandwidth(dir, disk, 4u << 20, 8)); }, true);
     const double state_bytes = static_cast<double>(nvme.nvme.bytes_on_nvme);
+    std::vector<double> fractions_sync;
+    for (size_t i = 0; i < disks_sync.size(); ++i) {
+      const double bound =
+          state_bytes / (disks_sync[i].read_gbps * 1e9) + state_bytes / (disks_sync[i].write_gbps * 1e9);
+      fractions_sync.push_back(bound / nvme_sync.step_s[i]);
+    }
+    const double bound_fraction_sync = median(fractions_sync);
     std::vector<double> reads, writes, bounds, fractions, update_fractions;
     for (size_t i = 0; i < disks.size(); ++i) {
       reads.push_back(disks[i].read_gbps);
@@ -213,6 +230,9 @@ int run_nvme(const NvmeOptions& o) {
                           {"host_step_s", host.median_s},
                           {"step_io_wait_s_total", nvme.nvme.step_io_wait_seconds},
                           {"bound_fraction", bound_fraction},
+                          {"bound_fraction_sync", bound_fraction_sync},
+                          {"bound_fraction_sync_runs", fractions_sync},
+                          {"nvme_step_s_sync", nvme_sync.median_s},
                           {"update_bound_fraction", update_bound_fraction},
                           {"ratio_vs_host", ratio},
                           {"peak_host_bytes_nvme", nvme.peak_host_bytes},
@@ -231,6 +251,10 @@ int run_nvme(const NvmeOptions& o) {
       std::printf("disk bound %.3f s: fraction reached %.2f (of max(disk, update) bound: %.2f); per step:",
                   disk_bound_s, bound_fraction, update_bound_fraction);
       for (double f : fractions) std::printf(" %.2f", f);
+      std::printf("\n");
+      std::printf("synchronous step on the drive: %.3f s, fraction reached %.2f; per step:", nvme_sync.median_s,
+                  bound_fraction_sync);
+      for (double f : fractions_sync) std::printf(" %.2f", f);
       std::printf("\n");
     }
   } catch (...) {
