@@ -31,7 +31,21 @@ static char g_dir[512];
 /* A fresh directory under the test's own directory in the build tree (a real
  * filesystem, where O_DIRECT usually works; tmpfs refuses it), wherever the
  * test is started from. */
+static void remove_dir(void) {
+  if (g_dir[0] == '\0') return;
+  char cmd[sizeof g_dir + 16];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
+  if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_dir);
+}
+
+/* The directory goes when the test's process exits (the tests that make
+ * two reuse one path, emptied in between). */
 static const char *fresh_dir(const char *tag) {
+  static int registered = 0;
+  if (!registered) {
+    atexit(remove_dir);
+    registered = 1;
+  }
   snprintf(g_dir, sizeof g_dir, "%s/nvme-test-%s-%d", PSTAR_TEST_TMP_DIR, tag, (int)getpid());
   char cmd[2 * sizeof g_dir + 32];
   snprintf(cmd, sizeof cmd, "rm -rf %s && mkdir -p %s", g_dir, g_dir);
