@@ -193,18 +193,19 @@ int run_nvme(const NvmeOptions& o) {
     const StepTimes nvme_sync = time_steps(
         o, dir, params, per_param, [&] { disks_sync.push_back(measure_disk_bandwidth(dir, disk, 4u << 20, 8)); }, true);
     const double state_bytes = static_cast<double>(nvme.nvme.bytes_on_nvme);
+    // The state read once and written once at a rep's measured speeds.
+    auto disk_bound = [&](const DiskBandwidth& d) {
+      return state_bytes / (d.read_gbps * 1e9) + state_bytes / (d.write_gbps * 1e9);
+    };
     std::vector<double> fractions_sync;
-    for (size_t i = 0; i < disks_sync.size(); ++i) {
-      const double bound =
-          state_bytes / (disks_sync[i].read_gbps * 1e9) + state_bytes / (disks_sync[i].write_gbps * 1e9);
-      fractions_sync.push_back(bound / nvme_sync.step_s[i]);
-    }
+    for (size_t i = 0; i < disks_sync.size(); ++i)
+      fractions_sync.push_back(disk_bound(disks_sync[i]) / nvme_sync.step_s[i]);
     const double bound_fraction_sync = median(fractions_sync);
     std::vector<double> reads, writes, bounds, fractions, update_fractions;
     for (size_t i = 0; i < disks.size(); ++i) {
       reads.push_back(disks[i].read_gbps);
       writes.push_back(disks[i].write_gbps);
-      const double bound = state_bytes / (disks[i].read_gbps * 1e9) + state_bytes / (disks[i].write_gbps * 1e9);
+      const double bound = disk_bound(disks[i]);
       bounds.push_back(bound);
       fractions.push_back(bound / nvme.step_s[i]);
       update_fractions.push_back(std::max(bound, host.median_s) / nvme.step_s[i]);

@@ -271,11 +271,15 @@ void NvmeTier::begin_step_io() {
     if (kind == "read_eio") store_->inject_fault(K::kReadIo, after);
     if (kind == "write_corrupt") store_->inject_fault(K::kWriteCorrupt, after);
   }
-  step_io_begun_ = true;
 #endif
 }
 
 void NvmeTier::update_chunks(const std::vector<uint32_t>& order, const std::function<void(uint32_t)>& update) {
+  begin_step_io();
+  stream_chunks(order, update);
+}
+
+void NvmeTier::stream_chunks(const std::vector<uint32_t>& order, const std::function<void(uint32_t)>& update) {
 #if PSTAR_HAVE_NVME
   if (ring_.empty()) {
     for (uint32_t k : order) update(k);
@@ -297,8 +301,6 @@ void NvmeTier::update_chunks(const std::vector<uint32_t>& order, const std::func
     wait_seconds_ += s;
     return;
   }
-  if (!step_io_begun_) begin_step_io();
-  step_io_begun_ = false;
   std::vector<uint32_t> disk;  // the chunks of `order` on the drive, in order
   for (uint32_t k : order) {
     if (on_drive(k)) disk.push_back(k);

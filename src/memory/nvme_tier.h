@@ -40,9 +40,9 @@
 // HostPool, Device.
 //
 // Threading: the engine's thread (NvmeStore's I/O thread aside), except
-// that an overlapped step's update_chunks() runs on the update thread while
+// that an overlapped step's stream_chunks() runs on the update thread while
 // the engine's thread waits for it before touching the tier (see
-// begin_step_io); failed() may be read from either.
+// stream_chunks); failed() may be read from either.
 #pragma once
 
 #include <atomic>
@@ -103,17 +103,18 @@ class NvmeTier {
   void flush_access();
   // The CPU update of `order` in order: those on the drive stream through
   // the ring (reads ahead, write-backs behind); `update(k)` runs with the
-  // chunk's lists staged in.  It begins with begin_step_io() unless that
-  // was called for this step already.
+  // chunk's lists staged in.  It is begin_step_io() then stream_chunks().
   //
-  // The overlapped step (step/update_worker.h) calls begin_step_io() on the
-  // engine's thread at pstar_step, then update_chunks() on its update
+  // The overlapped step (step/update_worker.h) calls the two apart:
+  // begin_step_io() (flushes the access buffer, arms the test hook) on the
+  // engine's thread at pstar_step, then stream_chunks() on its update
   // thread; until that returns the tier is the update thread's: the
   // engine's thread calls nothing here but failed(), require_ok() and
   // flush_access() (a no-op then: the access buffer was flushed and host
   // code that stages a chunk waits for the step first).
-  void begin_step_io();
   void update_chunks(const std::vector<uint32_t>& order, const std::function<void(uint32_t)>& update);
+  void begin_step_io();
+  void stream_chunks(const std::vector<uint32_t>& order, const std::function<void(uint32_t)>& update);
   // A checkpoint load is about to rewrite every state: drops the access
   // buffer and writes zeros to every slot; end_rewrite() (the load
   // completed) writes the last staged chunk back and trusts the drive again.
@@ -178,8 +179,6 @@ class NvmeTier {
   // is written before failed_ is set (release), and read only once it is.
   std::atomic<bool> failed_{false};
   std::string failure_;
-  // begin_step_io() ran for the step update_chunks() is about to run.
-  bool step_io_begun_ = false;
   // Step figures for the stats: seconds waited for I/O, bytes the steps
   // moved (padded).
   double wait_seconds_ = 0.0;

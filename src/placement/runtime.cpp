@@ -286,12 +286,17 @@ void Runtime::mark_written(uint32_t k) {
 // they pose as a discrete accelerator, so that tests and the planner see the
 // copies (and their bytes and waits) that a GPU needs, not shortcuts through
 // memory the host happens to share with them.
-void* Runtime::host_view(uint32_t k) {
+chunk::Chunk& Runtime::evict_for_host_view(uint32_t k) {
   chunk::Chunk& c = at(k);
   if (c.tier == Tier::kDevice) {
     if (c.opt_device != nullptr) internal_error("host view of a chunk that stays on the device");
     evict(k);
   }
+  return c;
+}
+
+void* Runtime::host_view(uint32_t k) {
+  chunk::Chunk& c = evict_for_host_view(k);
   const double before = device_->clock_seconds();
   device_->synchronize(c.ready);
   device_->synchronize(c.last_use);
@@ -302,12 +307,7 @@ void* Runtime::host_view(uint32_t k) {
 
 void* Runtime::host_view_modelled(uint32_t k) {
   if (!options_.virtual_clock && options_.payloads) internal_error("host_view_modelled on the wall clock");
-  chunk::Chunk& c = at(k);
-  if (c.tier == Tier::kDevice) {
-    if (c.opt_device != nullptr) internal_error("host view of a chunk that stays on the device");
-    evict(k);
-  }
-  return c.host;
+  return evict_for_host_view(k).host;
 }
 
 void Runtime::check_ready(const memory::EventPtr& ev, const char* what) const {

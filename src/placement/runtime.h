@@ -206,6 +206,9 @@ class Runtime {
   };
   chunk::Chunk& at(uint32_t k) const { return chunks_->chunk_at(k); }
   void note_move(bool to_device, uint32_t chunk, const memory::EventPtr& start, const memory::EventPtr& done);
+  // host_view's and host_view_modelled's first part: chunk k on the host
+  // (evicted if it is on the device; never one whose state stays there).
+  chunk::Chunk& evict_for_host_view(uint32_t k);
 
   const RuntimeOptions options_;
   memory::Device* device_;  // not owned

@@ -61,7 +61,7 @@ void OptimizerStep::attach(const chunk::ChunkLayout* layout) {
         order.reserve(jobs.size());
         for (const UpdateWorker::Job& job : jobs) order.push_back(job.chunk);
         size_t next = 0;
-        nvme_.update_chunks(order, [&](uint32_t) { run_one(next++); });
+        nvme_.stream_chunks(order, [&](uint32_t) { run_one(next++); });
       };
     }
     // A job is the synchronous step's update of one chunk, later.
