@@ -144,7 +144,8 @@ constexpr size_t kStepResultSizes[PSTAR_STEP_RESULT_VERSION] = {sizeof(pstar_ste
 constexpr size_t kStatsSizes[PSTAR_STATS_VERSION] = {offsetof(pstar_stats, trace_fallbacks),
                                                      offsetof(pstar_stats, clock_seconds), sizeof(pstar_stats)};
 constexpr size_t kNvmeStatsSizes[PSTAR_X_NVME_STATS_VERSION] = {sizeof(pstar_x_nvme_stats)};
-constexpr size_t kGatherStatsSizes[PSTAR_X_GATHER_STATS_VERSION] = {sizeof(pstar_x_gather_stats)};
+constexpr size_t kGatherStatsSizes[PSTAR_X_GATHER_STATS_VERSION] = {
+    offsetof(pstar_x_gather_stats, bytes_shard_host_to_device), sizeof(pstar_x_gather_stats)};
 constexpr size_t kStepStatsSizes[PSTAR_X_STEP_STATS_VERSION] = {offsetof(pstar_x_step_stats, chunks_speculated),
                                                                 sizeof(pstar_x_step_stats)};
 constexpr size_t kNvmeOptionsSizes[PSTAR_X_NVME_OPTIONS_VERSION] = {sizeof(pstar_x_nvme_options)};

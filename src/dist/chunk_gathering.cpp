@@ -51,6 +51,7 @@ void* ChunkGathering::place_own_shard(uint32_t k, void* full) {
   const uint64_t shard_bytes = shards_.shard_bytes(k);
   void* mine = static_cast<char*>(full) + static_cast<size_t>(group_->rank()) * shard_bytes;
   device_->copy_sync(mine, shards_.shard(k), shard_bytes, memory::CopyKind::kHostToDevice);
+  bytes_shard_to_device_ += shard_bytes;
   return mine;
 }
 

@@ -98,6 +98,9 @@ class ChunkGathering {
   const GatherAhead& schedule() const { return ahead_; }
   // Bytes gathered into full chunks since the engine was created.
   uint64_t bytes_gathered() const { return bytes_gathered_; }
+  // Bytes of this rank's own shards copied host to accelerator by the
+  // gathers (1/world of bytes_gathered()).
+  uint64_t bytes_shard_to_device() const { return bytes_shard_to_device_; }
 
  private:
   bool gather_or_wait(uint32_t k, uint64_t* critical_bytes);
@@ -121,6 +124,7 @@ class ChunkGathering {
   // collective queue (null once waited for).
   std::vector<CollectiveQueue::Ticket> gathering_;
   uint64_t bytes_gathered_ = 0;
+  uint64_t bytes_shard_to_device_ = 0;
 };
 
 }  // namespace pstar::dist

@@ -37,6 +37,7 @@ Engine::Engine(const EngineOptions& options, std::unique_ptr<dist::Communicator>
                   [this](void* p, uint64_t bytes) { placement_->free_staging(p, bytes); },
                   [this](void* dst, const void* src, size_t bytes) {
                     copy_sync(dst, src, bytes, memory::CopyKind::kDeviceToHost);
+                    step_->count_reduced_to_host(bytes);
                   }}),
       gathering_(&group_, &reduce_) {
   if (group != nullptr) {

@@ -145,14 +145,20 @@ void Engine::fill_step_stats(pstar_x_step_stats* out) const {
 
 void Engine::fill_gather_stats(pstar_x_gather_stats* out) const {
   const dist::GatherAhead& g = gathering_.schedule();
-  out->depth = g.depth();
-  out->schedule_ready = g.ready() ? 1 : 0;
-  out->slot_bytes = placement_->tier().bytes(Use::kGatherSlots);
-  out->gathers_ahead = g.gathers_ahead();
-  out->gathers_on_demand = g.gathers_on_demand();
-  out->gathers_waited = g.gathers_waited();
-  out->schedule_fallbacks = g.fallbacks();
-  out->wait_seconds = g.wait_seconds();
+  pstar_x_gather_stats s{};
+  s.size = out->size;
+  s.version = out->version;
+  s.depth = g.depth();
+  s.schedule_ready = g.ready() ? 1 : 0;
+  s.slot_bytes = placement_->tier().bytes(Use::kGatherSlots);
+  s.gathers_ahead = g.gathers_ahead();
+  s.gathers_on_demand = g.gathers_on_demand();
+  s.gathers_waited = g.gathers_waited();
+  s.schedule_fallbacks = g.fallbacks();
+  s.wait_seconds = g.wait_seconds();
+  s.bytes_shard_host_to_device = gathering_.bytes_shard_to_device();
+  s.bytes_reduce_device_to_host = step_->counters().bytes_reduce_to_host;
+  write_versioned_struct(out, s);  // an older caller's struct is shorter
 }
 
 }  // namespace pstar::engine

@@ -97,6 +97,11 @@ struct StepCounters {
   uint64_t steps = 0;          // updates applied
   uint64_t skipped_steps = 0;  // skipped for an inf or NaN gradient
   uint64_t bytes_reduce_scattered = 0;
+  // Bytes the reduce-scatters copied from the accelerator to the host: this
+  // rank's fp32 block of each sum (a device-memory communicator), or the
+  // chunk's fp32 gradient buffers laid out in host staging (a host-memory
+  // one).  pstar_x_gather_stats.bytes_reduce_device_to_host.
+  uint64_t bytes_reduce_to_host = 0;
   uint64_t steps_overlapped = 0;   // steps whose CPU updates ran on the update thread
   uint64_t chunks_overlapped = 0;  // chunks updated there (kept speculations included)
   uint64_t chunks_speculated = 0;  // speculative updates a step kept
@@ -126,6 +131,8 @@ class OptimizerStep {
   void run(pstar_step_result& r);
 
   const StepCounters& counters() const { return counters_; }
+  // A reduce-scatter's block copied to the host (device-memory communicator).
+  void count_reduced_to_host(uint64_t bytes) { counters_.bytes_reduce_to_host += bytes; }
   // Seconds the update thread spent updating (0 without one).
   double update_seconds() const { return worker_ ? worker_->busy_seconds() : 0.0; }
 

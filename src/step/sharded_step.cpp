@@ -41,6 +41,7 @@ std::vector<uint32_t> OptimizerStep::lay_out_gradients(uint32_t k, float* data, 
       device_->synchronize(p.grad_ready);
       placement_->check_ready(p.grad_ready, "gradient buffer");
       std::memcpy(data + layout_->param(id).offset_elems, p.grad_acc, p.numel * sizeof(float));
+      counters_.bytes_reduce_to_host += p.numel * sizeof(float);
     }
   }
   std::vector<uint32_t> carried;

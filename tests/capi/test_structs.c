@@ -326,7 +326,19 @@ Test(structs, gather_stats_sizes) {
   pstar_x_gather_stats init;
   T_OK(pstar_x_gather_stats_init(&init));
   check_output_struct("gather stats", e, &init, sizeof init, call_gather_stats, NULL, NULL);
-  init.version = 2;
+  /* A version-1 caller's struct ends before the shard-copy counters: filled
+   * up to there, nothing past it written. */
+  const size_t v1_size = offsetof(pstar_x_gather_stats, bytes_shard_host_to_device);
+  guarded g = guarded_alloc(v1_size);
+  pstar_x_gather_stats v1 = init;
+  v1.version = 1;
+  v1.size = (uint32_t)v1_size;
+  memcpy(g.at, &v1, v1_size);
+  T_OK(pstar_x_gather_get_stats(e, (pstar_x_gather_stats *)g.at));
+  guarded_free(&g);
+  v1.size = (uint32_t)v1_size - 8; /* short of version 1's fields */
+  T_FAIL(pstar_x_gather_get_stats(e, &v1), PSTAR_ERR_VERSION, "size");
+  init.version = PSTAR_X_GATHER_STATS_VERSION + 1;
   T_FAIL(pstar_x_gather_get_stats(e, &init), PSTAR_ERR_VERSION, "version");
   T_OK(pstar_engine_destroy(e));
 }

@@ -109,9 +109,10 @@ std::vector<float> train(int group, uint64_t capacity, pstar_dtype dtype, pstar_
 
 void check(pstar_dtype dtype, uint64_t capacity) {
   pstar_stats plain_stats, host_stats, dev_stats;
+  pstar_x_gather_stats host_gather, dev_gather;
   const std::vector<float> plain = train(0, capacity, dtype, &plain_stats);
-  const std::vector<float> host = train(1, capacity, dtype, &host_stats);
-  const std::vector<float> dev = train(2, capacity, dtype, &dev_stats);
+  const std::vector<float> host = train(1, capacity, dtype, &host_stats, 0, &host_gather);
+  const std::vector<float> dev = train(2, capacity, dtype, &dev_stats, 0, &dev_gather);
   cr_assert_eq(std::memcmp(plain.data(), host.data(), plain.size() * sizeof(float)), 0,
                "host-buffer group of one differs from no group (capacity %llu)", (unsigned long long)capacity);
   cr_assert_eq(std::memcmp(plain.data(), dev.data(), plain.size() * sizeof(float)), 0,
@@ -126,6 +127,22 @@ void check(pstar_dtype dtype, uint64_t capacity) {
     }
   }
   cr_assert_eq(host_stats.collectives, dev_stats.collectives, "the same collectives whatever the buffers");
+  // The copies around the collectives: each gather copies the rank's shard
+  // (here the whole chunk) to the device; each reduce-scatter copies the sum's
+  // block to the host (device buffers: one chunk of fp32 per reduction, what
+  // bytes_reduce_scattered counts) or the gradient buffers to host staging
+  // (host buffers: the trainable parameters' gradients, every step).
+  const uint64_t chunk_bytes = 4096 * (dtype == PSTAR_DTYPE_F32 ? 4 : 2);
+  for (const pstar_x_gather_stats* g : {&host_gather, &dev_gather}) {
+    cr_assert_eq(g->bytes_shard_host_to_device % chunk_bytes, 0u);
+    cr_assert_gt(g->bytes_shard_host_to_device, 0u);
+    if (capacity == 0) {  // nothing evicted: every forward and backward use gathers
+      cr_assert_eq(g->bytes_shard_host_to_device, uint64_t{kSteps} * 2 * kParams * chunk_bytes, "%llu",
+                   (unsigned long long)g->bytes_shard_host_to_device);
+    }
+  }
+  cr_assert_eq(dev_gather.bytes_reduce_device_to_host, dev_stats.bytes_reduce_scattered);
+  cr_assert_eq(host_gather.bytes_reduce_device_to_host, uint64_t{kSteps} * (kParams - 1) * kElems * sizeof(float));
   // The device-buffer path stages gradients on the device: a higher peak.
   cr_assert_geq(dev_stats.peak_device_bytes, host_stats.peak_device_bytes);
   // Gathering ahead, two slots: the same bits, the same collectives.

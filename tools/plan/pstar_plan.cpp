@@ -431,13 +431,30 @@ struct Evaluation {
   pstar::workload::CollectiveBytes collectives;
   double collective_link_bytes = 0;
   double collective_s = 0;
+  // The sharded rank's own side (world > 1; same prediction and test):
+  // its PCIe copies per iteration (its shard of each gathered chunk to the
+  // GPU, its fp32 block of each reduce-scatter back, NCCL's data path),
+  // their time at the link's bandwidths (the engine issues both
+  // synchronously at the acquire and at the reduce-scatter: serial with the
+  // compute), its device peak (gathered chunks, gradient buffers until
+  // their reduce-scatter, the reduce-scatter's staging, activations; plus
+  // the state it placed), and its step: compute, device Adam, the host Adam
+  // the overlapped step exposes, the collectives and these copies.
+  uint64_t sharded_h2d_bytes = 0;
+  uint64_t sharded_d2h_bytes = 0;
+  double sharded_copy_s = 0;
+  uint64_t sharded_peak_device = 0;
+  bool sharded_device_ok = false;
+  double step_s_sharded = 0;
   // With the NVMe tier (evaluate_nvme): the optimizer state the engine put
   // on the drive, and the drive's time for reading and writing it once.
   uint64_t nvme_bytes = 0;
   uint32_t nvme_chunks = 0;
   double drive_s = 0;
 
-  bool fits() const { return device_ok && host_ok; }
+  // With world > 1 the sharded rank must fit its device too (its peak is
+  // predicted, not dry-run; the one-rank dry run's fit decides placement).
+  bool fits() const { return device_ok && host_ok && (collectives.gathers == 0 || sharded_device_ok); }
   bool fits_after_placement() const { return device_ok && host_ok_after; }
   bool fits_with_margin() const { return device_ok && host_ok_margin; }
 };
@@ -602,7 +619,29 @@ struct Planner {
     ev.opt_chunks_on_device = fs.optimizer_chunks_on_device;
     ev.opt_device_bytes = fs.optimizer_device_bytes;
     ev.opt_device_per_rank = std::min(ev.opt_device_bytes, ev.opt_share_per_rank);
-    adam_times(ev.opt_device_bytes, &ev.host_adam_s, &ev.device_adam_s);
+    ev.collectives = pstar::workload::predict_collectives(w, chunk_elems, world);
+    ev.collective_link_bytes = ev.collectives.link_bytes(world);
+    ev.collective_s = hw.collective > 0 ? ev.collective_link_bytes / hw.collective : 0.0;
+    if (world > 1) {
+      ev.sharded_h2d_bytes = ev.collectives.shard_bytes_to_device(world);
+      ev.sharded_d2h_bytes = ev.collectives.reduced_bytes_to_host(world);
+      ev.sharded_copy_s = double(ev.sharded_h2d_bytes) / hw.h2d + double(ev.sharded_d2h_bytes) / hw.d2h;
+      // The rank places state of its share only where its own device has
+      // room beside its peak (the engine never places above capacity):
+      // whole chunk shards, each element 12 bytes of master, m and v plus
+      // the staging region of its weights (the compute dtype).
+      const uint64_t peak = ev.collectives.peak_device_bytes_device_comm;
+      const uint64_t room = ev.device_capacity > peak ? ev.device_capacity - peak : 0;
+      const uint64_t shard_elems = chunk_elems / world;
+      constexpr uint64_t kStateBytesPerElem = 12;  // fp32 master, m, v
+      const uint64_t per_shard = shard_elems * (kStateBytesPerElem + w.shape.dtype_bytes);
+      const uint64_t fit = per_shard == 0 ? 0 : room / per_shard * shard_elems * kStateBytesPerElem;
+      ev.opt_device_per_rank = std::min(ev.opt_device_per_rank, fit);
+      ev.sharded_peak_device =
+          peak + ev.opt_device_per_rank + ev.opt_device_per_rank / kStateBytesPerElem * w.shape.dtype_bytes;
+      ev.sharded_device_ok = peak <= ev.device_capacity;
+    }
+    adam_times(ev.opt_device_per_rank, &ev.host_adam_s, &ev.device_adam_s);
     ev.adam_s = std::max(ev.host_adam_s, ev.device_adam_s);
 
     ev.list_bytes = ev.run.list_bytes();
@@ -655,9 +694,9 @@ struct Planner {
       ev.step_s_overlap = ev.step_s_overlap_analytic;
     }
     ev.exposed_host_adam_s = std::max(0.0, ev.step_s_overlap - (ev.step_s - ev.adam_s + ev.device_adam_s));
-    ev.collectives = pstar::workload::predict_collectives(w, chunk_elems, world);
-    ev.collective_link_bytes = ev.collectives.link_bytes(world);
-    ev.collective_s = hw.collective > 0 ? ev.collective_link_bytes / hw.collective : 0.0;
+    if (world > 1)
+      ev.step_s_sharded =
+          ev.run.compute_seconds + ev.device_adam_s + ev.exposed_host_adam_s + ev.collective_s + ev.sharded_copy_s;
     if (args.verbose)
       std::fprintf(stderr,
                    "pstar-plan: dry run %u: %u layers, %.3fB params, chunk %" PRIu64
@@ -827,6 +866,12 @@ Json evaluation_json(const Evaluation& e) {
   j["reduce_scattered_bytes_per_iter"] = e.collectives.reduce_scattered;
   j["collective_link_bytes_per_iter"] = num(e.collective_link_bytes);
   j["collective_s"] = num(e.collective_s);
+  j["sharded_h2d_bytes_per_iter"] = e.sharded_h2d_bytes;
+  j["sharded_d2h_bytes_per_iter"] = e.sharded_d2h_bytes;
+  j["sharded_copy_s"] = num(e.sharded_copy_s);
+  j["sharded_peak_device_bytes"] = e.sharded_peak_device;
+  j["sharded_device_ok"] = e.sharded_device_ok;
+  j["step_s_sharded"] = num(e.step_s_sharded);
   j["compute_s"] = num(e.run.compute_seconds);
   j["wait_s"] = num(it.wait_seconds);
   j["adam_s"] = num(e.adam_s);
@@ -877,7 +922,12 @@ std::vector<std::string> common_assumptions(const Args& a) {
       "process, so bytes moved and the device peak are one rank's with the full model; with sharding over all "
       "ranks each rank's all-gathers and reduce-scatters are predicted from the layout and the drop rule "
       "(collective_s at --collective-bytes-per-s, ring traffic (N-1)/N, serial with the compute as without "
-      "gathering ahead; checked against runs of 2 and 4 ranks)");
+      "gathering ahead), and so are the sharded rank's own PCIe copies (its shard of each gathered chunk to "
+      "the GPU, its fp32 block of each reduce-scatter back: sharded_copy_s at the link's bandwidths, serial) "
+      "and its device peak (sharded_peak_device_bytes: gathered chunks, gradient buffers until their "
+      "reduce-scatter, its staging, activations, placed state and its staging), which must fit too; "
+      "step_s_sharded = compute + device Adam + exposed host Adam + collectives + those copies; the "
+      "collectives, copies and peak checked exactly against runs of 2 and 4 ranks (Gloo)");
   std::snprintf(buf, sizeof buf,
                 "host per node = ranks x (share of the four chunk lists (14 B/param with a 2-byte dtype, over all "
                 "%u ranks, as the engine's ZeRO sharding, ZeRO and PatrickStar divide them) + the "
@@ -925,9 +975,9 @@ std::vector<std::string> common_assumptions(const Args& a) {
 
 std::vector<std::string> not_modelled() {
   return {
-      "a sharded rank's own PCIe traffic (the dry run's is that of a rank holding the whole model; a sharded "
-      "rank copies 1/N of each gathered chunk to its GPU: an upper bound), gathered chunks evicted under a "
-      "tight capacity (they would be fetched instead of all-gathered again), and the bandwidth NCCL achieves",
+      "gathered chunks evicted under a tight capacity (a sharded rank's copies and device peak are predicted "
+      "for a device that holds what is in flight; an evicted chunk would be fetched instead of all-gathered "
+      "again), gathering ahead (its slots, and copies issued before the use), and the bandwidth NCCL achieves",
       "sharing of a PCIe switch or of host memory bandwidth between copies and the Adam pass",
       "allocator fragmentation on the device (the reserve stands for it)",
       "kernel efficiency of small or element-wise operations (a fixed sustained FLOP/s)",
@@ -972,6 +1022,13 @@ void print_evaluation(const char* title, const Evaluation& e, const Hardware& hw
         "%.2f GB over each GPU's link, %.3f s\n",
         hw.world(), e.collectives.gathers, e.collectives.all_gathered / 1e9, e.collectives.reductions,
         e.collectives.reduce_scattered / 1e9, e.collective_link_bytes / 1e9, e.collective_s);
+  if (e.collectives.gathers > 0)
+    std::printf(
+        "  a sharded rank: %.2f GB of shards to its GPU and %.2f GB of gradient blocks back (%.3f s), device peak "
+        "%s (%s), step %.3f s\n",
+        e.sharded_h2d_bytes / 1e9, e.sharded_d2h_bytes / 1e9, e.sharded_copy_s,
+        fmt_bytes(double(e.sharded_peak_device)).c_str(), e.sharded_device_ok ? "fits" : "over capacity",
+        e.step_s_sharded);
   std::printf("  device peak %s of %s (activations up to %s)",
               fmt_bytes(double(e.run.final_stats.peak_device_bytes)).c_str(),
               fmt_bytes(double(e.device_capacity)).c_str(), fmt_bytes(double(e.run.peak_nonmodel_reported)).c_str());
@@ -1295,6 +1352,9 @@ int run(int argc, char** argv) {
     o["step_s_overlap_analytic"] = top ? num(top->step_s_overlap_analytic) : Json(nullptr);
     o["collective_s"] = top ? num(top->collective_s) : Json(nullptr);
     o["step_s_overlap_with_collectives"] = top ? num(top->step_s_overlap + top->collective_s) : Json(nullptr);
+    o["step_s_sharded"] = top && top->step_s_sharded > 0 ? num(top->step_s_sharded) : Json(nullptr);
+    o["sharded_peak_device_bytes"] = top ? top->sharded_peak_device : 0;
+    o["sharded_device_ok"] = top ? top->sharded_device_ok : false;
     o["peak_device_bytes"] = top ? top->run.final_stats.peak_device_bytes : 0;
     o["host_needed_per_node_bytes"] = top ? top->host_per_node : 0;
     o["optimizer_device_bytes_per_rank"] = top ? top->opt_device_per_rank : 0;

@@ -1,6 +1,7 @@
 // Predicted collectives of a sharded rank (collectives.h).
 #include "collectives.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "chunk_packing.h"
@@ -16,6 +17,8 @@ CollectiveBytes predict_collectives(const Workload& w, uint64_t chunk_elems, uin
   const std::vector<uint32_t>& params_in = packing.params_in;
   const size_t chunks = elems.size();
   const uint64_t dtype = w.shape.dtype_bytes;
+  std::vector<std::vector<uint32_t>> params_of(chunks);
+  for (uint32_t p = 0; p < w.params.size(); ++p) params_of[chunk_of[p]].push_back(p);
   // The drop rule's counts (dist/drop_rule.h), from an iteration's start.
   std::vector<bool> gathered(chunks, false);
   std::vector<uint32_t> refs(chunks, 0), open_backward(chunks, 0);
@@ -23,14 +26,43 @@ CollectiveBytes predict_collectives(const Workload& w, uint64_t chunk_elems, uin
   std::vector<uint8_t> released(w.params.size(), 0);  // bit 0 FORWARD, bit 1 RECOMPUTE
   std::vector<uint32_t> fwd_uses(w.params.size(), 0), bwd_uses(w.params.size(), 0);
   std::vector<bool> pending(chunks, false);
+  // The device: gathered chunks' bytes, live fp32 gradient buffers (per
+  // parameter and per chunk), the use's non-model report.
+  uint64_t gathered_bytes = 0, grad_bytes = 0, nonmodel = 0;
+  std::vector<bool> has_buffer(w.params.size(), false);
+  std::vector<uint64_t> chunk_grad_bytes(chunks, 0);
+  auto note_peak = [&](uint64_t staging) {
+    const uint64_t now = gathered_bytes + grad_bytes + nonmodel;
+    out.peak_device_bytes_host_comm = std::max(out.peak_device_bytes_host_comm, now);
+    out.peak_device_bytes_device_comm = std::max(out.peak_device_bytes_device_comm, now + staging);
+  };
+  // Chunk k's reduce-scatter: its gradient buffers go to the host or through
+  // the device staging (the chunk's fp32 size plus one block), then go.
+  auto reduce = [&](size_t k) {
+    out.reduce_scattered += elems[k] * sizeof(float);
+    ++out.reductions;
+    out.grad_bytes_to_host_staging += chunk_grad_bytes[k];
+    note_peak((elems[k] + elems[k] / world) * sizeof(float));
+    grad_bytes -= chunk_grad_bytes[k];
+    chunk_grad_bytes[k] = 0;
+    pending[k] = false;
+  };
   for (const Use& u : w.schedule) {
+    nonmodel = u.nonmodel_bytes;
     for (uint32_t p : u.params) {
       const uint32_t k = chunk_of[p];
       if (!gathered[k]) {
         gathered[k] = true;
+        gathered_bytes += elems[k] * dtype;
         out.all_gathered += elems[k] * dtype;
         ++out.gathers;
       }
+      if (u.stage == Stage::Backward && !has_buffer[p]) {
+        has_buffer[p] = true;
+        grad_bytes += w.params[p].numel * sizeof(float);
+        chunk_grad_bytes[k] += w.params[p].numel * sizeof(float);
+      }
+      note_peak(0);
       ++refs[k];
       const bool was_open = bwd_uses[p] != fwd_uses[p];
       if (u.stage == Stage::Forward) ++fwd_uses[p];
@@ -46,9 +78,8 @@ CollectiveBytes predict_collectives(const Workload& w, uint64_t chunk_elems, uin
       if (u.stage == Stage::Backward) {
         drop = refs[k] == 0 && open_backward[k] == 0;
         if (drop && pending[k]) {
-          out.reduce_scattered += elems[k] * sizeof(float);
-          ++out.reductions;
-          pending[k] = false;
+          reduce(k);
+          for (uint32_t q : params_of[k]) has_buffer[q] = false;
         }
       } else {
         const uint8_t bit = u.stage == Stage::Recompute ? 2 : 1;
@@ -59,16 +90,17 @@ CollectiveBytes predict_collectives(const Workload& w, uint64_t chunk_elems, uin
         }
         drop = refs[k] == 0 && unreleased[k] == 0;
       }
-      if (drop) gathered[k] = false;
+      if (drop) {
+        gathered[k] = false;
+        gathered_bytes -= elems[k] * dtype;
+      }
     }
   }
+  nonmodel = 0;  // the replay reports none at the step
   // Chunks whose gradients are still pending are reduce-scattered at the
   // step.
   for (size_t k = 0; k < chunks; ++k) {
-    if (pending[k]) {
-      out.reduce_scattered += elems[k] * sizeof(float);
-      ++out.reductions;
-    }
+    if (pending[k]) reduce(k);
   }
   return out;
 }

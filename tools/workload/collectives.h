@@ -7,6 +7,18 @@
 // BACKWARD once all its gradients are final, which also reduce-scatters
 // them).  Assumes no gathered chunk is evicted (an unlimited device): an
 // eviction would replace a later all-gather by a fetch from the host.
+//
+// With it, a sharded rank's own PCIe traffic and device peak: a gather
+// copies the rank's shard of the chunk to the device before the collective
+// fills the rest; a reduce-scatter copies the rank's fp32 block of the sum
+// to the host (a communicator that reduces device memory: NCCL), or the
+// chunk's fp32 gradient buffers to host staging (one that reduces host
+// memory: Gloo on the emulated device).  The device holds the gathered
+// chunks, each parameter's fp32 gradient buffer from its first backward
+// acquire until its chunk's reduce-scatter, the use's reported non-model
+// bytes and, with NCCL, the reduce-scatter's staging (the chunk's fp32 size
+// plus one block) while it runs.  No hybrid placement (placed state comes
+// on top) and no gathering ahead (its slots come on top).
 #pragma once
 
 #include <cstdint>
@@ -23,6 +35,19 @@ struct CollectiveBytes {
   uint64_t reduce_scattered = 0;
   uint32_t gathers = 0;
   uint32_t reductions = 0;
+  // Host-memory communicator: the fp32 gradient bytes its reduce-scatters
+  // copied to host staging (pstar_x_gather_stats.bytes_reduce_device_to_host).
+  uint64_t grad_bytes_to_host_staging = 0;
+  // The device's peak over the iteration (pstar_stats.peak_device_bytes of
+  // an unlimited device without hybrid placement), with a host-memory and
+  // with a device-memory communicator.
+  uint64_t peak_device_bytes_host_comm = 0;
+  uint64_t peak_device_bytes_device_comm = 0;
+  // What one rank copies over PCIe (pstar_x_gather_stats'
+  // bytes_shard_host_to_device and, with NCCL, bytes_reduce_device_to_host):
+  // its 1/N shard of every gathered chunk, its 1/N block of every sum.
+  uint64_t shard_bytes_to_device(uint32_t world) const { return world == 0 ? 0 : all_gathered / world; }
+  uint64_t reduced_bytes_to_host(uint32_t world) const { return world == 0 ? 0 : reduce_scattered / world; }
   // What one rank sends (and receives) over its link for them in a ring:
   // (N - 1) / N of each.
   double link_bytes(uint32_t world) const {

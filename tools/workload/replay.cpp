@@ -124,6 +124,8 @@ ReplayResult replay(const Workload& w, const ReplayConfig& cfg) {
       r.iterations_done = it + 1;
     }
     r.final_stats = stats_of(e);
+    check(pstar_x_gather_stats_init(&r.gather), "pstar_x_gather_stats_init");
+    check(pstar_x_gather_get_stats(e, &r.gather), "pstar_x_gather_get_stats");
     if (cfg.use_nvme) {
       check(pstar_x_nvme_stats_init(&r.nvme), "pstar_x_nvme_stats_init");
       check(pstar_x_nvme_get_stats(e, &r.nvme), "pstar_x_nvme_get_stats");

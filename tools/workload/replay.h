@@ -67,10 +67,11 @@ struct ReplayResult {
   std::string failed_call;
   std::string message;
   uint32_t iterations_done = 0;
-  pstar_stats built;             // right after pstar_engine_build
-  pstar_stats final_stats;       // at the end (or at the failure)
-  IterationFigures last;         // the last completed iteration
-  double compute_seconds = 0.0;  // per iteration: sum of flops / flops_per_s
+  pstar_stats built;              // right after pstar_engine_build
+  pstar_stats final_stats;        // at the end (or at the failure)
+  pstar_x_gather_stats gather{};  // at the end of a run that completed (experimental API)
+  IterationFigures last;          // the last completed iteration
+  double compute_seconds = 0.0;   // per iteration: sum of flops / flops_per_s
   uint64_t peak_nonmodel_reported = 0;
   pstar_x_nvme_stats nvme{};  // at the end, with use_nvme
 

@@ -1008,7 +1008,7 @@ PSTAR_API pstar_status pstar_x_nvme_get_stats(pstar_engine *engine, pstar_x_nvme
 PSTAR_API pstar_status pstar_x_engine_set_gather_ahead(pstar_engine *engine, uint32_t chunks);
 
 /** Current version of pstar_x_gather_stats. */
-#define PSTAR_X_GATHER_STATS_VERSION 1
+#define PSTAR_X_GATHER_STATS_VERSION 2
 
 /** Experimental: what gathering ahead did since the engine was built. */
 typedef struct pstar_x_gather_stats {
@@ -1038,6 +1038,20 @@ typedef struct pstar_x_gather_stats {
   uint64_t schedule_fallbacks;
   /** Seconds acquires waited for ahead gathers, summed. */
   double wait_seconds;
+
+  /* Version 2 */
+  /** Bytes the all-gathers of chunks copied host to accelerator: this
+   *  rank's own shard of each gathered chunk, before the collective fills
+   *  the other blocks (1/world_size of the gathers' bytes_all_gathered).
+   *  Not in pstar_stats.bytes_host_to_device, which counts placement's
+   *  moves. */
+  uint64_t bytes_shard_host_to_device;
+  /** Bytes the gradients' reduce-scatters copied accelerator to host: this
+   *  rank's fp32 block of each sum with a communicator that reduces device
+   *  memory (NCCL), the chunk's fp32 gradient buffers laid out in host
+   *  staging with one that reduces host memory (Gloo).  Not in
+   *  pstar_stats.bytes_device_to_host. */
+  uint64_t bytes_reduce_device_to_host;
 } pstar_x_gather_stats;
 
 /** Experimental: sets *stats's size and version and zeroes the rest. */
