@@ -25,7 +25,9 @@
 // nvme_step_s says how close it gets to the larger of the two bounds.
 // (4) Then (2) again with the synchronous step
 // (pstar_x_engine_set_overlap_step(e, 0)), the drive measured before each
-// of its steps too: bound_fraction_sync, nvme_step_s_sync.
+// of its steps too: bound_fraction_sync, nvme_step_s_sync.  --sync-first
+// runs (4) before (2), to tell the step's mode from the order (the drive,
+// and its cache, may be in another state for the engine that runs second).
 #define PSTAR_EXPERIMENTAL_API 1
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -56,6 +58,7 @@ struct NvmeOptions {
   double elements = 33554432;  // 8 chunks of the default size
   double chunk_elems = 4194304;
   int reps = 5;
+  bool sync_first = false;  // the synchronous engine (4) before the overlapped one (2)
   double disk_bytes = 268435456;
   uint32_t staging_buffers = 0;  // 0: the engine's default
   uint32_t max_inflight = 0;
@@ -183,15 +186,27 @@ int run_nvme(const NvmeOptions& o) {
     const uint64_t per_param = chunk;
     const uint64_t disk = static_cast<uint64_t>(o.disk_bytes);
     const StepTimes host = time_steps(o, "", params, per_param, [] {});
-    std::vector<DiskBandwidth> disks;
-    const StepTimes nvme =
-        time_steps(o, dir, params, per_param, [&] { disks.push_back(measure_disk_bandwidth(dir, disk, 4u << 20, 8)); });
+    std::vector<DiskBandwidth> disks, disks_sync;
+    StepTimes nvme, nvme_sync;
+    auto run_overlapped = [&] {
+      nvme = time_steps(o, dir, params, per_param,
+                        [&] { disks.push_back(measure_disk_bandwidth(dir, disk, 4u << 20, 8)); });
+    };
     // (4) The same as (2) with the synchronous step, the drive measured
     // before each of its steps too: the overlapped step's cost or gain
     // against the drive, each fraction against its own rep's bound.
-    std::vector<DiskBandwidth> disks_sync;
-    const StepTimes nvme_sync = time_steps(
-        o, dir, params, per_param, [&] { disks_sync.push_back(measure_disk_bandwidth(dir, disk, 4u << 20, 8)); }, true);
+    auto run_synchronous = [&] {
+      nvme_sync = time_steps(
+          o, dir, params, per_param, [&] { disks_sync.push_back(measure_disk_bandwidth(dir, disk, 4u << 20, 8)); },
+          true);
+    };
+    if (o.sync_first) {
+      run_synchronous();
+      run_overlapped();
+    } else {
+      run_overlapped();
+      run_synchronous();
+    }
     const double state_bytes = static_cast<double>(nvme.nvme.bytes_on_nvme);
     // The state read once and written once at a rep's measured speeds.
     auto disk_bound = [&](const DiskBandwidth& d) {
@@ -234,6 +249,7 @@ int run_nvme(const NvmeOptions& o) {
                           {"bound_fraction_sync", bound_fraction_sync},
                           {"bound_fraction_sync_runs", fractions_sync},
                           {"nvme_step_s_sync", nvme_sync.median_s},
+                          {"sync_first", o.sync_first},
                           {"update_bound_fraction", update_bound_fraction},
                           {"ratio_vs_host", ratio},
                           {"peak_host_bytes_nvme", nvme.peak_host_bytes},
@@ -276,6 +292,7 @@ CLI::App* add_nvme_subcommand(CLI::App& app, std::function<int()>* run) {
   c->add_option("--elements", o->elements, "trainable elements (one parameter per chunk)")->capture_default_str();
   c->add_option("--chunk-elems", o->chunk_elems, "elements per chunk")->capture_default_str();
   c->add_option("--reps", o->reps, "timed steps (after one warm-up step; median reported)")->capture_default_str();
+  c->add_flag("--sync-first", o->sync_first, "run the synchronous engine before the overlapped one (order check)");
   c->add_option("--disk-bytes", o->disk_bytes, "bytes written and read by each disk measurement")
       ->capture_default_str();
   c->add_option("--staging-buffers", o->staging_buffers, "the step's ring of staging buffers (0: default)");
