@@ -444,6 +444,7 @@ struct Evaluation {
   uint64_t sharded_d2h_bytes = 0;
   double sharded_copy_s = 0;
   uint64_t sharded_peak_device = 0;
+  pstar::workload::ShardedPlacement sharded_placement;  // world > 1: the rank's hybrid placement
   bool sharded_device_ok = false;
   double step_s_sharded = 0;
   // With the NVMe tier (evaluate_nvme): the optimizer state the engine put
@@ -453,7 +454,7 @@ struct Evaluation {
   double drive_s = 0;
 
   // With world > 1 the sharded rank must fit its device too (its peak is
-  // predicted, not dry-run; the one-rank dry run's fit decides placement).
+  // predicted, not dry-run; so is what it places: sharded_placement).
   bool fits() const { return device_ok && host_ok && (collectives.gathers == 0 || sharded_device_ok); }
   bool fits_after_placement() const { return device_ok && host_ok_after; }
   bool fits_with_margin() const { return device_ok && host_ok_margin; }
@@ -626,19 +627,17 @@ struct Planner {
       ev.sharded_h2d_bytes = ev.collectives.shard_bytes_to_device(world);
       ev.sharded_d2h_bytes = ev.collectives.reduced_bytes_to_host(world);
       ev.sharded_copy_s = double(ev.sharded_h2d_bytes) / hw.h2d + double(ev.sharded_d2h_bytes) / hw.d2h;
-      // The rank places state of its share only where its own device has
-      // room beside its peak (the engine never places above capacity):
-      // whole chunk shards, each element 12 bytes of master, m and v plus
-      // the staging region of its weights (the compute dtype).
+      // The rank's own hybrid placement (placement/hybrid.h), which it
+      // decides alone from its warm-up's need peak, not the one-process dry
+      // run's: predicted from the layout and the drop rule, as the engine
+      // chooses (checked against runs of 2 and 4 ranks by
+      // test_plan_collectives).  Its share bounds it.
       const uint64_t peak = ev.collectives.peak_device_bytes_device_comm;
-      const uint64_t room = ev.device_capacity > peak ? ev.device_capacity - peak : 0;
-      const uint64_t shard_elems = chunk_elems / world;
-      constexpr uint64_t kStateBytesPerElem = 12;  // fp32 master, m, v
-      const uint64_t per_shard = shard_elems * (kStateBytesPerElem + w.shape.dtype_bytes);
-      const uint64_t fit = per_shard == 0 ? 0 : room / per_shard * shard_elems * kStateBytesPerElem;
-      ev.opt_device_per_rank = std::min(ev.opt_device_per_rank, fit);
-      ev.sharded_peak_device =
-          peak + ev.opt_device_per_rank + ev.opt_device_per_rank / kStateBytesPerElem * w.shape.dtype_bytes;
+      if (hybrid)
+        ev.sharded_placement = pstar::workload::predict_sharded_placement(ev.collectives, ev.device_capacity,
+                                                                          /*device_comm=*/true, w.shape.dtype_bytes);
+      ev.opt_device_per_rank = std::min(ev.sharded_placement.list_bytes, ev.opt_share_per_rank);
+      ev.sharded_peak_device = peak + ev.sharded_placement.state_bytes;
       ev.sharded_device_ok = peak <= ev.device_capacity;
     }
     adam_times(ev.opt_device_per_rank, &ev.host_adam_s, &ev.device_adam_s);
@@ -709,6 +708,14 @@ struct Planner {
                    ev.opt_chunks_on_device, ev.opt_chunks, ev.host_per_node / kGiB, hw.host_mem / kGiB,
                    ev.host_per_node_after / kGiB, ev.run.last.bytes_moved() / 1e9, ev.step_s, ev.step_s_overlap,
                    ev.overlap_on_clock ? "clock" : "analytic", ev.step_s_overlap_analytic);
+    if (args.verbose && world > 1)
+      std::fprintf(stderr,
+                   "pstar-plan:   sharded rank: need peak %.2f GiB, gathered peak %.2f GiB, streaming reserve %.2f "
+                   "GiB, margin %.2f GiB, %u chunks' shards placed (%.2f GiB)\n",
+                   ev.collectives.need_peak_bytes_device_comm / kGiB,
+                   ev.collectives.peak_device_bytes_device_comm / kGiB, 2.0 * ev.collectives.largest_chunk_bytes / kGiB,
+                   ev.sharded_placement.margin / kGiB, ev.sharded_placement.chunks,
+                   ev.sharded_placement.state_bytes / kGiB);
     return cache.emplace(key, std::move(ev)).first->second;
   }
 
@@ -871,6 +878,9 @@ Json evaluation_json(const Evaluation& e) {
   j["sharded_copy_s"] = num(e.sharded_copy_s);
   j["sharded_peak_device_bytes"] = e.sharded_peak_device;
   j["sharded_device_ok"] = e.sharded_device_ok;
+  j["sharded_need_peak_bytes"] = e.collectives.need_peak_bytes_device_comm;
+  j["sharded_placed_chunks"] = e.sharded_placement.chunks;
+  j["sharded_placed_state_bytes"] = e.sharded_placement.state_bytes;
   j["step_s_sharded"] = num(e.step_s_sharded);
   j["compute_s"] = num(e.run.compute_seconds);
   j["wait_s"] = num(it.wait_seconds);
@@ -1027,8 +1037,23 @@ void print_evaluation(const char* title, const Evaluation& e, const Hardware& hw
         "  a sharded rank: %.2f GB of shards to its GPU and %.2f GB of gradient blocks back (%.3f s), device peak "
         "%s (%s), step %.3f s\n",
         e.sharded_h2d_bytes / 1e9, e.sharded_d2h_bytes / 1e9, e.sharded_copy_s,
-        fmt_bytes(double(e.sharded_peak_device)).c_str(), e.sharded_device_ok ? "fits" : "over capacity",
+        fmt_bytes(double(e.sharded_peak_device)).c_str(),
+        !e.sharded_device_ok ? "over capacity"
+        : e.sharded_peak_device <= e.device_capacity
+            ? "fits"
+            : ("over capacity by " + fmt_bytes(double(e.sharded_peak_device - e.device_capacity)) +
+               ": the engine evicts gathered chunks kept between uses to "
+               "the host and back, moves not modelled")
+                  .c_str(),
         e.step_s_sharded);
+  if (e.collectives.gathers > 0 && e.hybrid)
+    std::printf(
+        "  a sharded rank's hybrid placement: its shards of %u chunks' state (%s), in a margin of %s above "
+        "its need peak of %s and a streaming reserve of %s\n",
+        e.sharded_placement.chunks, fmt_bytes(double(e.sharded_placement.state_bytes)).c_str(),
+        fmt_bytes(double(e.sharded_placement.margin)).c_str(),
+        fmt_bytes(double(e.collectives.need_peak_bytes_device_comm)).c_str(),
+        fmt_bytes(2.0 * double(e.collectives.largest_chunk_bytes)).c_str());
   std::printf("  device peak %s of %s (activations up to %s)",
               fmt_bytes(double(e.run.final_stats.peak_device_bytes)).c_str(),
               fmt_bytes(double(e.device_capacity)).c_str(), fmt_bytes(double(e.run.peak_nonmodel_reported)).c_str());

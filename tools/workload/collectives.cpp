@@ -28,14 +28,23 @@ CollectiveBytes predict_collectives(const Workload& w, uint64_t chunk_elems, uin
   std::vector<bool> pending(chunks, false);
   // The device: gathered chunks' bytes, live fp32 gradient buffers (per
   // parameter and per chunk), the use's non-model report.
-  uint64_t gathered_bytes = 0, grad_bytes = 0, nonmodel = 0;
+  // Held: the chunks a use holds (acquired, not yet released).
+  uint64_t gathered_bytes = 0, grad_bytes = 0, nonmodel = 0, held_bytes = 0;
   std::vector<bool> has_buffer(w.params.size(), false);
   std::vector<uint64_t> chunk_grad_bytes(chunks, 0);
   auto note_peak = [&](uint64_t staging) {
     const uint64_t now = gathered_bytes + grad_bytes + nonmodel;
     out.peak_device_bytes_host_comm = std::max(out.peak_device_bytes_host_comm, now);
     out.peak_device_bytes_device_comm = std::max(out.peak_device_bytes_device_comm, now + staging);
+    const uint64_t need = held_bytes + grad_bytes + nonmodel;
+    out.need_peak_bytes_host_comm = std::max(out.need_peak_bytes_host_comm, need);
+    out.need_peak_bytes_device_comm = std::max(out.need_peak_bytes_device_comm, need + staging);
   };
+  std::vector<uint64_t> last_use(chunks, 0);  // 1 + the index of the chunk's last use, 0: none
+  uint64_t use_index = 0;
+  for (size_t k = 0; k < chunks; ++k) out.largest_chunk_bytes = std::max(out.largest_chunk_bytes, elems[k] * dtype);
+  out.shard_elems.resize(chunks);
+  for (size_t k = 0; k < chunks; ++k) out.shard_elems[k] = elems[k] / world;
   // Chunk k's reduce-scatter: its gradient buffers go to the host or through
   // the device staging (the chunk's fp32 size plus one block), then go.
   auto reduce = [&](size_t k) {
@@ -49,8 +58,11 @@ CollectiveBytes predict_collectives(const Workload& w, uint64_t chunk_elems, uin
   };
   for (const Use& u : w.schedule) {
     nonmodel = u.nonmodel_bytes;
+    ++use_index;
     for (uint32_t p : u.params) {
       const uint32_t k = chunk_of[p];
+      last_use[k] = use_index;
+      if (refs[k] == 0) held_bytes += elems[k] * dtype;
       if (!gathered[k]) {
         gathered[k] = true;
         gathered_bytes += elems[k] * dtype;
@@ -74,6 +86,7 @@ CollectiveBytes predict_collectives(const Workload& w, uint64_t chunk_elems, uin
     for (uint32_t p : u.params) {
       const uint32_t k = chunk_of[p];
       --refs[k];
+      if (refs[k] == 0) held_bytes -= elems[k] * dtype;
       bool drop = false;
       if (u.stage == Stage::Backward) {
         drop = refs[k] == 0 && open_backward[k] == 0;
@@ -101,6 +114,33 @@ CollectiveBytes predict_collectives(const Workload& w, uint64_t chunk_elems, uin
   // step.
   for (size_t k = 0; k < chunks; ++k) {
     if (pending[k]) reduce(k);
+  }
+  // Used last first; chunks never used keep layout order at the end.
+  for (uint32_t k = 0; k < chunks; ++k) out.placement_order.push_back(k);
+  std::stable_sort(out.placement_order.begin(), out.placement_order.end(),
+                   [&](uint32_t a, uint32_t b) { return last_use[a] > last_use[b]; });
+  return out;
+}
+
+ShardedPlacement predict_sharded_placement(const CollectiveBytes& c, uint64_t capacity_bytes, bool device_comm,
+                                           uint32_t dtype_bytes, bool grad_accumulation) {
+  // placement::HybridPlacement::margin and plan, for a sharded rank.
+  constexpr uint64_t kStreamingChunks = 2;
+  constexpr uint64_t kLists = 3;  // master, m, v
+  ShardedPlacement out;
+  const uint64_t need = (device_comm ? c.need_peak_bytes_device_comm : c.need_peak_bytes_host_comm) +
+                        kStreamingChunks * c.largest_chunk_bytes;
+  out.margin = capacity_bytes > need ? capacity_bytes - need : 0;
+  uint64_t left = out.margin;
+  for (uint32_t k : c.placement_order) {
+    const uint64_t n = c.shard_elems[k];
+    const uint64_t lists = kLists * n * sizeof(float);  // the gradient list stays on the host
+    const uint64_t cost = lists + n * dtype_bytes + (grad_accumulation ? n * sizeof(float) : 0);
+    if (cost > left) continue;
+    left -= cost;
+    ++out.chunks;
+    out.state_bytes += cost;
+    out.list_bytes += kLists * n * sizeof(float);
   }
   return out;
 }

@@ -19,9 +19,17 @@
 // bytes and, with NCCL, the reduce-scatter's staging (the chunk's fp32 size
 // plus one block) while it runs.  No hybrid placement (placed state comes
 // on top) and no gathering ahead (its slots come on top).
+//
+// And the rank's hybrid placement (placement/hybrid.h), which it decides
+// alone from what its warm-up needed: the peak of the device tier's need
+// (memory::DeviceTier::need: the chunks held by a use, not those kept
+// gathered after it, gradient buffers, staging and non-model bytes), a
+// streaming reserve of two chunks, and its trainable chunks' shards of
+// state, used last first, while they fit.
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "gpt_workload.h"
 
@@ -43,6 +51,17 @@ struct CollectiveBytes {
   // with a device-memory communicator.
   uint64_t peak_device_bytes_host_comm = 0;
   uint64_t peak_device_bytes_device_comm = 0;
+  // The peak of the device tier's need over the iteration (what hybrid
+  // placement sizes its margin from), with either communicator.
+  uint64_t need_peak_bytes_host_comm = 0;
+  uint64_t need_peak_bytes_device_comm = 0;
+  // The largest chunk's payload bytes (compute dtype): the streaming
+  // reserve's unit (placement::kStreamingChunks).
+  uint64_t largest_chunk_bytes = 0;
+  // The chunks hybrid placement considers, in its order (used last first;
+  // all of the workload's parameters train), and each one's shard elements.
+  std::vector<uint32_t> placement_order;
+  std::vector<uint64_t> shard_elems;  // per chunk
   // What one rank copies over PCIe (pstar_x_gather_stats'
   // bytes_shard_host_to_device and, with NCCL, bytes_reduce_device_to_host):
   // its 1/N shard of every gathered chunk, its 1/N block of every sum.
@@ -56,5 +75,20 @@ struct CollectiveBytes {
 };
 
 CollectiveBytes predict_collectives(const Workload& w, uint64_t chunk_elems, uint32_t world);
+
+// What a sharded rank's hybrid placement puts on a device of
+// `capacity_bytes` (the placement limit: options' capacity less margin)
+// after warm-up: the chunks chosen, and their buffers' bytes
+// (pstar_stats.optimizer_device_bytes): per chunk its shard's master, m and
+// v in fp32 and a staging region of the compute dtype (and an fp32 gradient
+// with accumulation).
+struct ShardedPlacement {
+  uint32_t chunks = 0;
+  uint64_t state_bytes = 0;  // the buffers' bytes
+  uint64_t list_bytes = 0;   // of which fp32 master, m and v
+  uint64_t margin = 0;       // capacity less the need peak and the streaming reserve
+};
+ShardedPlacement predict_sharded_placement(const CollectiveBytes& c, uint64_t capacity_bytes, bool device_comm,
+                                           uint32_t dtype_bytes, bool grad_accumulation = false);
 
 }  // namespace pstar::workload

@@ -3,7 +3,10 @@
 // C API by 2 and 4 ranks, forked processes on loopback (emulated device,
 // Gloo, unlimited device capacity), two TRAIN iterations each; every rank's
 // bytes_all_gathered and bytes_reduce_scattered must be exactly twice the
-// prediction.  Skipped (exit 77, ctest's SKIP_RETURN_CODE) in a build
+// prediction.  Then the same ranks with hybrid placement on a device of a
+// limited capacity: each rank's placed state (optimizer_chunks_on_device,
+// optimizer_device_bytes) must be the one predict_sharded_placement gives
+// from the predicted need peak.  Skipped (exit 77, ctest's SKIP_RETURN_CODE) in a build
 // without Gloo.
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -53,11 +56,15 @@ struct RankFigures {
   int32_t status;
   uint64_t all_gathered, reduce_scattered;
   uint64_t shard_to_device, reduce_to_host, peak_device;
+  uint32_t opt_chunks_on_device;
+  uint64_t opt_device_bytes;
 };
 
 // Forks `world` ranks, each replaying `w`; returns their figures (status
 // PSTAR_ERR_UNSUPPORTED everywhere: no Gloo in this build).
-std::vector<RankFigures> run_ranks(const Workload& w, uint64_t chunk_elems, uint32_t world) {
+// capacity 0: unlimited, hybrid placement off; else hybrid placement on a
+// device of that capacity (no margin).
+std::vector<RankFigures> run_ranks(const Workload& w, uint64_t chunk_elems, uint32_t world, uint64_t capacity = 0) {
   const std::string port = std::to_string(free_port());
   std::vector<int> fds;
   std::vector<pid_t> pids;
@@ -77,7 +84,9 @@ std::vector<RankFigures> run_ranks(const Workload& w, uint64_t chunk_elems, uint
       cfg.options.rank = int32_t(r);
       cfg.options.world_size = int32_t(world);
       cfg.options.comm_timeout_ms = 30000;
-      cfg.options.hybrid_optimizer = 0;  // the device peak's prediction leaves placed state out
+      cfg.options.hybrid_optimizer = capacity != 0 ? 1 : 0;  // the device peak's prediction leaves placed state out
+      cfg.options.device_capacity_bytes = capacity;
+      cfg.options.device_margin_bytes = 0;
       cfg.iterations = 2;
       const ReplayResult res = replay(w, cfg);
       RankFigures f{int32_t(res.status),
@@ -85,7 +94,9 @@ std::vector<RankFigures> run_ranks(const Workload& w, uint64_t chunk_elems, uint
                     res.final_stats.bytes_reduce_scattered,
                     res.gather.bytes_shard_host_to_device,
                     res.gather.bytes_reduce_device_to_host,
-                    res.final_stats.peak_device_bytes};
+                    res.final_stats.peak_device_bytes,
+                    res.final_stats.optimizer_chunks_on_device,
+                    res.final_stats.optimizer_device_bytes};
       if (!res.ok()) std::fprintf(stderr, "rank %u: %s: %s\n", r, res.failed_call.c_str(), res.message.c_str());
       const ssize_t n = write(p[1], &f, sizeof f);
       _exit(n == ssize_t(sizeof f) ? 0 : 3);
@@ -160,6 +171,34 @@ int main() {
           tag.c_str(), want.gathers, (unsigned long long)want.all_gathered, want.reductions,
           (unsigned long long)want.reduce_scattered, (unsigned long long)want.shard_bytes_to_device(world),
           (unsigned long long)want.grad_bytes_to_host_staging, (unsigned long long)want.peak_device_bytes_host_comm);
+
+      // Hybrid placement: a capacity leaving room, beside the need peak and
+      // the streaming reserve, for the state of about two and a half of
+      // the chunks it takes first (the greedy pass then skips one that does
+      // not fit when the next is smaller).
+      const uint64_t dtype = c.shape.dtype_bytes;
+      uint64_t room = 0;
+      for (size_t i = 0; i < want.placement_order.size() && i < 2; ++i)
+        room += want.shard_elems[want.placement_order[i]] * (12 + dtype);
+      if (want.placement_order.size() > 2) room += want.shard_elems[want.placement_order[2]] * (12 + dtype) / 2;
+      const uint64_t capacity = want.need_peak_bytes_host_comm + 2 * want.largest_chunk_bytes + room;
+      const ShardedPlacement placed = predict_sharded_placement(want, capacity, false, uint32_t(dtype));
+      const std::vector<RankFigures> hy = run_ranks(w, c.chunk_elems, world, capacity);
+      for (uint32_t r = 0; r < world; ++r) {
+        const std::string rt = tag + ", hybrid, capacity " + std::to_string(capacity) + ", rank " + std::to_string(r);
+        if (hy[r].status != PSTAR_OK) {
+          std::fprintf(stderr, "FAIL: %s: status %d\n", rt.c_str(), hy[r].status);
+          ++failures;
+          continue;
+        }
+        expect_eq(hy[r].opt_chunks_on_device, placed.chunks, rt + ": chunks placed");
+        expect_eq(hy[r].opt_device_bytes, placed.state_bytes, rt + ": placed state bytes");
+      }
+      std::printf(
+          "%s: hybrid placement on %llu bytes: need peak %llu, margin %llu, %u chunks' shards placed (%llu "
+          "bytes), as predicted\n",
+          tag.c_str(), (unsigned long long)capacity, (unsigned long long)want.need_peak_bytes_host_comm,
+          (unsigned long long)placed.margin, placed.chunks, (unsigned long long)placed.state_bytes);
     }
   }
   if (skipped && failures == 0) {
