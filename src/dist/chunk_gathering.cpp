@@ -50,8 +50,12 @@ void ChunkGathering::release() {
 void* ChunkGathering::place_own_shard(uint32_t k, void* full) {
   const uint64_t shard_bytes = shards_.shard_bytes(k);
   void* mine = static_cast<char*>(full) + static_cast<size_t>(group_->rank()) * shard_bytes;
-  device_->copy_sync(mine, shards_.shard(k), shard_bytes, memory::CopyKind::kHostToDevice);
-  bytes_shard_to_device_ += shard_bytes;
+  if (shards_.on_device && shards_.on_device(k)) {
+    device_->copy_sync(mine, shards_.shard(k), shard_bytes, memory::CopyKind::kDeviceToDevice);
+  } else {
+    device_->copy_sync(mine, shards_.shard(k), shard_bytes, memory::CopyKind::kHostToDevice);
+    bytes_shard_to_device_ += shard_bytes;
+  }
   return mine;
 }
 

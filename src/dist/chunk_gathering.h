@@ -39,12 +39,15 @@ namespace pstar::dist {
 
 class ChunkGathering {
  public:
-  // This rank's compute shard of chunk k, on the host, and its bytes.
+  // This rank's compute shard of chunk k, its bytes, and where it is.
   struct Shards {
     // This rank's shard of chunk k, ready to be read (with an overlapped
     // step, once the shard's update is done: the call may wait for it).
     std::function<const void*(uint32_t k)> shard;
     std::function<uint64_t(uint32_t k)> shard_bytes;
+    // True when the shard is on the device (hybrid placement keeps a
+    // placed chunk's compute shard in its device buffer), false on the host.
+    std::function<bool(uint32_t k)> on_device;
   };
 
   ChunkGathering(ProcessGroup* group, ReduceScatter* reduce);

@@ -99,7 +99,8 @@ Engine::Engine(const EngineOptions& options, std::unique_ptr<dist::Communicator>
                                                    step_->before_acquire(k);  // its overlapped update
                                                    return chunks_[k].shard;
                                                  },
-                                                 [this](uint32_t k) { return chunks_[k].shard_elems * elem_bytes(); }});
+                                                 [this](uint32_t k) { return chunks_[k].shard_elems * elem_bytes(); },
+                                                 [this](uint32_t k) { return hybrid_->shard_on_device(k); }});
   placement_->set_release_staging([this] { return reduce_.release_oldest_stage(); });
   connect_group();
   log::debug("engine created on " + device_->name());
@@ -131,8 +132,10 @@ Engine::~Engine() {
       } else if (c.tier == Tier::kHost) {
         host_->release(c.host, c.bytes);
       }
-      host_->release(c.shard, c.shard_elems * elem_bytes());
-      hybrid_->release(static_cast<uint32_t>(i));  // the lists on the device; the others are the host's
+      // The lists on the device (and a sharded compute shard: it is in the
+      // buffer); the others are the host's.
+      if (!hybrid_->shard_on_device(static_cast<uint32_t>(i))) host_->release(c.shard, c.shard_elems * elem_bytes());
+      hybrid_->release(static_cast<uint32_t>(i));
       release_optimizer_buffers(c, c.shard_elems * sizeof(float));
     }
   }

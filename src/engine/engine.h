@@ -188,6 +188,7 @@ class Engine : private placement::HybridTable {
   chunk::Chunk& chunk_at(uint32_t k) override { return chunks_[k]; }
   chunk::Fp32Lists& lists_at(uint32_t k) override { return chunks_[k]; }
   uint64_t list_elems(uint32_t k) const override { return chunks_[k].shard_elems; }
+  void** compute_shard(uint32_t k) override { return sharded() ? &chunks_[k].shard : nullptr; }
 
   void reset_iteration_state(chunk::TensorEvent ev);
   void count_gradients_to_come();

@@ -83,13 +83,14 @@ std::string DeviceTier::describe() const {
 }
 
 void DeviceTier::check() {
-  need_peak_ = std::max(need_peak_, need());
   uint64_t sum = 0;
   for (uint64_t b : bytes_) sum += b;
   if (sum != used_) {
     internal_error("device tier: " + std::to_string(used_) + " bytes used but its uses add up to " +
                    std::to_string(sum) + " (" + describe() + ")");
   }
+  need_peak_ = std::max(need_peak_, need());
+  resident_peak_ = std::max(resident_peak_, resident());
 }
 
 }  // namespace pstar::memory

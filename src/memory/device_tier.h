@@ -68,20 +68,31 @@ class DeviceTier {
   // chunk cache left free.
   uint64_t need() const;
   uint64_t need_peak() const { return need_peak_; }
-  void reset_need_peak() { need_peak_ = need(); }
+  // What the device holds beside placed state (kOptimizer) and deferred
+  // frees: the need and the chunks resident without being held (a chunk
+  // cache; with sharding, gathered chunks kept between uses), at its peak
+  // since the last reset.
+  uint64_t resident() const { return used_ - bytes(Use::kOptimizer) - bytes(Use::kDeferred); }
+  uint64_t resident_peak() const { return resident_peak_; }
+  // Both peaks start again from now.
+  void reset_need_peak() {
+    need_peak_ = need();
+    resident_peak_ = resident();
+  }
 
   // "chunks N bytes, gradient buffers N bytes, ..." for error messages.
   std::string describe() const;
 
  private:
   static int index(Use u) { return static_cast<int>(u); }
-  void check();  // also keeps need_peak_
+  void check();  // also keeps need_peak_ and resident_peak_
 
   uint64_t capacity_;
   uint64_t used_ = 0;                    // invariant: sum of bytes_
   std::array<uint64_t, kUses> bytes_{};  // per Use
   uint64_t held_ = 0;                    // held chunks' payload bytes (Runtime::hold)
   uint64_t need_peak_ = 0;               // the peak of need() since reset_need_peak()
+  uint64_t resident_peak_ = 0;           // the peak of resident() since reset_need_peak()
 };
 
 }  // namespace pstar::memory

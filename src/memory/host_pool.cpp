@@ -37,6 +37,16 @@ void HostPool::drop_cached(size_t keep_size) {
   }
 }
 
+void HostPool::trim(size_t bytes) {
+  auto it = free_.find(bytes);
+  if (it == free_.end()) return;
+  for (void* p : it->second) {
+    device_->deallocate_host(p, bytes);
+    held_ -= bytes;
+  }
+  free_.erase(it);
+}
+
 void* HostPool::acquire(size_t bytes) {
   auto it = free_.find(bytes);
   if (it != free_.end() && !it->second.empty()) {

@@ -33,6 +33,11 @@ class HostPool {
 
   // True if `bytes` more could be obtained now (reusing or dropping cache).
   bool can_acquire(size_t bytes) const;
+  // Gives the cached buffers of exactly `bytes` back to the device's host
+  // allocator: buffers of a size nothing will ask for again soon (a
+  // sharded rank's compute shards that hybrid placement moved to the
+  // device), which would otherwise stay held with no capacity to press.
+  void trim(size_t bytes);
 
   uint64_t capacity() const { return capacity_; }
   uint64_t held_bytes() const { return held_; }      // in use + cached

@@ -37,6 +37,15 @@ void HybridPlacement::step_begins(const Plan& p) {
     memory::Stream* s = device_->h2d_stream();
     runtime_->host_wait(s, device_->record(s));
     runtime_->reclaim_deferred(false);
+    // With world > 1 the compute shards they leave are of a size nothing
+    // else takes from the pool: they go for good.
+    if (sharded_) {
+      std::vector<uint64_t> sizes;
+      for (uint32_t k : p.in) sizes.push_back(chunks_->list_elems(k) * options_.elem_bytes);
+      std::sort(sizes.begin(), sizes.end());
+      sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
+      for (uint64_t b : sizes) runtime_->trim_host_cache(b);
+    }
   }
   const memory::DeviceTier& tier = runtime_->tier();
   if (!p.empty()) {
@@ -44,7 +53,8 @@ void HybridPlacement::step_begins(const Plan& p) {
               std::to_string(p.in.size()) + " in, " + std::to_string(p.out.size()) + " out; " +
               bytes_str(tier.bytes(Use::kOptimizer)) +
               (tier.limited()
-                   ? " in a margin of " + bytes_str(p.margin) + " above a need peak of " + bytes_str(tier.need_peak())
+                   ? " in a margin of " + bytes_str(p.margin) + " above a need peak of " + bytes_str(tier.need_peak()) +
+                         (sharded_ ? " and a resident peak of " + bytes_str(tier.resident_peak()) : std::string())
                    : std::string()) +
               ")");
   }
@@ -59,7 +69,7 @@ HybridPlacement::Plan HybridPlacement::step_plan() const {
 uint64_t HybridPlacement::state_bytes(uint32_t k) const {
   const uint64_t lists = device_lists() * list_bytes(k);
   if (!sharded_) return lists;
-  // The staging region: the slot, and the fp32 gradient with accumulation.
+  // The compute slot, and the fp32 gradient's staging with accumulation.
   const uint64_t n = chunks_->list_elems(k);
   return lists + n * options_.elem_bytes + (options_.grad_accumulation ? n * sizeof(float) : 0);
 }
@@ -83,7 +93,12 @@ uint64_t HybridPlacement::margin() const {
   uint64_t largest_chunk = 0;
   for (uint32_t k = 0; k < chunks_->chunk_count(); ++k)
     largest_chunk = std::max(largest_chunk, chunks_->chunk_at(k).bytes);
-  const uint64_t need = tier.need_peak() + kStreamingChunks * largest_chunk;
+  uint64_t need = tier.need_peak() + kStreamingChunks * largest_chunk;
+  // With sharding nothing streams but gathered chunks, and those the drop
+  // rule keeps gathered between uses stay resident without being held:
+  // where they exceed the reserve, state placed in their room would make
+  // the rank evict them (whole chunks to the host and back) instead.
+  if (sharded_) need = std::max(need, tier.resident_peak());
   return tier.capacity() > need ? tier.capacity() - need : 0;
 }
 
@@ -144,10 +159,23 @@ void HybridPlacement::move(uint32_t k) {
       copied += fp32_bytes;
     }
   }
+  // With world > 1 the compute shard (weights, or the gradient its applied
+  // reduce-scatter left) moves into the slot after the lists, for good.
+  void** shard = sharded_ ? chunks_->compute_shard(k) : nullptr;
+  void* slot = base + slots * (fp32_bytes / sizeof(float));
+  const uint64_t shard_bytes = chunks_->list_elems(k) * options_.elem_bytes;
+  if (shard != nullptr) {
+    device_->copy_async(s, slot, *shard, shard_bytes, memory::CopyKind::kHostToDevice);
+    copied += shard_bytes;
+  }
   const memory::EventPtr done = device_->record(s);
   for (size_t slot = 0; slot < slots; ++slot) {
     if (*lists[slot] != nullptr) runtime_->defer_free_host(done, *lists[slot], fp32_bytes);
     *lists[slot] = base + slot * (fp32_bytes / sizeof(float));
+  }
+  if (shard != nullptr) {
+    runtime_->defer_free_host(done, *shard, shard_bytes);
+    *shard = slot;
   }
   if (!sharded_) c.opt_device = base;
   base_[k] = base;
@@ -175,11 +203,19 @@ void HybridPlacement::move_out(uint32_t k) {
     device_->copy_async(s, host, *list, fp32_bytes, memory::CopyKind::kDeviceToHost);
     *list = host;
   }
+  // With world > 1 the compute shard comes back to the host with them.
+  void** shard = sharded_ ? chunks_->compute_shard(k) : nullptr;
+  const uint64_t shard_bytes = chunks_->list_elems(k) * options_.elem_bytes;
+  if (shard != nullptr) {
+    void* host = runtime_->host_alloc(shard_bytes);
+    device_->copy_async(s, host, *shard, shard_bytes, memory::CopyKind::kDeviceToHost);
+    *shard = host;
+  }
   const memory::EventPtr done = device_->record(s);
   runtime_->host_wait(s, done);
   runtime_->check_ready(done, "optimizer state moved to the host");
   runtime_->defer_free_device(done, base, bytes, Use::kOptimizer);
-  runtime_->count_device_to_host(device_lists() * fp32_bytes);
+  runtime_->count_device_to_host(device_lists() * fp32_bytes + (shard != nullptr ? shard_bytes : 0));
   c.opt_device = nullptr;
   base_[k] = nullptr;
   bytes_[k] = 0;
@@ -203,6 +239,14 @@ void HybridPlacement::read_list(uint32_t k, const float* on_device, float* out, 
 void HybridPlacement::write_list(uint32_t k, float* on_device, const float* in, uint64_t n) {
   sync(k);
   device_->copy_sync(on_device, in, n * sizeof(float), memory::CopyKind::kHostToDevice);
+}
+
+void HybridPlacement::write_shard(uint32_t k, uint64_t offset_elems, const void* in, uint64_t bytes) {
+  if (!shard_on_device(k))
+    internal_error("write_shard: the compute shard of chunk " + std::to_string(k) + " is not on the device");
+  sync(k);
+  void* dst = static_cast<char*>(*chunks_->compute_shard(k)) + offset_elems * options_.elem_bytes;
+  device_->copy_sync(dst, in, bytes, memory::CopyKind::kHostToDevice);
 }
 
 void HybridPlacement::read_gradient(uint32_t k, const float* on_device, float* out, uint64_t n) {
@@ -236,6 +280,7 @@ bool HybridPlacement::release(uint32_t k) {
   chunk::Fp32Lists& l = chunks_->lists_at(k);
   l.master = l.exp_avg = l.exp_avg_sq = nullptr;
   if (device_lists() == 4) l.grad32 = nullptr;
+  if (sharded_) *chunks_->compute_shard(k) = nullptr;  // it was in the buffer
   base_[k] = nullptr;
   bytes_[k] = 0;
   ready_[k] = nullptr;
@@ -256,6 +301,14 @@ HybridPlacement::HostLists::HostLists(HybridPlacement& hybrid, uint32_t k, unsig
       *lists[i] = host;
       hybrid.device_->copy_sync(host, device_[i], bytes, memory::CopyKind::kDeviceToHost);
     }
+    if ((which & kComputeShard) != 0 && hybrid.shard_on_device(k)) {
+      void** shard = hybrid.chunks_->compute_shard(k);
+      const uint64_t shard_bytes = hybrid.chunks_->list_elems(k) * hybrid.options_.elem_bytes;
+      void* host = hybrid.runtime_->host_alloc(shard_bytes);
+      device_shard_ = *shard;
+      *shard = host;
+      hybrid.device_->copy_sync(host, device_shard_, shard_bytes, memory::CopyKind::kDeviceToHost);
+    }
   } catch (...) {
     restore();
     throw;
@@ -269,6 +322,11 @@ void HybridPlacement::HostLists::write_back() {
     if (device_[i] == nullptr) continue;
     hybrid_.device_->copy_sync(device_[i], lists[i], hybrid_.list_bytes(k_), memory::CopyKind::kHostToDevice);
   }
+  if (device_shard_ != nullptr) {
+    hybrid_.device_->copy_sync(device_shard_, *hybrid_.chunks_->compute_shard(k_),
+                               hybrid_.chunks_->list_elems(k_) * hybrid_.options_.elem_bytes,
+                               memory::CopyKind::kHostToDevice);
+  }
 }
 
 HybridPlacement::HostLists::~HostLists() { restore(); }
@@ -281,6 +339,13 @@ void HybridPlacement::HostLists::restore() noexcept {
     hybrid_.runtime_->defer_free_host(memory::EventPtr(), *lists[i], hybrid_.list_bytes(k_));
     *lists[i] = device_[i];
     device_[i] = nullptr;
+  }
+  if (device_shard_ != nullptr) {
+    void** shard = hybrid_.chunks_->compute_shard(k_);
+    hybrid_.runtime_->defer_free_host(memory::EventPtr(), *shard,
+                                      hybrid_.chunks_->list_elems(k_) * hybrid_.options_.elem_bytes);
+    *shard = device_shard_;
+    device_shard_ = nullptr;
   }
 }
 

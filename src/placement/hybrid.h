@@ -19,9 +19,14 @@
 // its own margin, and decides alone (no collective: the ranks' capacities
 // and needs may differ).  A shard's payload is not pinned (gathered chunks
 // follow the gathering's rules), its gradient list stays on the host, and
-// its device buffer holds, after the three lists, a staging region for the
-// update: the shard's compute slot (gradient in, weights out) and, with
-// accumulation, its fp32 gradient.  The buffer is then not the chunk's
+// its device buffer holds, after the three lists, the shard's compute
+// slot and, with accumulation, a staging region for its fp32 gradient.
+// The compute slot is the shard's only copy while the state is there (the
+// rank's compute shard points at it: HybridTable::compute_shard): the
+// gradient goes in once its reduce-scatter is applied, Adam writes the
+// weights there, and the rank's all-gathers copy it on the device, so the
+// host holds no compute shard of a placed chunk and nothing is copied
+// in and out at the step.  The buffer is then not the chunk's
 // Chunk::opt_device (which pins a payload): placed() says where state is.
 //
 // What it owns: the decision (which chunks, in what order, within which
@@ -57,6 +62,10 @@ class HybridTable : public ChunkTable {
   virtual chunk::Fp32Lists& lists_at(uint32_t k) = 0;
   // Elements of each of chunk k's fp32 lists (this rank's shard of them).
   virtual uint64_t list_elems(uint32_t k) const = 0;
+  // world > 1: the pointer to this rank's compute shard of chunk k
+  // (list_elems of the compute dtype), host memory unless hybrid placement
+  // moved it into the chunk's device buffer; null with one process.
+  virtual void** compute_shard(uint32_t k) = 0;
 
  protected:
   ~HybridTable() = default;
@@ -77,13 +86,14 @@ struct HybridOptions {
 class HybridPlacement {
  public:
   // The margin is the capacity less the device tier's need peak and the
-  // streaming reserve; the lists' copies count as the runtime's
-  // host-to-device bytes.
+  // streaming reserve (with world > 1, less the tier's resident peak where
+  // that is more: gathered chunks kept between uses); the lists' copies
+  // count as the runtime's host-to-device bytes.
   HybridPlacement(memory::Device* device, Runtime* runtime, const HybridOptions& options)
       : options_(options), device_(device), runtime_(runtime) {}
 
   // At build, before any other call that names a chunk.  `sharded`: world
-  // > 1 (the lists are shards, the buffers have a staging region; see
+  // > 1 (the lists are shards, the buffers hold the compute shard; see
   // above), known once the engine's group is connected.
   void attach(HybridTable* chunks, const chunk::ChunkLayout* layout, bool sharded = false);
 
@@ -122,11 +132,13 @@ class HybridPlacement {
   uint64_t state_bytes(uint32_t k) const;
   // Whether chunk k's optimizer state is on the device.
   bool placed(uint32_t k) const { return bytes_[k] != 0; }
-  // world > 1, a placed chunk: the staging region of its buffer, the
-  // shard's compute slot (list_elems of the compute dtype) and, with
-  // accumulation, its fp32 gradient (null without).
+  // world > 1, a placed chunk: the shard's compute slot in its buffer
+  // (list_elems of the compute dtype; the compute shard itself) and, with
+  // accumulation, the staging region of its fp32 gradient (null without).
   void* slot_staging(uint32_t k) const;
   float* grad_staging(uint32_t k) const;
+  // world > 1: whether chunk k's compute shard is in its device buffer.
+  bool shard_on_device(uint32_t k) const { return sharded_ && placed(k); }
   uint32_t chunks_on_device() const { return chunks_on_device_; }
   // Completes when chunk k's state is valid on the device (the copy from
   // the host); work queued on the device that reads it waits for it.
@@ -140,6 +152,9 @@ class HybridPlacement {
   void sync(uint32_t k);
   void read_list(uint32_t k, const float* on_device, float* out, uint64_t n);
   void write_list(uint32_t k, float* on_device, const float* in, uint64_t n);
+  // world > 1, a compute shard on the device: `bytes` from `in` into it at
+  // element `offset_elems`, after that wait.
+  void write_shard(uint32_t k, uint64_t offset_elems, const void* in, uint64_t bytes);
   // The step's read of its gradient list: waits for the chunk's queued work
   // on the compute stream only (the finalizes are queued there), then
   // copies.  A dry run copies too (its modelled time), into no memory.
@@ -159,15 +174,15 @@ class HybridPlacement {
   // Host code that reads or writes master, m and v of a chunk in place
   // (the sharded engine's values, checkpoints and skipped-step restore):
   // while a HostLists lives, the chosen lists (`which`: bits 1 master, 2
-  // m, 4 v) of a placed chunk point at host copies (read from the device at
-  // construction), and write_back() copies them to the device.  For a chunk
-  // not placed it does nothing.  Slow paths, outside the training loop; the
+  // m, 4 v, 8 the compute shard with world > 1) of a placed chunk point at
+  // host copies (read from the device at construction), and write_back()
+  // copies them to the device.  For a chunk not placed it does nothing.  Slow paths, outside the training loop; the
   // host copies come from the host pool, which normally holds the host
   // lists the chunk's placement gave back.
   class HostLists {
    public:
-    static constexpr unsigned kMaster = 1, kExpAvg = 2, kExpAvgSq = 4;
-    static unsigned list_bit(int list) { return 1u << list; }  // 0 master, 1 m, 2 v
+    static constexpr unsigned kMaster = 1, kExpAvg = 2, kExpAvgSq = 4, kComputeShard = 8;
+    static unsigned list_bit(int list) { return 1u << list; }  // 0 master, 1 m, 2 v, 3 the compute shard
     HostLists(HybridPlacement& hybrid, uint32_t k, unsigned which);
     ~HostLists();
     HostLists(const HostLists&) = delete;
@@ -179,6 +194,7 @@ class HybridPlacement {
     HybridPlacement& hybrid_;
     uint32_t k_;
     float* device_[3] = {nullptr, nullptr, nullptr};  // null: not placed
+    void* device_shard_ = nullptr;                    // null: not chosen or not on the device
   };
 
  private:

@@ -104,6 +104,9 @@ class Runtime {
   // A host buffer from the host pool (hybrid placement's lists coming back);
   // freed with defer_free_host.
   void* host_alloc(size_t bytes) { return host_->acquire(bytes); }
+  // The host pool's cached buffers of exactly `bytes` go back for good
+  // (memory::HostPool::trim).
+  void trim_host_cache(size_t bytes) { host_->trim(bytes); }
   // Called when room is short and nothing deferred can be freed: frees
   // transient device memory the engine holds (a reduce-scatter's staging),
   // returning whether it freed any.

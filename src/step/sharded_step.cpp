@@ -62,9 +62,15 @@ std::vector<uint32_t> OptimizerStep::lay_out_gradients(uint32_t k, float* data, 
 }
 
 // ReduceScatter::Actions::apply: this rank's shard of the average into the
-// compute shard or the fp32 gradient shard of each parameter.
+// compute shard or the fp32 gradient shard of each parameter.  A compute
+// shard on the device (hybrid placement) gets the gradient in the compute
+// dtype, finalized on the host as for a host shard (the same bits and
+// norm partials), then copied in on the compute stream (after the work
+// that read the weights there).
 void OptimizerStep::apply_reduced(uint32_t k, const std::vector<uint32_t>& params, float* avg_all) {
   ChunkState& c = chunks_[k];
+  const bool shard_on_device = !options_.grad_accumulation && hybrid_->shard_on_device(k);
+  std::vector<unsigned char> finalized;
   for (uint32_t id : params) {
     Param& p = params_[id];
     const auto [lo, a, b] = shard_span(id);
@@ -73,6 +79,13 @@ void OptimizerStep::apply_reduced(uint32_t k, const std::vector<uint32_t>& param
       if (options_.grad_accumulation) {
         float* g = c.grad32 + (a - lo);
         for (uint64_t i = 0; i < b - a; ++i) g[i] += avg[i];
+      } else if (shard_on_device) {
+        finalized.resize((b - a) * elem_bytes());
+        memory::host_grad_finalize(avg, finalized.data(), options_.compute_dtype, b - a, &p.grad_sumsq,
+                                   &p.grad_nonfinite);
+        device_->copy_sync(static_cast<char*>(c.shard) + (a - lo) * elem_bytes(), finalized.data(), finalized.size(),
+                           memory::CopyKind::kHostToDevice);
+        placement_->count_host_to_device(finalized.size());
       } else {
         memory::host_grad_finalize(avg, static_cast<char*>(c.shard) + (a - lo) * elem_bytes(), options_.compute_dtype,
                                    b - a, &p.grad_sumsq, &p.grad_nonfinite);
@@ -83,38 +96,31 @@ void OptimizerStep::apply_reduced(uint32_t k, const std::vector<uint32_t>& param
 }
 
 // Hybrid placement with world > 1: the update of chunk k's shard, whose
-// master, m and v are on the device.  Its compute shard (the gradient where
-// the step finalized it there, the weights elsewhere) and, with
-// accumulation, its fp32 gradient go into the buffer's staging region on
-// the H2D stream; Adam runs on the compute stream with the same constants
-// as the host (same kernel code, same bits), writing the weights into the
-// staging slot; the slot comes back into the compute shard on the D2H
-// stream.  Returns the event of that copy; the previous step's copies are
-// done (the host waited for them), so the staging region is free.
+// master, m and v are on the device with its compute shard, the buffer's
+// slot (the gradient where the step finalized it there, the weights
+// elsewhere).  With accumulation its fp32 gradient goes into the buffer's
+// staging region on the H2D stream.  Adam runs on the compute stream with
+// the same constants as the host (same kernel code, same bits), writing
+// the weights into the slot, where the next all-gathers copy them from (on
+// the compute stream).  Returns the event of the update; the previous
+// step's is done (the host waited for it), so the staging region is free.
 memory::EventPtr OptimizerStep::queue_shard_update(uint32_t k, const std::vector<optim::Segment>& segments) {
   ChunkState& c = chunks_[k];
   const uint64_t n = c.shard_elems;
-  const uint64_t slot_bytes = n * elem_bytes();
   void* slot = hybrid_->slot_staging(k);
+  if (slot != c.shard) internal_error("a placed chunk's compute shard is not in its device buffer");
   float* grad = hybrid_->grad_staging(k);
   memory::Stream* h2d = device_->h2d_stream();
   memory::Stream* cs = device_->compute_stream();
-  memory::Stream* d2h = device_->d2h_stream();
-  device_->copy_async(h2d, slot, c.shard, slot_bytes, memory::CopyKind::kHostToDevice);
-  uint64_t in_bytes = slot_bytes;
   if (grad != nullptr) {
     device_->copy_async(h2d, grad, c.grad32, n * sizeof(float), memory::CopyKind::kHostToDevice);
-    in_bytes += n * sizeof(float);
+    placement_->count_host_to_device(n * sizeof(float));
+    device_->stream_wait(cs, device_->record(h2d));
   }
-  device_->stream_wait(cs, device_->record(h2d));
   device_->stream_wait(cs, hybrid_->state_ready(k));
   const optim::ChunkLists lists{c.master, c.exp_avg, c.exp_avg_sq, grad, slot, options_.compute_dtype};
   for (const optim::Segment& sg : segments) device_->adam_update_async(cs, sg.constants, lists.range(sg.begin, sg.end));
-  device_->stream_wait(d2h, device_->record(cs));
-  device_->copy_async(d2h, c.shard, slot, slot_bytes, memory::CopyKind::kDeviceToHost);
-  placement_->count_host_to_device(in_bytes);
-  placement_->count_device_to_host(slot_bytes);
-  return device_->record(d2h);
+  return device_->record(cs);
 }
 
 // Gradients still pending are reduce-scattered (chunk order), gathered
@@ -235,9 +241,9 @@ void OptimizerStep::run_sharded(pstar_step_result& r) {
       });
     }
     if (device_done) {
-      // The next iteration's all-gathers read the compute shards.
-      memory::Stream* d2h = device_->d2h_stream();
-      placement_->host_wait(d2h, device_done);
+      // The device's updates are done when the step returns (the next
+      // iteration's all-gathers read those compute shards on the device).
+      placement_->host_wait(device_->compute_stream(), device_done);
       placement_->check_ready(device_done, "compute shard updated on the device");
     }
     ++counters_.steps;

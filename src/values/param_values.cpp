@@ -133,12 +133,21 @@ void ParamValues::write_sharded(uint32_t id, const void* src, pstar_dtype dtype)
   chunk::ChunkState& c = (*parts_.chunks)[place.chunk];
   const auto [lo, a, b] = shard_span(id);
   HostLists lists(*parts_.hybrid, place.chunk, HostLists::kMaster);  // a master shard on the device
+  // A compute shard on the device (hybrid placement) gets the parameter's
+  // span, rounded here.
+  const bool shard_on_device = parts_.hybrid->shard_on_device(place.chunk);
+  std::vector<unsigned char> rounded(shard_on_device && a < b ? (b - a) * elem_bytes() : 0);
   for (uint64_t i = a; i < b; ++i) {
     const float v = load_as(src, dtype, i - place.offset_elems);
     if (!p.frozen()) c.master[i - lo] = v;
-    store_as(c.shard, compute_dtype_, i - lo, v);
+    if (shard_on_device) {
+      store_as(rounded.data(), compute_dtype_, i - a, v);
+    } else {
+      store_as(c.shard, compute_dtype_, i - lo, v);
+    }
   }
   if (!p.frozen() && a < b) lists.write_back();
+  if (!rounded.empty()) parts_.hybrid->write_shard(place.chunk, a - lo, rounded.data(), rounded.size());
 }
 
 // Collective: all-gathers the chunk's fp32 masters (a frozen parameter: its
@@ -174,6 +183,17 @@ void ParamValues::restore_slot_sharded(uint32_t id) {
   parts_.nvme->access(place.chunk, false);
   chunk::ChunkState& c = (*parts_.chunks)[place.chunk];
   const auto [lo, a, b] = shard_span(id);
+  if (parts_.hybrid->shard_on_device(place.chunk)) {
+    // Both on the device (hybrid placement): the span's master in, the
+    // rounded weights out.
+    if (a >= b) return;
+    std::vector<float> master(b - a);
+    parts_.hybrid->read_list(place.chunk, c.master + (a - lo), master.data(), b - a);
+    std::vector<unsigned char> rounded((b - a) * elem_bytes());
+    for (uint64_t i = 0; i < b - a; ++i) store_as(rounded.data(), compute_dtype_, i, master[i]);
+    parts_.hybrid->write_shard(place.chunk, a - lo, rounded.data(), rounded.size());
+    return;
+  }
   const HostLists lists(*parts_.hybrid, place.chunk, HostLists::kMaster);
   for (uint64_t i = a; i < b; ++i) store_as(c.shard, compute_dtype_, i - lo, c.master[i - lo]);
 }

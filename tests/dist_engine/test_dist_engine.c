@@ -1019,7 +1019,8 @@ Test(dist_engine, overlapped_step_with_sharding_is_bit_identical) {
  * jumbo chunks), even ranks an unlimited one (room 0: odd ranks too).
  * Parameters, norms and decisions stay bit-identical to one process with
  * everything on the host; each rank's host peak falls by at least the
- * moments of the shards it placed, against the same run with hybrid off. */
+ * moments of the shards it placed, and its host bytes at the end by the
+ * moments and compute shards, against the same run with hybrid off. */
 static void expect_hybrid_shards(scenario sc, uint64_t room) {
   static rank_out off[5];
   sc.hybrid = 0;
@@ -1034,11 +1035,12 @@ static void expect_hybrid_shards(scenario sc, uint64_t room) {
   for (int r = 0; r < sc.world; ++r) {
     const pstar_stats *s = &out[r].stats;
     cr_log_info("%d ranks%s%s: rank %d placed %u of %u trainable shards (%llu bytes), host peak %llu (hybrid off: "
-                "%llu), moved %llu + %llu bytes", sc.world, sc.accumulation ? ", accumulation" : "",
-                sc.overflow_step ? ", a skipped step" : "", r, s->optimizer_chunks_on_device, s->optimizer_chunks,
-                (unsigned long long)s->optimizer_device_bytes, (unsigned long long)s->peak_host_bytes,
-                (unsigned long long)off[r].stats.peak_host_bytes, (unsigned long long)s->bytes_host_to_device,
-                (unsigned long long)s->bytes_device_to_host);
+                "%llu), host at the end %llu (hybrid off: %llu), moved %llu + %llu bytes", sc.world,
+                sc.accumulation ? ", accumulation" : "", sc.overflow_step ? ", a skipped step" : "", r,
+                s->optimizer_chunks_on_device, s->optimizer_chunks, (unsigned long long)s->optimizer_device_bytes,
+                (unsigned long long)s->peak_host_bytes, (unsigned long long)off[r].stats.peak_host_bytes,
+                (unsigned long long)s->host_bytes, (unsigned long long)off[r].stats.host_bytes,
+                (unsigned long long)s->bytes_host_to_device, (unsigned long long)s->bytes_device_to_host);
     if (r % 2 == 0 || all_placed_on_odd) {
       cr_assert_eq(s->optimizer_chunks_on_device, s->optimizer_chunks, "rank %d: every trainable shard placed", r);
     } else {
@@ -1055,6 +1057,16 @@ static void expect_hybrid_shards(scenario sc, uint64_t room) {
                   "rank %d: host peak %llu with %llu bytes of moments placed, %llu with hybrid off", r,
                   (unsigned long long)s->peak_host_bytes, (unsigned long long)moments,
                   (unsigned long long)off[r].stats.peak_host_bytes);
+    /* Once placed, a shard's compute slot is on the device only (its host
+     * copy goes for good): the host holds at least the moments and the
+     * compute shard (2 bytes per element) of the placed shards less. */
+    const uint64_t left_host = s->optimizer_device_bytes / per_elem * (8 + 2);
+    cr_assert_leq(s->host_bytes + left_host, off[r].stats.host_bytes,
+                  "rank %d: host %llu at the end with %llu bytes of moments and compute shards placed, %llu with "
+                  "hybrid off", r, (unsigned long long)s->host_bytes, (unsigned long long)left_host,
+                  (unsigned long long)off[r].stats.host_bytes);
+    /* Nothing is copied back at the step: the weights stay in the slot. */
+    cr_assert_eq(s->bytes_device_to_host, off[r].stats.bytes_device_to_host, "rank %d: no copy back", r);
     cr_assert_gt(s->bytes_host_to_device, off[r].stats.bytes_host_to_device, "rank %d: the shards' copies count", r);
   }
 }

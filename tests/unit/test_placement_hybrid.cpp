@@ -27,7 +27,8 @@ constexpr uint64_t kElems = 1024;              // chunk_elems
 constexpr uint64_t kPayloadBytes = kElems * 2;  // a 2-byte compute dtype
 
 struct Record : pstar::chunk::Chunk, pstar::chunk::Fp32Lists {
-  uint64_t elems = 0;  // of each fp32 list
+  uint64_t elems = 0;     // of each fp32 list
+  void* shard = nullptr;  // sharded: the compute shard (elems of the 2-byte dtype)
 };
 
 struct Chunks final : pstar::placement::HybridTable {
@@ -36,7 +37,12 @@ struct Chunks final : pstar::placement::HybridTable {
   pstar::chunk::Chunk& chunk_at(uint32_t k) override { return v[k]; }
   pstar::chunk::Fp32Lists& lists_at(uint32_t k) override { return v[k]; }
   uint64_t list_elems(uint32_t k) const override { return v[k].elems; }
+  bool sharded = false;
+  void** compute_shard(uint32_t k) override { return sharded ? &v[k].shard : nullptr; }
 };
+
+// Byte i of chunk k's compute shard before placement.
+unsigned char shard_byte(uint32_t k, uint64_t i) { return static_cast<unsigned char>(0x40 + 7 * k + i % 13); }
 
 // The value of element i of list `list` (0 master, 1 m, 2 v, 3 gradient) of
 // chunk k before placement.
@@ -53,8 +59,11 @@ struct Fixture {
   Runtime rt;
   HybridPlacement hy;
 
+  // `sharded`: the lists are a rank's shards with world > 1 (here the
+  // whole chunk stands for the shard) and each trainable chunk has a
+  // compute shard.
   Fixture(const std::vector<uint64_t>& numels, const std::vector<bool>& frozen, uint64_t capacity_bytes,
-          bool grad_accumulation = false, uint32_t warmup = 1)
+          bool grad_accumulation = false, uint32_t warmup = 1, bool sharded = false)
       : layout(numels, frozen, kElems),
         rt(&dev, &host, runtime_options(capacity_bytes)),
         hy(&dev, &rt, HybridOptions{true, warmup, grad_accumulation}) {
@@ -67,14 +76,19 @@ struct Fixture {
       c.host = host.acquire(c.bytes);
       std::memset(c.host, 0x20 + static_cast<int>(k), c.bytes);
       if (info.frozen) continue;
+      if (sharded) {
+        c.shard = host.acquire(c.elems * 2);
+        for (uint64_t i = 0; i < c.elems * 2; ++i) static_cast<unsigned char*>(c.shard)[i] = shard_byte(k, i);
+      }
       float** lists[] = {&c.master, &c.exp_avg, &c.exp_avg_sq, &c.grad32};
       for (int l = 0; l < (grad_accumulation ? 4 : 3); ++l) {
         *lists[l] = static_cast<float*>(host.acquire(fp32_bytes(k)));
         for (uint64_t i = 0; i < info.capacity_elems; ++i) (*lists[l])[i] = pattern(k, l, i);
       }
     }
+    chunks.sharded = sharded;
     rt.attach(&chunks);
-    hy.attach(&chunks, &layout);
+    hy.attach(&chunks, &layout, sharded);
   }
   ~Fixture() {
     dev.synchronize(dev.compute_stream());
@@ -82,8 +96,9 @@ struct Fixture {
     rt.drain();
     for (uint32_t k = 0; k < chunks.v.size(); ++k) {
       Record& c = chunks.v[k];
-      if (!hy.release(k)) {
+      if (!hy.release(k)) {  // (placed: the compute shard was in its buffer)
         for (float* l : {c.master, c.exp_avg, c.exp_avg_sq, c.grad32}) host.release(l, fp32_bytes(k));
+        host.release(c.shard, c.elems * 2);
       }
       if (c.tier == Tier::kDevice) {
         dev.deallocate(c.device, c.bytes);
@@ -100,6 +115,21 @@ struct Fixture {
     return o;
   }
   uint64_t fp32_bytes(uint32_t k) const { return layout.chunks()[k].capacity_elems * sizeof(float); }
+  // Chunk k's compute shard, read back from wherever it is, equals its
+  // pattern.
+  bool shard_intact(uint32_t k) {
+    const Record& c = chunks.v[k];
+    std::vector<unsigned char> got(c.elems * 2);
+    if (hy.shard_on_device(k)) {
+      dev.copy_sync(got.data(), c.shard, got.size(), pstar::memory::CopyKind::kDeviceToHost);
+    } else {
+      std::memcpy(got.data(), c.shard, got.size());
+    }
+    for (uint64_t i = 0; i < got.size(); ++i) {
+      if (got[i] != shard_byte(k, i)) return false;
+    }
+    return true;
+  }
   bool placed(uint32_t k) const { return chunks.v[k].opt_device != nullptr; }
   // The acquire order of a finished iteration: order[j] was acquired j-th.
   void used_in_order(const std::vector<uint32_t>& order) {
@@ -287,4 +317,67 @@ Test(placement_hybrid, gradients_fold_into_the_device_list_and_are_cleared) {
   f.hy.read_gradient(0, f.chunks.v[0].grad32, got.data(), n);
   for (uint64_t i = 0; i < n; ++i) cr_assert_eq(got[i], 0.0f);
   cr_assert(f.list_intact(0, 0), "the master is untouched");
+}
+
+// With world > 1: a placed chunk's compute shard moves into its buffer's
+// slot (the host copy goes back to the allocator for good), the lists and
+// the slot cost 14 bytes per element with no payload pinned, and moving the
+// state out brings the shard back with the same bits.
+Test(placement_hybrid, sharded_compute_shards_move_into_the_slot_and_back_intact) {
+  constexpr uint64_t kShardState = 3 * kElems * sizeof(float) + kElems * 2;
+  Fixture f({kElems, kElems}, {false, false}, 2 * kShardState + kReserve, false, 1, true);
+  f.used_in_order({0, 1});
+  const uint64_t held_before = f.host.held_bytes();
+  f.hy.step_begins();
+  cr_assert_eq(f.hy.chunks_on_device(), 2u);
+  for (uint32_t k = 0; k < 2; ++k) {
+    cr_assert(f.hy.placed(k) && f.hy.shard_on_device(k));
+    cr_assert_eq(f.hy.state_bytes(k), kShardState);
+    cr_assert_eq(f.chunks.v[k].shard, f.hy.slot_staging(k), "chunk %u: the compute shard is the slot", k);
+    cr_assert(f.shard_intact(k), "chunk %u: its compute shard on the device", k);
+    cr_assert(f.chunks.v[k].evictable(), "no payload pinned with sharding");
+  }
+  cr_assert_leq(f.host.held_bytes() + 2 * kElems * 2, held_before, "the host shards went back for good");
+  cr_assert_eq(f.rt.counters().bytes_host_to_device, 2 * kShardState, "the lists and the shards");
+  // The need grows past everything: both go back, the shards intact.
+  f.rt.tier().set_nonmodel(2 * kShardState + 1);
+  f.rt.tier().set_nonmodel(0);
+  f.hy.step_begins();
+  cr_assert_eq(f.hy.chunks_on_device(), 0u);
+  for (uint32_t k = 0; k < 2; ++k) {
+    cr_assert(!f.hy.shard_on_device(k));
+    cr_assert(f.shard_intact(k), "chunk %u: its compute shard back on the host", k);
+    for (int l = 0; l < 3; ++l) {
+      for (uint64_t i = 0; i < kElems; ++i) {
+        const float* lists[] = {f.chunks.v[k].master, f.chunks.v[k].exp_avg, f.chunks.v[k].exp_avg_sq};
+        cr_assert_eq(lists[l][i], pattern(k, l, i), "chunk %u list %d element %lu", k, l, i);
+      }
+    }
+  }
+}
+
+// With world > 1 chunks kept gathered between uses are resident without
+// being held: beyond the streaming reserve they take room from the margin
+// (one process: a chunk cache, which gives way to the state).
+Test(placement_hybrid, sharded_chunks_kept_gathered_beyond_the_reserve_shrink_the_margin) {
+  constexpr uint64_t kShardState = 3 * kElems * sizeof(float) + kElems * 2;
+  static_assert(kShardState == kCostFromHost, "one process's cost (state and payload) is the same here");
+  const uint64_t capacity = 2 * kShardState + kReserve + kPayloadBytes / 2;
+  for (bool sharded : {false, true}) {
+    Fixture f({kElems, kElems, kElems}, {false, false, false}, capacity, false, 1, sharded);
+    // Three chunks' payloads resident at once, none held.
+    f.rt.tier().add(DeviceTier::Use::kChunks, 3 * kPayloadBytes);
+    f.rt.tier().remove(DeviceTier::Use::kChunks, 3 * kPayloadBytes);
+    cr_assert_eq(f.rt.tier().need_peak(), 0u);
+    cr_assert_eq(f.rt.tier().resident_peak(), 3 * kPayloadBytes);
+    f.used_in_order({0, 1, 2});
+    const HybridPlacement::Plan p = f.hy.step_plan();
+    if (sharded) {
+      cr_assert_eq(p.margin, capacity - 3 * kPayloadBytes, "the resident peak binds");
+      cr_assert_eq(p.in.size(), 1u);
+    } else {
+      cr_assert_eq(p.margin, capacity - kReserve, "the need peak and the reserve");
+      cr_assert_eq(p.in.size(), 2u);
+    }
+  }
 }

@@ -445,6 +445,7 @@ struct Evaluation {
   double sharded_copy_s = 0;
   uint64_t sharded_peak_device = 0;
   pstar::workload::ShardedPlacement sharded_placement;  // world > 1: the rank's hybrid placement
+  uint64_t placed_shard_bytes = 0;                      // its compute shards, on the device only
   bool sharded_device_ok = false;
   double step_s_sharded = 0;
   // With the NVMe tier (evaluate_nvme): the optimizer state the engine put
@@ -624,9 +625,6 @@ struct Planner {
     ev.collective_link_bytes = ev.collectives.link_bytes(world);
     ev.collective_s = hw.collective > 0 ? ev.collective_link_bytes / hw.collective : 0.0;
     if (world > 1) {
-      ev.sharded_h2d_bytes = ev.collectives.shard_bytes_to_device(world);
-      ev.sharded_d2h_bytes = ev.collectives.reduced_bytes_to_host(world);
-      ev.sharded_copy_s = double(ev.sharded_h2d_bytes) / hw.h2d + double(ev.sharded_d2h_bytes) / hw.d2h;
       // The rank's own hybrid placement (placement/hybrid.h), which it
       // decides alone from its warm-up's need peak, not the one-process dry
       // run's: predicted from the layout and the drop rule, as the engine
@@ -638,6 +636,15 @@ struct Planner {
                                                                           /*device_comm=*/true, w.shape.dtype_bytes);
       ev.opt_device_per_rank = std::min(ev.sharded_placement.list_bytes, ev.opt_share_per_rank);
       ev.sharded_peak_device = peak + ev.sharded_placement.state_bytes;
+      // A placed chunk's compute shard lives in its device buffer only: its
+      // gathers copy it on the device, its gradient goes in once (the
+      // compute dtype) when its reduce-scatter is applied, nothing comes
+      // back at the step, and the host holds no copy of it.
+      ev.sharded_h2d_bytes = ev.collectives.shard_bytes_to_device(world) - ev.sharded_placement.gathered_shard_bytes +
+                             ev.sharded_placement.elems * w.shape.dtype_bytes;
+      ev.sharded_d2h_bytes = ev.collectives.reduced_bytes_to_host(world);
+      ev.sharded_copy_s = double(ev.sharded_h2d_bytes) / hw.h2d + double(ev.sharded_d2h_bytes) / hw.d2h;
+      ev.placed_shard_bytes = ev.sharded_placement.elems * w.shape.dtype_bytes;
       ev.sharded_device_ok = peak <= ev.device_capacity;
     }
     adam_times(ev.opt_device_per_rank, &ev.host_adam_s, &ev.device_adam_s);
@@ -654,7 +661,8 @@ struct Planner {
     const uint64_t peak_host = fs.peak_host_bytes;
     ev.extra_per_rank = peak_host > one_rank_lists ? peak_host - one_rank_lists : 0;
     const uint64_t reserve = uint64_t(hw.host_reserve);
-    const uint64_t after_share = ev.share_per_rank - ev.opt_device_per_rank;
+    const uint64_t after_share =
+        ev.share_per_rank - std::min(ev.share_per_rank, ev.opt_device_per_rank + ev.placed_shard_bytes);
     ev.host_per_node =
         uint64_t(hw.gpus_per_node) * (std::max(ev.warmup_share_per_rank, after_share) + ev.extra_per_rank + reserve);
     ev.host_per_node_after = uint64_t(hw.gpus_per_node) * (after_share + ev.extra_per_rank + reserve);
@@ -1049,11 +1057,12 @@ void print_evaluation(const char* title, const Evaluation& e, const Hardware& hw
   if (e.collectives.gathers > 0 && e.hybrid)
     std::printf(
         "  a sharded rank's hybrid placement: its shards of %u chunks' state (%s), in a margin of %s above "
-        "its need peak of %s and a streaming reserve of %s\n",
+        "the larger of its need peak of %s with a streaming reserve of %s and its device peak of %s\n",
         e.sharded_placement.chunks, fmt_bytes(double(e.sharded_placement.state_bytes)).c_str(),
         fmt_bytes(double(e.sharded_placement.margin)).c_str(),
         fmt_bytes(double(e.collectives.need_peak_bytes_device_comm)).c_str(),
-        fmt_bytes(2.0 * double(e.collectives.largest_chunk_bytes)).c_str());
+        fmt_bytes(2.0 * double(e.collectives.largest_chunk_bytes)).c_str(),
+        fmt_bytes(double(e.collectives.peak_device_bytes_device_comm)).c_str());
   std::printf("  device peak %s of %s (activations up to %s)",
               fmt_bytes(double(e.run.final_stats.peak_device_bytes)).c_str(),
               fmt_bytes(double(e.device_capacity)).c_str(), fmt_bytes(double(e.run.peak_nonmodel_reported)).c_str());

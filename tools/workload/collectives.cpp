@@ -44,6 +44,7 @@ CollectiveBytes predict_collectives(const Workload& w, uint64_t chunk_elems, uin
   uint64_t use_index = 0;
   for (size_t k = 0; k < chunks; ++k) out.largest_chunk_bytes = std::max(out.largest_chunk_bytes, elems[k] * dtype);
   out.shard_elems.resize(chunks);
+  out.chunk_gathers.assign(chunks, 0);
   for (size_t k = 0; k < chunks; ++k) out.shard_elems[k] = elems[k] / world;
   // Chunk k's reduce-scatter: its gradient buffers go to the host or through
   // the device staging (the chunk's fp32 size plus one block), then go.
@@ -68,6 +69,7 @@ CollectiveBytes predict_collectives(const Workload& w, uint64_t chunk_elems, uin
         gathered_bytes += elems[k] * dtype;
         out.all_gathered += elems[k] * dtype;
         ++out.gathers;
+        ++out.chunk_gathers[k];
       }
       if (u.stage == Stage::Backward && !has_buffer[p]) {
         has_buffer[p] = true;
@@ -128,8 +130,11 @@ ShardedPlacement predict_sharded_placement(const CollectiveBytes& c, uint64_t ca
   constexpr uint64_t kStreamingChunks = 2;
   constexpr uint64_t kLists = 3;  // master, m, v
   ShardedPlacement out;
-  const uint64_t need = (device_comm ? c.need_peak_bytes_device_comm : c.need_peak_bytes_host_comm) +
-                        kStreamingChunks * c.largest_chunk_bytes;
+  // The need peak and the streaming reserve, or what the device held
+  // beside them at its peak (chunks kept gathered between uses), if more.
+  const uint64_t need = std::max((device_comm ? c.need_peak_bytes_device_comm : c.need_peak_bytes_host_comm) +
+                                     kStreamingChunks * c.largest_chunk_bytes,
+                                 device_comm ? c.peak_device_bytes_device_comm : c.peak_device_bytes_host_comm);
   out.margin = capacity_bytes > need ? capacity_bytes - need : 0;
   uint64_t left = out.margin;
   for (uint32_t k : c.placement_order) {
@@ -141,6 +146,9 @@ ShardedPlacement predict_sharded_placement(const CollectiveBytes& c, uint64_t ca
     ++out.chunks;
     out.state_bytes += cost;
     out.list_bytes += kLists * n * sizeof(float);
+    out.elems += n;
+    out.gathered_shard_bytes += uint64_t(c.chunk_gathers[k]) * n * dtype_bytes;
+    out.chosen.push_back(k);
   }
   return out;
 }

@@ -23,9 +23,10 @@
 // And the rank's hybrid placement (placement/hybrid.h), which it decides
 // alone from what its warm-up needed: the peak of the device tier's need
 // (memory::DeviceTier::need: the chunks held by a use, not those kept
-// gathered after it, gradient buffers, staging and non-model bytes), a
-// streaming reserve of two chunks, and its trainable chunks' shards of
-// state, used last first, while they fit.
+// gathered after it, gradient buffers, staging and non-model bytes) and a
+// streaming reserve of two chunks, or the device's peak beside placed
+// state (those kept-gathered chunks too) where that is more, and its
+// trainable chunks' shards of state, used last first, while they fit.
 #pragma once
 
 #include <cstdint>
@@ -61,7 +62,8 @@ struct CollectiveBytes {
   // The chunks hybrid placement considers, in its order (used last first;
   // all of the workload's parameters train), and each one's shard elements.
   std::vector<uint32_t> placement_order;
-  std::vector<uint64_t> shard_elems;  // per chunk
+  std::vector<uint64_t> shard_elems;    // per chunk
+  std::vector<uint32_t> chunk_gathers;  // per chunk: its all-gathers in the iteration
   // What one rank copies over PCIe (pstar_x_gather_stats'
   // bytes_shard_host_to_device and, with NCCL, bytes_reduce_device_to_host):
   // its 1/N shard of every gathered chunk, its 1/N block of every sum.
@@ -80,13 +82,19 @@ CollectiveBytes predict_collectives(const Workload& w, uint64_t chunk_elems, uin
 // `capacity_bytes` (the placement limit: options' capacity less margin)
 // after warm-up: the chunks chosen, and their buffers' bytes
 // (pstar_stats.optimizer_device_bytes): per chunk its shard's master, m and
-// v in fp32 and a staging region of the compute dtype (and an fp32 gradient
+// v in fp32 and its compute shard (and the staging of an fp32 gradient
 // with accumulation).
 struct ShardedPlacement {
   uint32_t chunks = 0;
   uint64_t state_bytes = 0;  // the buffers' bytes
   uint64_t list_bytes = 0;   // of which fp32 master, m and v
-  uint64_t margin = 0;       // capacity less the need peak and the streaming reserve
+  uint64_t margin = 0;       // capacity less max(need peak + streaming reserve, device peak)
+  uint64_t elems = 0;        // the placed shards' elements
+  // Per iteration once placed: the placed chunks' compute shards, which
+  // their all-gathers copy on the device instead of from the host
+  // (pstar_x_gather_stats.bytes_shard_host_to_device leaves them out).
+  uint64_t gathered_shard_bytes = 0;
+  std::vector<uint32_t> chosen;  // the chunks, in the order taken
 };
 ShardedPlacement predict_sharded_placement(const CollectiveBytes& c, uint64_t capacity_bytes, bool device_comm,
                                            uint32_t dtype_bytes, bool grad_accumulation = false);

@@ -6,7 +6,8 @@
 // prediction.  Then the same ranks with hybrid placement on a device of a
 // limited capacity: each rank's placed state (optimizer_chunks_on_device,
 // optimizer_device_bytes) must be the one predict_sharded_placement gives
-// from the predicted need peak.  Skipped (exit 77, ctest's SKIP_RETURN_CODE) in a build
+// from the predicted need peak, and its shard bytes to the device those
+// of the unplaced chunks once placed.  Skipped (exit 77, ctest's SKIP_RETURN_CODE) in a build
 // without Gloo.
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -193,6 +194,11 @@ int main() {
         }
         expect_eq(hy[r].opt_chunks_on_device, placed.chunks, rt + ": chunks placed");
         expect_eq(hy[r].opt_device_bytes, placed.state_bytes, rt + ": placed state bytes");
+        // The warm-up copies every gathered shard from the host; once
+        // placed (the second iteration), a placed chunk's gathers copy its
+        // compute shard on the device.
+        expect_eq(hy[r].shard_to_device, 2 * want.shard_bytes_to_device(world) - placed.gathered_shard_bytes,
+                  rt + ": shard bytes to the device");
       }
       std::printf(
           "%s: hybrid placement on %llu bytes: need peak %llu, margin %llu, %u chunks' shards placed (%llu "

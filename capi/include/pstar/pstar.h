@@ -1042,9 +1042,11 @@ typedef struct pstar_x_gather_stats {
   /* Version 2 */
   /** Bytes the all-gathers of chunks copied host to accelerator: this
    *  rank's own shard of each gathered chunk, before the collective fills
-   *  the other blocks (1/world_size of the gathers' bytes_all_gathered).
-   *  Not in pstar_stats.bytes_host_to_device, which counts placement's
-   *  moves. */
+   *  the other blocks (1/world_size of the gathers' bytes_all_gathered,
+   *  less the shards of chunks whose optimizer state hybrid placement put
+   *  on the device: their compute shard lives there and is copied on the
+   *  accelerator).  Not in pstar_stats.bytes_host_to_device, which counts
+   *  placement's moves. */
   uint64_t bytes_shard_host_to_device;
   /** Bytes the gradients' reduce-scatters copied accelerator to host: this
    *  rank's fp32 block of each sum with a communicator that reduces device
