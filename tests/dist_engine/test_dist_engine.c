@@ -1090,6 +1090,18 @@ Test(dist_engine, hybrid_placement_with_sharding_skipped_steps_and_accumulation)
   expect_hybrid_shards(sc, 0);
 }
 
+/* Gathering ahead copies a placed shard's compute slot into a gather slot
+ * on the device, and the overlapped step's host updates run beside it. */
+Test(dist_engine, hybrid_placement_with_sharding_and_gathering_ahead) {
+  scenario sc = base(2, PSTAR_DTYPE_BF16);
+  sc.strict = 1;
+  sc.gather_ahead = 2;
+  expect_hybrid_shards(sc, 0);
+  sc = base(2, PSTAR_DTYPE_BF16);
+  sc.gather_ahead = 1;
+  expect_hybrid_shards(sc, 512 * 14 * 5 / 2);
+}
+
 /* A rank whose capacity holds some of its shards' state but not all. */
 Test(dist_engine, hybrid_placement_with_sharding_in_a_small_margin) {
   scenario sc = base(2, PSTAR_DTYPE_BF16);
