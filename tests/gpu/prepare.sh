@@ -14,4 +14,15 @@ fi
 rm -rf build/gpu-deps
 mkdir -p build/gpu-deps/include
 cp -r "$src" build/gpu-deps/include/nlohmann
-echo "prepare: build/gpu-deps holds $(du -sh build/gpu-deps | cut -f1) of headers; carry it with the run"
+# The Python binding (SWIG is not on that machine): the package built here,
+# for this interpreter's version; run.sh loads it against the libpstar it
+# builds there with CUDA (same source, same ABI) for bench/e2e_train.py.
+if [ -f build/default/python/pstar/_capi.so ]; then
+  mkdir -p build/gpu-deps/python
+  cp -r build/default/python/pstar build/gpu-deps/python/pstar
+  rm -rf build/gpu-deps/python/pstar/__pycache__
+  echo "prepare: the Python binding for $(python3 -c 'import sys; print(sys.implementation.cache_tag)' 2>/dev/null || echo '?') copied"
+else
+  echo "prepare: no build/default/python (the Python binding): bench/e2e_train.py will not run on the GPU"
+fi
+echo "prepare: build/gpu-deps holds $(du -sh build/gpu-deps | cut -f1); carry it with the run"

@@ -92,6 +92,22 @@ print("adam step time, torch fused AdamW / libpstar kernel: %.3f (%.3f ms vs %.3
       % (torch["median_ms"] / ours["median_ms"], torch["median_ms"], ours["median_ms"], ours["elements"]))
 PY
   fi
+  # bench/e2e_train.py (issue 22): a transformers GPT-2 through pstar.torch
+  # on the CUDA engine against plain PyTorch and FSDP2 offload, and the
+  # planner's largest shape for this GPU and host trained for 3 steps.  It
+  # needs the Python binding, which tests/gpu/prepare.sh copies from a build
+  # with SWIG, and the libpstar built above with CUDA; skipped without them.
+  e2e_py=build/gpu-deps/python
+  if [ -f "$e2e_py/pstar/_capi.so" ] && [ -f "$build/lib/libpstar.so.0" ] &&
+      LD_LIBRARY_PATH="$build/lib" PYTHONPATH="$e2e_py" python3 -c 'import pstar.torch' 2>"$out/e2e_import.log"; then
+    [ -x "$build/bin/pstar-plan" ] || cmake --build "$build" -j "$(nproc)" --target pstar-plan >/dev/null
+    check_limit_s=${PSTAR_GPU_E2E_LIMIT_S:-480} run_check e2e_train sh -c \
+      'LD_LIBRARY_PATH="$1/lib" PYTHONPATH="$2" python3 bench/e2e_train.py --device cuda --json --plan "$1/bin/pstar-plan" > "$3/e2e_train.jsonl"' \
+      e2e "$build" "$e2e_py" "$out"
+    tail -n 1 "$out/e2e_train.jsonl" 2>/dev/null
+  else
+    echo "e2e_train: not run (no Python binding for this python3, or it does not load: $(tail -n 1 "$out/e2e_import.log" 2>/dev/null))"
+  fi
   echo "gpu run.sh: exit status $status"
   exit $status
 } 2>&1 | tee "$out/gpu-run.log"

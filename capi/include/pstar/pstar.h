@@ -402,8 +402,11 @@ typedef struct pstar_engine_options {
    *  Results are bit-identical either way.  A zero capacity (unlimited, on
    *  the emulated device) places every chunk; on CUDA it is rejected.
    *  With world_size > 1 each rank places its own shards' state in its own
-   *  margin (its shard's payload is not pinned; the update copies the
-   *  shard's gradient in and its weights out: docs/distributed.md). */
+   *  margin, above the larger of that peak with the reserve and what its
+   *  accelerator held beside placed state (gathered chunks kept between
+   *  uses); its shard's payload is not pinned, and the shard's compute
+   *  slot moves to the accelerator with the state, its only copy there:
+   *  the all-gathers copy it on the accelerator (docs/distributed.md). */
   int32_t hybrid_optimizer;
   /* Data parallelism (ZeRO-3 sharding; docs/distributed.md) */
   /** This process's rank, 0..world_size-1; read only when world_size > 0
