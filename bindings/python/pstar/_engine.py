@@ -174,6 +174,8 @@ class View:
         if dl_device is not None and tuple(dl_device) != self.__dlpack_device__():
             raise BufferError(f"pstar: the memory is on {self.__dlpack_device__()}, not {tuple(dl_device)}")
         versioned = max_version is not None and max_version[0] >= 1
+        if self.engine.device != "emulated":
+            self._order_for_consumer(stream)
         self._exports += 1
         self.engine._exports += 1
 
@@ -183,6 +185,34 @@ class View:
 
         return _dlpack.make_capsule(self.address, self.param.shape, self.dtype, self.__dlpack_device__(),
                                     read_only=not self.writable, versioned=versioned, on_free=on_free)
+
+    def _order_for_consumer(self, stream):
+        """DLPack's stream argument on CUDA: the data is ready for work the
+        consumer queues on `stream` (None or 1: the legacy default stream,
+        2: the per-thread default stream, -1: the consumer orders it
+        itself).  It is ready on the stream the view was acquired for; a
+        different consumer stream waits for an event recorded there (through
+        torch.cuda, the only CUDA runtime Python has here; without torch a
+        different stream is refused).  Not run on a GPU yet."""
+        if stream == -1:
+            return
+        producer = self.stream or 0
+        consumer = 0 if stream in (None, 1) else stream
+        if consumer == producer:
+            return
+        try:
+            import torch
+        except ImportError:
+            raise BufferError(f"pstar: the view was acquired for stream {producer:#x}; ordering consumer stream "
+                              f"{consumer:#x} after it needs torch.cuda") from None
+        device = self.engine.options.device_ordinal
+
+        def wrap(handle):  # 0: the legacy default stream; else a cudaStream_t (2: per-thread default)
+            return torch.cuda.default_stream(device) if handle == 0 else torch.cuda.ExternalStream(handle, device)
+
+        ev = torch.cuda.Event()
+        ev.record(wrap(producer))
+        wrap(consumer).wait_event(ev)
 
     def release(self):
         """Releases the parameter (pstar_param_release)."""

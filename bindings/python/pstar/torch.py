@@ -450,9 +450,18 @@ class ParameterModel:
         return result
 
     # -- acquire / release -------------------------------------------------------
+    def _stream(self):
+        """torch's current stream on a CUDA engine (its cudaStream_t as an
+        integer), so that the engine's copies and the model's kernels are
+        ordered on it without device-wide syncs; None (the default stream,
+        and nothing on the emulated device) otherwise."""
+        if self.device.type != "cuda":
+            return None
+        return torch.cuda.current_stream(self.device).cuda_stream
+
     def _acquire(self, slot, stage):
         if slot.held is None:
-            slot.held = self.engine.acquire(slot.param, stage, writable=stage != "forward")
+            slot.held = self.engine.acquire(slot.param, stage, writable=stage != "forward", stream=self._stream())
             slot.held_count = 0
             if stage == "forward":
                 slot.engine_forward += 1
@@ -699,8 +708,11 @@ class ParameterModel:
             if g.device.type == "cpu":
                 self.engine.grad_write(slot.param, g.numpy().reshape(-1))
             else:
+                # On torch's current stream, which produced `g`: the engine
+                # reads it there, so the caching allocator may reuse its
+                # memory once that stream's work is done.
                 check(_c.pstar_grad_write(self.engine._handle(), slot.param.id, g.data_ptr(), slot.param.numel,
-                                          _c.PSTAR_DTYPE_F32, _c.PSTAR_MEM_DEVICE, None), "pstar_grad_write")
+                                          _c.PSTAR_DTYPE_F32, _c.PSTAR_MEM_DEVICE, self._stream()), "pstar_grad_write")
         finally:
             self._release(slot)
 
