@@ -46,6 +46,9 @@ def log(msg):
     print(msg, file=sys.stderr, flush=True)
 
 
+CHECKPOINTING = False  # --checkpointing: every model built below recomputes its blocks in backward
+
+
 def gpt2(layers, hidden, heads, vocab, seq):
     from transformers import GPT2Config, GPT2LMHeadModel
     from transformers.utils import logging as hf_logging
@@ -54,7 +57,11 @@ def gpt2(layers, hidden, heads, vocab, seq):
                         bos_token_id=0, eos_token_id=0, pad_token_id=0, attn_pdrop=0.0, embd_pdrop=0.0,
                         resid_pdrop=0.0)
     torch.manual_seed(0)
-    return GPT2LMHeadModel(config)
+    model = GPT2LMHeadModel(config)
+    if CHECKPOINTING:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    return model
 
 
 def batches(steps, batch, seq, vocab, device):
@@ -233,6 +240,9 @@ def main(argv=None):
     ap.add_argument("--lr", type=float, default=3e-4)
     ap.add_argument("--weight-decay", type=float, default=0.01)
     ap.add_argument("--no-fsdp2", action="store_true")
+    ap.add_argument("--checkpointing", action="store_true",
+                    help="activation checkpointing (transformers' gradient_checkpointing_enable, non-reentrant) in "
+                         "every run")
     ap.add_argument("--plan", help="the pstar-plan binary, for max_params")
     ap.add_argument("--max-hidden", type=int, default=0,
                     help="hidden size of the largest-model search (default 4096 on CUDA, else --hidden)")
@@ -249,6 +259,8 @@ def main(argv=None):
                     help="exit 1 unless every part ran: the same losses at every capacity, an FSDP2 figure and "
                          "the planner's largest shape trained")
     args = ap.parse_args(argv)
+    global CHECKPOINTING
+    CHECKPOINTING = args.checkpointing
     if args.quick:
         args.layers, args.hidden, args.heads, args.vocab, args.seq, args.batch = 2, 64, 4, 512, 32, 4
         args.steps, args.warmup = min(args.steps, 4), min(args.warmup, 1)
@@ -278,7 +290,8 @@ def main(argv=None):
         print(json.dumps(row) if args.json else " ".join(f"{k}={v}" for k, v in row.items()), flush=True)
 
     data = batches(args.steps, args.batch, args.seq, args.vocab, args.torch_device)
-    shape = {"layers": args.layers, "hidden": args.hidden, "vocab": args.vocab, "seq": args.seq, "batch": args.batch}
+    shape = {"layers": args.layers, "hidden": args.hidden, "vocab": args.vocab, "seq": args.seq, "batch": args.batch,
+             "checkpointing": args.checkpointing}
 
     log("plain PyTorch ...")
     losses, seconds = plain_pytorch(args, data)

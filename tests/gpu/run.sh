@@ -102,7 +102,7 @@ PY
       LD_LIBRARY_PATH="$build/lib" PYTHONPATH="$e2e_py" python3 -c 'import pstar.torch' 2>"$out/e2e_import.log"; then
     [ -x "$build/bin/pstar-plan" ] || cmake --build "$build" -j "$(nproc)" --target pstar-plan >/dev/null
     check_limit_s=${PSTAR_GPU_E2E_LIMIT_S:-480} run_check e2e_train sh -c \
-      'LD_LIBRARY_PATH="$1/lib" PYTHONPATH="$2" python3 bench/e2e_train.py --device cuda --json --plan "$1/bin/pstar-plan" > "$3/e2e_train.jsonl"' \
+      'LD_LIBRARY_PATH="$1/lib" PYTHONPATH="$2" python3 bench/e2e_train.py --device cuda --checkpointing --json --plan "$1/bin/pstar-plan" > "$3/e2e_train.jsonl"' \
       e2e "$build" "$e2e_py" "$out"
     tail -n 1 "$out/e2e_train.jsonl" 2>/dev/null
   else
