@@ -36,6 +36,7 @@ import socket
 import subprocess
 import sys
 import time
+import zlib
 
 import torch
 
@@ -179,20 +180,24 @@ def max_params(args):
            "chunk_elems": plan["chunk_elems"],
            "gpu_mem_bytes": args.plan_gpu_mem, "host_mem_bytes": args.plan_host_mem}
     reserve = args.plan_gpu_mem // 10  # pstar-plan's default --gpu-reserve
-    # The model is built in PyTorch first (fp32, then bf16) and attach copies
-    # it into the engine: beside the engine's host bytes that needs about 6
-    # bytes per parameter more of this machine's memory, which the planner
-    # leaves out.
-    torch_bytes = 6 * plan["max_params"]
-    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    if plan["max_params"] * 14 + torch_bytes > physical:
-        row["trained"] = False
-        row["not_attempted"] = (f"building the model in PyTorch before attach needs about {torch_bytes} bytes of "
-                                f"host memory beside the engine's; pstar.torch has no way to attach a model "
-                                f"that was never materialised (meta device) yet")
-        return row
-    model = gpt2(shape["layers"], hidden, heads, args.vocab, args.seq).to(torch.bfloat16)
+    # Built on the meta device and initialised inside the engine, one
+    # parameter at a time (attach(init=...)): the host holds the engine's
+    # lists, not a second copy of the model.
+    with torch.device("meta"):
+        model = gpt2(shape["layers"], hidden, heads, args.vocab, args.seq).to(torch.bfloat16)
     row["params"] = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    layers = shape["layers"]
+
+    def init(name, t):  # GPT-2's initialisation, seeded by the parameter's name
+        g = torch.Generator().manual_seed(zlib.crc32(name.encode()))
+        if name.endswith("bias"):
+            t.zero_()
+        elif ".ln_" in name or name.startswith("transformer.ln_f"):
+            t.fill_(1.0)
+        else:
+            std = 0.02 / math.sqrt(2 * layers) if name.endswith("c_proj.weight") else 0.02
+            t.normal_(0.0, std, generator=g)
+
     try:
         # The planner's chunk size, device capacity (less its reserve) and
         # hybrid placement (its default).
@@ -202,7 +207,7 @@ def max_params(args):
         # it, less the reserve per rank.
         pm = ptorch.attach(model, device=args.device, compute_dtype="bf16", chunk_elems=plan["chunk_elems"],
                            device_capacity_bytes=args.plan_gpu_mem - reserve, hybrid_optimizer=1, lr=args.lr,
-                           weight_decay=args.weight_decay, adamw=1)
+                           weight_decay=args.weight_decay, adamw=1, init=init)
         losses = []
         for x in batches(3, args.batch, args.seq, args.vocab, args.torch_device):
             with pm.train_iteration():

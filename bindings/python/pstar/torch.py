@@ -303,7 +303,7 @@ class ParameterModel:
         return self._module()
 
     # -- setup -------------------------------------------------------------
-    def _adopt(self, module):
+    def _adopt(self, module, init=None):
         seen = {}
         for mod_name, mod in module.named_modules():
             for pname, p in list(mod._parameters.items()):
@@ -318,8 +318,13 @@ class ParameterModel:
                     raise ValueError(f"{mod_name}.{pname}: sparse and complex parameters are not supported")
                 full = f"{mod_name}.{pname}" if mod_name else pname
                 param = self.engine.register(full, tuple(p.shape) or (1,), frozen=not p.requires_grad)
+                if p.device.type == "meta" and init is None:
+                    raise ValueError(f"{full}: on the meta device (no values); pass attach(..., init=fn), where "
+                                     f"fn(name, tensor) fills a CPU float32 tensor of the parameter's shape")
                 slot = _Slot(self, full, param, p.shape, p.requires_grad)
-                slot.initial = p.detach().to("cpu", torch.float32).contiguous()
+                # The values are read one parameter at a time after the build
+                # (no fp32 copy of the whole model beside the engine's lists).
+                slot.initial = p
                 self.slots.append(slot)
                 placeholder = torch.empty(0, dtype=self.dtype, device=self.device)
                 placeholder.requires_grad_(p.requires_grad)
@@ -328,8 +333,17 @@ class ParameterModel:
                 mod._parameters[pname] = new
         self.engine.build()
         for slot in self.slots:
-            self.engine.write(slot.param, slot.initial.numpy().reshape(-1))
+            p = slot.initial
             del slot.initial
+            if p.device.type == "meta":
+                values = torch.empty(tuple(p.shape), dtype=torch.float32)
+                with torch.no_grad():
+                    init(slot.name, values)
+            else:
+                values = p.detach().to("cpu", torch.float32).contiguous()
+            del p
+            self.engine.write(slot.param, values.numpy().reshape(-1))
+            del values
         for mod in module.modules():
             mod._apply = _guarded_apply(weakref.ref(mod))
 
@@ -757,12 +771,21 @@ def _flatten(obj):
         yield obj
 
 
-def attach(module: torch.nn.Module, options: Options = None, **fields) -> ParameterModel:
+def attach(module: torch.nn.Module, options: Options = None, init=None, **fields) -> ParameterModel:
     """Moves the module's parameters into a new engine (registered in the
     module's parameter order; the compute dtype is the engine's) and returns
     the ParameterModel that runs its iterations.  The engine lives as long
-    as the model's parameters or the ParameterModel."""
+    as the model's parameters or the ParameterModel.
+
+    A model too large to build in host memory beside the engine can be built
+    on the meta device (``with torch.device("meta"): model = ...``): its
+    parameters then have no values, and ``init(name, tensor)`` must fill a
+    CPU float32 tensor of each one's shape (``name`` as in
+    ``named_parameters()``), called once per parameter after the engine is
+    built, so that only one parameter's values exist outside the engine at
+    a time.  Buffers are not initialised: a model with buffers on the meta
+    device must materialise them itself."""
     engine = Engine(options, **fields) if options is not None else Engine(**fields)
     pm = ParameterModel(module, engine)
-    pm._adopt(module)
+    pm._adopt(module, init)
     return pm

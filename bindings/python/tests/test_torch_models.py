@@ -127,3 +127,43 @@ def test_vit_trains_like_pytorch():
     assert pm.engine.stats["evictions"] > 0
     assert max(abs(a - b) for a, b in zip(losses, ref_losses)) < 1e-2, (losses, ref_losses)
     assert losses[-1] < losses[0]
+
+
+def test_gpt2_built_on_the_meta_device_trains_as_the_same_model_built_on_the_cpu():
+    # attach(init=...): the parameters have no values until the engine is
+    # built; init fills each one, here from a model built on the CPU with
+    # the same seed, so the two runs must give the same losses bit for bit.
+    cpu = gpt2()
+    values = {name: p.detach().float().clone() for name, p in cpu.named_parameters()}
+    cfg = cpu.config
+    with torch.device("meta"):
+        meta = transformers.GPT2LMHeadModel(cfg).to(torch.bfloat16)
+    assert all(p.device.type == "meta" for p in meta.parameters())
+    seen = []
+
+    def init(name, t):
+        assert t.device.type == "cpu" and t.dtype == torch.float32 and t.shape == values[name].shape
+        seen.append(name)
+        t.copy_(values[name])
+
+    pm = ptorch.attach(meta, device="emulated", compute_dtype="bf16", chunk_elems=4096,
+                       device_capacity_bytes=CAPACITY, lr=LR, beta1=BETAS[0], beta2=BETAS[1], eps=EPS,
+                       weight_decay=WD, adamw=1, init=init)
+    assert sorted(seen) == sorted(values), "init called once per parameter (tied ones once)"
+    meta.train()
+    losses = []
+    for s in range(5):
+        with pm.train_iteration():
+            loss = gpt2_loss(meta, s)
+            loss.backward()
+            pm.step()
+        losses.append(loss.item())
+    ref_losses, _ = train_pstar(cpu, gpt2_loss, 5, CAPACITY)
+    assert losses == ref_losses
+
+
+def test_a_meta_parameter_without_init_is_refused():
+    with torch.device("meta"):
+        model = torch.nn.Linear(4, 4)
+    with pytest.raises(ValueError, match="meta device"):
+        ptorch.attach(model, device="emulated", compute_dtype="bf16")
