@@ -319,8 +319,11 @@ pub struct pstar_engine_options {
     #[doc = "  Results are bit-identical either way.  A zero capacity (unlimited, on"]
     #[doc = "  the emulated device) places every chunk; on CUDA it is rejected."]
     #[doc = "  With world_size > 1 each rank places its own shards' state in its own"]
-    #[doc = "  margin (its shard's payload is not pinned; the update copies the"]
-    #[doc = "  shard's gradient in and its weights out: docs/distributed.md)."]
+    #[doc = "  margin, above the larger of that peak with the reserve and what its"]
+    #[doc = "  accelerator held beside placed state (gathered chunks kept between"]
+    #[doc = "  uses); its shard's payload is not pinned, and the shard's compute"]
+    #[doc = "  slot moves to the accelerator with the state, its only copy there:"]
+    #[doc = "  the all-gathers copy it on the accelerator (docs/distributed.md)."]
     pub hybrid_optimizer: i32,
     #[doc = " This process's rank, 0..world_size-1; read only when world_size > 0"]
     #[doc = "  (it must be 0 when world_size is 0)."]
