@@ -41,7 +41,7 @@ void HybridPlacement::step_begins(const Plan& p) {
     // else takes from the pool: they go for good.
     if (sharded_) {
       std::vector<uint64_t> sizes;
-      for (uint32_t k : p.in) sizes.push_back(chunks_->list_elems(k) * options_.elem_bytes);
+      for (uint32_t k : p.in) sizes.push_back(shard_bytes(k));
       std::sort(sizes.begin(), sizes.end());
       sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
       for (uint64_t b : sizes) runtime_->trim_host_cache(b);
@@ -70,16 +70,14 @@ uint64_t HybridPlacement::state_bytes(uint32_t k) const {
   const uint64_t lists = device_lists() * list_bytes(k);
   if (!sharded_) return lists;
   // The compute slot, and the fp32 gradient's staging with accumulation.
-  const uint64_t n = chunks_->list_elems(k);
-  return lists + n * options_.elem_bytes + (options_.grad_accumulation ? n * sizeof(float) : 0);
+  return lists + shard_bytes(k) + (options_.grad_accumulation ? list_bytes(k) : 0);
 }
 
 void* HybridPlacement::slot_staging(uint32_t k) const { return base_[k] + device_lists() * chunks_->list_elems(k); }
 
 float* HybridPlacement::grad_staging(uint32_t k) const {
   if (!options_.grad_accumulation) return nullptr;
-  const uint64_t n = chunks_->list_elems(k);
-  return reinterpret_cast<float*>(static_cast<char*>(slot_staging(k)) + n * options_.elem_bytes);
+  return reinterpret_cast<float*>(static_cast<char*>(slot_staging(k)) + shard_bytes(k));
 }
 
 uint64_t HybridPlacement::margin() const {
@@ -163,10 +161,9 @@ void HybridPlacement::move(uint32_t k) {
   // reduce-scatter left) moves into the slot after the lists, for good.
   void** shard = sharded_ ? chunks_->compute_shard(k) : nullptr;
   void* slot = base + slots * (fp32_bytes / sizeof(float));
-  const uint64_t shard_bytes = chunks_->list_elems(k) * options_.elem_bytes;
   if (shard != nullptr) {
-    device_->copy_async(s, slot, *shard, shard_bytes, memory::CopyKind::kHostToDevice);
-    copied += shard_bytes;
+    device_->copy_async(s, slot, *shard, shard_bytes(k), memory::CopyKind::kHostToDevice);
+    copied += shard_bytes(k);
   }
   const memory::EventPtr done = device_->record(s);
   for (size_t slot = 0; slot < slots; ++slot) {
@@ -174,7 +171,7 @@ void HybridPlacement::move(uint32_t k) {
     *lists[slot] = base + slot * (fp32_bytes / sizeof(float));
   }
   if (shard != nullptr) {
-    runtime_->defer_free_host(done, *shard, shard_bytes);
+    runtime_->defer_free_host(done, *shard, shard_bytes(k));
     *shard = slot;
   }
   if (!sharded_) c.opt_device = base;
@@ -205,17 +202,16 @@ void HybridPlacement::move_out(uint32_t k) {
   }
   // With world > 1 the compute shard comes back to the host with them.
   void** shard = sharded_ ? chunks_->compute_shard(k) : nullptr;
-  const uint64_t shard_bytes = chunks_->list_elems(k) * options_.elem_bytes;
   if (shard != nullptr) {
-    void* host = runtime_->host_alloc(shard_bytes);
-    device_->copy_async(s, host, *shard, shard_bytes, memory::CopyKind::kDeviceToHost);
+    void* host = runtime_->host_alloc(shard_bytes(k));
+    device_->copy_async(s, host, *shard, shard_bytes(k), memory::CopyKind::kDeviceToHost);
     *shard = host;
   }
   const memory::EventPtr done = device_->record(s);
   runtime_->host_wait(s, done);
   runtime_->check_ready(done, "optimizer state moved to the host");
   runtime_->defer_free_device(done, base, bytes, Use::kOptimizer);
-  runtime_->count_device_to_host(device_lists() * fp32_bytes + (shard != nullptr ? shard_bytes : 0));
+  runtime_->count_device_to_host(device_lists() * fp32_bytes + (shard != nullptr ? shard_bytes(k) : 0));
   c.opt_device = nullptr;
   base_[k] = nullptr;
   bytes_[k] = 0;
@@ -303,11 +299,10 @@ HybridPlacement::HostLists::HostLists(HybridPlacement& hybrid, uint32_t k, unsig
     }
     if ((which & kComputeShard) != 0 && hybrid.shard_on_device(k)) {
       void** shard = hybrid.chunks_->compute_shard(k);
-      const uint64_t shard_bytes = hybrid.chunks_->list_elems(k) * hybrid.options_.elem_bytes;
-      void* host = hybrid.runtime_->host_alloc(shard_bytes);
+      void* host = hybrid.runtime_->host_alloc(hybrid.shard_bytes(k));
       device_shard_ = *shard;
       *shard = host;
-      hybrid.device_->copy_sync(host, device_shard_, shard_bytes, memory::CopyKind::kDeviceToHost);
+      hybrid.device_->copy_sync(host, device_shard_, hybrid.shard_bytes(k), memory::CopyKind::kDeviceToHost);
     }
   } catch (...) {
     restore();
@@ -323,8 +318,7 @@ void HybridPlacement::HostLists::write_back() {
     hybrid_.device_->copy_sync(device_[i], lists[i], hybrid_.list_bytes(k_), memory::CopyKind::kHostToDevice);
   }
   if (device_shard_ != nullptr) {
-    hybrid_.device_->copy_sync(device_shard_, *hybrid_.chunks_->compute_shard(k_),
-                               hybrid_.chunks_->list_elems(k_) * hybrid_.options_.elem_bytes,
+    hybrid_.device_->copy_sync(device_shard_, *hybrid_.chunks_->compute_shard(k_), hybrid_.shard_bytes(k_),
                                memory::CopyKind::kHostToDevice);
   }
 }
@@ -342,8 +336,7 @@ void HybridPlacement::HostLists::restore() noexcept {
   }
   if (device_shard_ != nullptr) {
     void** shard = hybrid_.chunks_->compute_shard(k_);
-    hybrid_.runtime_->defer_free_host(memory::EventPtr(), *shard,
-                                      hybrid_.chunks_->list_elems(k_) * hybrid_.options_.elem_bytes);
+    hybrid_.runtime_->defer_free_host(memory::EventPtr(), *shard, hybrid_.shard_bytes(k_));
     *shard = device_shard_;
     device_shard_ = nullptr;
   }

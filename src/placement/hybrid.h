@@ -209,6 +209,8 @@ class HybridPlacement {
   // list with accumulation in one process.
   size_t device_lists() const { return options_.grad_accumulation && !sharded_ ? 4 : 3; }
   uint64_t list_bytes(uint32_t k) const { return chunks_->list_elems(k) * sizeof(float); }
+  // world > 1: bytes of chunk k's compute shard (its slot in the buffer).
+  uint64_t shard_bytes(uint32_t k) const { return chunks_->list_elems(k) * options_.elem_bytes; }
 
   const HybridOptions options_;
   memory::Device* device_;  // not owned

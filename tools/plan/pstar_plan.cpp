@@ -640,11 +640,11 @@ struct Planner {
       // gathers copy it on the device, its gradient goes in once (the
       // compute dtype) when its reduce-scatter is applied, nothing comes
       // back at the step, and the host holds no copy of it.
+      ev.placed_shard_bytes = ev.sharded_placement.elems * w.shape.dtype_bytes;
       ev.sharded_h2d_bytes = ev.collectives.shard_bytes_to_device(world) - ev.sharded_placement.gathered_shard_bytes +
-                             ev.sharded_placement.elems * w.shape.dtype_bytes;
+                             ev.placed_shard_bytes;
       ev.sharded_d2h_bytes = ev.collectives.reduced_bytes_to_host(world);
       ev.sharded_copy_s = double(ev.sharded_h2d_bytes) / hw.h2d + double(ev.sharded_d2h_bytes) / hw.d2h;
-      ev.placed_shard_bytes = ev.sharded_placement.elems * w.shape.dtype_bytes;
       ev.sharded_device_ok = peak <= ev.device_capacity;
     }
     adam_times(ev.opt_device_per_rank, &ev.host_adam_s, &ev.device_adam_s);
