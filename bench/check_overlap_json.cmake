@@ -15,7 +15,8 @@ foreach(i 0 1)
   bench_json_keys("${line}" bench compute_to_adam adam_s iteration_s_sync iteration_s_overlap speedup
                   exposed_optimizer_fraction ideal_speedup first_use_bound_speedup layers iters
                   reps iteration_s_speculative speedup_speculative exposed_optimizer_fraction_speculative
-                  speculative_bound_speedup chunks_speculated_fraction speculations_discarded)
+                  speculative_bound_speedup chunks_speculated_fraction speculations_discarded
+                  adam_s_queued update_s_overlap step_wait_fraction optimizer_wait_fraction_sync)
   if(NOT v_bench STREQUAL "overlap")
     message(FATAL_ERROR "\"bench\" is '${v_bench}', expected 'overlap'")
   endif()

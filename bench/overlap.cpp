@@ -18,17 +18,38 @@
 // in the same process.  First the Adam time: the synchronous pstar_step's
 // median over `iters` iterations without compute (adam_s).  Then, for each
 // ratio R, the compute per iteration is R * adam_s, split evenly over the
-// 2 * layers uses, and the two engines take turns, `reps` times: a block of
-// `iters` iterations on one, then on the other.  An overlapped block ends
-// with a call that waits for its last step (pstar_x_step_get_stats), so
-// its time includes every update it started.  iteration_s_* are the
-// medians over the reps of block time / iters; speedup is their ratio;
-// exposed_optimizer_fraction is the overlapped engine's wait for updates
-// per iteration (pstar_x_step_stats.wait_seconds) over adam_s.
+// 2 * layers uses, and the engines take turns, `reps` times: a block on
+// one, then on the next.  A block is the steady state of training: one
+// untimed lead-in iteration leaves its step in flight, then `iters`
+// iterations are timed from the first one's begin to the last one's
+// pstar_step return, so each timed forward waits for the step before it,
+// and the block then waits for its last step, untimed, before the next
+// engine runs (pstar_x_step_get_stats).  iteration_s_* are the medians
+// over the reps of timed block time / iters; speedup is their ratio.
+// exposed_optimizer_fraction is what the caller of the overlapped engine
+// waits for the optimizer's work per timed iteration, over adam_s, timed
+// on the caller's side: the seconds in pstar_step and in FORWARD acquires
+// (an acquire waits for its chunk's update and then for the updated
+// weights' copy to the device).  optimizer_wait_fraction_sync is the same
+// for the synchronous engine (about 1: its whole step).
+// step_wait_fraction counts only what the engine's step counter sees
+// (pstar_x_step_stats.wait_seconds, less the drain's wall time), not the
+// copy after the update; until 2026-12-04 that counter, with the drain in
+// it, was reported as exposed_optimizer_fraction.
+//
+// adam_s is timed with the emulated device idle: each calibration
+// iteration sleeps kCalibrationSettleS before its pstar_step, so that the
+// step's time is the update (and the last gradient's finalize), not the
+// backward's copies still queued on the emulated device's streams when
+// the backward has no compute to run beside them.  adam_s_queued is the
+// same step timed right after a backward without compute (how adam_s was
+// timed until 2026-12-04: up to 1.9x adam_s on this machine, which sized
+// every ratio's compute too large and the bounds with it).
 //
 // A third engine overlaps its step with the speculative update
 // (pstar_x_engine_set_speculative_update, no bound on its memory): the
-// *_speculative keys, with the share of chunk updates it kept and how many
+// *_speculative keys, with the share of chunk updates it kept (over every
+// iteration of its blocks, lead-ins included) and how many
 // it discarded (none: the replay neither clips nor overflows).
 //
 // The bounds that come with each line.  ideal_speedup, (1 + R) / max(1, R), is
@@ -46,6 +67,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -65,6 +87,11 @@ namespace pstar::bench {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// Seconds a calibration iteration sleeps before its pstar_step, for the
+// emulated device's queued copies and gradient work to finish (16 chunks
+// of 4M elements take about 0.06 s of it here).
+constexpr double kCalibrationSettleS = 0.1;
 
 struct OverlapOptions {
   int layers = 16;
@@ -107,13 +134,15 @@ class Model {
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
 
-  // One TRAIN iteration with `use_s` seconds of compute per use; returns
-  // the seconds pstar_step took.
-  double iteration(double use_s) {
+  // One TRAIN iteration with `use_s` seconds of compute per use and
+  // `settle_s` more before pstar_step; returns the seconds pstar_step took.
+  double iteration(double use_s, double settle_s = 0) {
     PSTAR_CHECK(pstar_iteration_begin(e_, PSTAR_ITERATION_TRAIN));
     void* ptr = nullptr;
     for (uint32_t i = 0; i < layers_; ++i) {
+      const auto a0 = Clock::now();
       PSTAR_CHECK(pstar_param_acquire(e_, ids_[i], PSTAR_STAGE_FORWARD, stream_, &ptr));
+      optimizer_wait_s_ += seconds_since(a0);
       compute(use_s);
       PSTAR_CHECK(pstar_param_release(e_, ids_[i], stream_));
     }
@@ -122,12 +151,20 @@ class Model {
       compute(use_s);
       PSTAR_CHECK(pstar_param_release(e_, ids_[i], stream_));
     }
+    compute(settle_s);
     const auto t0 = Clock::now();
     pstar_step_result r;
     PSTAR_CHECK(pstar_step_result_init(&r));
     PSTAR_CHECK(pstar_step(e_, &r));
-    return seconds_since(t0);
+    const double step_s = seconds_since(t0);
+    optimizer_wait_s_ += step_s;
+    return step_s;
   }
+  // Seconds the caller spent in pstar_step and in FORWARD acquires, summed
+  // since the engine was built: what it waited for the optimizer's work
+  // (the update, and the updated weights' copy to the device), measured on
+  // the caller's side.
+  double optimizer_wait_seconds() const { return optimizer_wait_s_; }
   // Waits for the step in flight; returns the step statistics.
   pstar_x_step_stats stats() {
     pstar_x_step_stats s;
@@ -141,6 +178,7 @@ class Model {
     if (s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(s));
   }
   uint32_t layers_;
+  double optimizer_wait_s_ = 0.0;
   pstar_engine* e_ = nullptr;
   void* stream_ = nullptr;
   std::vector<uint32_t> ids_;
@@ -186,33 +224,59 @@ int run_overlap(const OverlapOptions& o) {
   }
   overlap.stats();
   speculative.stats();
-  std::vector<double> steps;
-  for (int i = 0; i < o.iters; ++i) steps.push_back(sync.iteration(0));
+  std::vector<double> steps, steps_queued;
+  for (int i = 0; i < o.iters; ++i) {
+    steps.push_back(sync.iteration(0, kCalibrationSettleS));
+    steps_queued.push_back(sync.iteration(0));
+  }
   const double adam_s = median(steps);
+  const double adam_s_queued = median(steps_queued);
   const double uses = 2.0 * o.layers;
 
   for (double ratio : ratios) {
     const double use_s = ratio * adam_s / uses;
-    std::vector<double> t_sync, t_overlap, exposed, t_spec, exposed_spec;
+    // One block (see the top of this file), per timed iteration.
+    struct Block {
+      double iteration_s;
+      double optimizer_wait_s;  // caller side: Model::optimizer_wait_seconds
+      double step_wait_s;       // engine side: pstar_x_step_stats.wait_seconds less the drain
+      double update_s;          // pstar_x_step_stats.update_seconds, per step
+      uint64_t speculated, discarded;
+    };
+    auto block = [&](Model& m) {
+      const pstar_x_step_stats before = m.stats();
+      m.iteration(use_s);  // lead-in: its step stays in flight
+      const double waited0 = m.optimizer_wait_seconds();
+      const auto t0 = Clock::now();
+      for (int i = 0; i < o.iters; ++i) m.iteration(use_s);
+      Block b{};
+      b.iteration_s = seconds_since(t0) / o.iters;
+      b.optimizer_wait_s = (m.optimizer_wait_seconds() - waited0) / o.iters;
+      const auto drain0 = Clock::now();
+      const pstar_x_step_stats after = m.stats();  // waits for the last step
+      const double drain_s = seconds_since(drain0);
+      b.step_wait_s = std::max(0.0, after.wait_seconds - before.wait_seconds - drain_s) / o.iters;
+      b.update_s = (after.update_seconds - before.update_seconds) / (o.iters + 1);
+      b.speculated = after.chunks_speculated - before.chunks_speculated;
+      b.discarded = after.speculations_discarded - before.speculations_discarded;
+      return b;
+    };
+    std::vector<double> t_sync, serial_sync, t_overlap, exposed, step_wait, update_s, t_spec, exposed_spec;
     uint64_t kept = 0, discarded = 0;
     for (int rep = 0; rep < o.reps; ++rep) {
-      auto t0 = Clock::now();
-      for (int i = 0; i < o.iters; ++i) sync.iteration(use_s);
-      t_sync.push_back(seconds_since(t0) / o.iters);
-      const pstar_x_step_stats before = overlap.stats();
-      t0 = Clock::now();
-      for (int i = 0; i < o.iters; ++i) overlap.iteration(use_s);
-      const pstar_x_step_stats after = overlap.stats();  // waits for the last step
-      t_overlap.push_back(seconds_since(t0) / o.iters);
-      exposed.push_back((after.wait_seconds - before.wait_seconds) / o.iters / adam_s);
-      const pstar_x_step_stats spec_before = speculative.stats();
-      t0 = Clock::now();
-      for (int i = 0; i < o.iters; ++i) speculative.iteration(use_s);
-      const pstar_x_step_stats spec_after = speculative.stats();
-      t_spec.push_back(seconds_since(t0) / o.iters);
-      exposed_spec.push_back((spec_after.wait_seconds - spec_before.wait_seconds) / o.iters / adam_s);
-      kept += spec_after.chunks_speculated - spec_before.chunks_speculated;
-      discarded += spec_after.speculations_discarded - spec_before.speculations_discarded;
+      const Block bs = block(sync);
+      t_sync.push_back(bs.iteration_s);
+      serial_sync.push_back(bs.optimizer_wait_s / adam_s);
+      const Block bo = block(overlap);
+      t_overlap.push_back(bo.iteration_s);
+      exposed.push_back(bo.optimizer_wait_s / adam_s);
+      step_wait.push_back(bo.step_wait_s / adam_s);
+      update_s.push_back(bo.update_s);
+      const Block bp = block(speculative);
+      t_spec.push_back(bp.iteration_s);
+      exposed_spec.push_back(bp.optimizer_wait_s / adam_s);
+      kept += bp.speculated;
+      discarded += bp.discarded;
     }
     const double s = median(t_sync), v = median(t_overlap), x = median(exposed);
     const double vs = median(t_spec), xs = median(exposed_spec);
@@ -230,10 +294,14 @@ int run_overlap(const OverlapOptions& o) {
       j["layers"] = o.layers;
       j["layer_elems"] = static_cast<uint64_t>(o.layer_elems);
       j["adam_s"] = adam_s;
+      j["adam_s_queued"] = adam_s_queued;
+      j["update_s_overlap"] = median(update_s);
       j["iteration_s_sync"] = s;
       j["iteration_s_overlap"] = v;
       j["speedup"] = s / v;
       j["exposed_optimizer_fraction"] = x;
+      j["step_wait_fraction"] = median(step_wait);
+      j["optimizer_wait_fraction_sync"] = median(serial_sync);
       j["ideal_speedup"] = ideal;
       j["first_use_bound_speedup"] = first_use_bound;
       j["iteration_s_speculative"] = vs;
@@ -241,7 +309,7 @@ int run_overlap(const OverlapOptions& o) {
       j["exposed_optimizer_fraction_speculative"] = xs;
       j["speculative_bound_speedup"] = speculative_bound;
       j["chunks_speculated_fraction"] =
-          static_cast<double>(kept) / (static_cast<double>(o.reps) * o.iters * static_cast<double>(o.layers));
+          static_cast<double>(kept) / (static_cast<double>(o.reps) * (o.iters + 1) * static_cast<double>(o.layers));
       j["speculations_discarded"] = discarded;
       j["samples_speculative_s"] = t_spec;
       j["iters"] = o.iters;
