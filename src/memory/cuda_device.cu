@@ -94,6 +94,7 @@ class CudaDevice final : public Device {
   pstar_device_kind kind() const override { return PSTAR_DEVICE_CUDA; }
   std::string name() const override { return "CUDA device " + std::to_string(ordinal_); }
   bool host_accessible() const override { return false; }
+  void use_on_this_thread() override { check(cudaSetDevice(ordinal_), "cudaSetDevice"); }
 
   void* allocate(size_t bytes) override {
     void* p = nullptr;

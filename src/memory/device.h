@@ -17,6 +17,12 @@
 //    counts as complete.
 //  - The source and destination of a queued copy must stay allocated and
 //    unmodified until an event recorded after the copy completes.
+//  - Threads: the engine's thread makes every call, except that the
+//    overlapped step's update thread queues an updated chunk's copy to the
+//    device (copy_async and record on the H2D stream) while the engine's
+//    thread goes on using the same streams.  Both implementations take
+//    those calls from any thread; a thread calls use_on_this_thread() once
+//    before its first.
 #pragma once
 
 #include <chrono>
@@ -56,6 +62,9 @@ class Device {
   // True when device pointers may be dereferenced by host code (the emulated
   // device).  Host access still has to wait for the guarding event.
   virtual bool host_accessible() const = 0;
+  // Makes this device the current one of the calling thread (CUDA: the
+  // runtime's current device is per thread).  Nothing to do elsewhere.
+  virtual void use_on_this_thread() {}
 
   // Raw allocation of `bytes`, aligned to at least 256 bytes.  Capacity is
   // enforced by the caller's tier accounting, not here; throws

@@ -94,9 +94,12 @@ class EmulatedDevice::Queue final : public Stream {
     cv_.notify_all();
   }
 
-  // True when every item pushed so far has finished.  Only the engine's
-  // thread pushes, so an idle queue stays idle until that thread pushes again.
-  // Lock-free: it runs several times per acquire.
+  // True when every item pushed so far has finished.  Lock-free: it runs
+  // several times per acquire.  An idle queue stays idle until a thread
+  // pushes again; a thread that pushed sees its own item pending until it
+  // has run (the update thread's copies to the device share the H2D queue
+  // with the engine's thread: each thread's record() covers at least its
+  // own items).
   bool idle() const { return pending_.load(std::memory_order_acquire) == 0; }
 
  private:

@@ -180,6 +180,11 @@ void Runtime::copy_in(uint32_t k, void* dst, const memory::EventPtr& after) {
   device_->copy_async(s, dst, c.host, c.bytes, memory::CopyKind::kHostToDevice);
   memory::EventPtr done = device_->record(s);
   if (timeline_) note_move(true, k, start, done);
+  become_resident(k, dst, done);
+}
+
+void Runtime::become_resident(uint32_t k, void* dst, const memory::EventPtr& done) {
+  chunk::Chunk& c = at(k);
   if (keep_clean_host_copies_) {
     c.host_copy = c.host;  // the same bits as the device payload from `done` on
   } else {
@@ -193,6 +198,57 @@ void Runtime::copy_in(uint32_t k, void* dst, const memory::EventPtr& after) {
   lru_.touch(k);  // resident from now on, hence evictable
   ++counters_.moves_to_device;
   counters_.bytes_host_to_device += c.bytes;
+}
+
+bool Runtime::follow_update(uint32_t k, uint64_t t) {
+  chunk::Chunk& c = at(k);
+  const size_t bytes = c.bytes;
+  void* dst = device_alloc(bytes, k, "chunk " + std::to_string(k));
+  tier_.add(Use::kChunks, bytes);
+  note_device_peak();
+  PendingUpload& u = uploads_[k];
+  u = PendingUpload{dst, t, false, nullptr, nullptr};
+  ++uploads_pending_;
+  // The host payload is the update's output; the engine's thread leaves it
+  // (and the chunk) alone until it takes the update's completion.
+  const void* src = c.host;
+  const bool timeline = timeline_ != nullptr;
+  const bool followed = follower_of_updates_.follow(k, [this, k, dst, src, bytes, timeline] {
+    PendingUpload& p = uploads_[k];
+    device_->use_on_this_thread();
+    memory::Stream* s = device_->h2d_stream();
+    if (timeline) p.start = device_->record(s);
+    device_->copy_async(s, dst, src, bytes, memory::CopyKind::kHostToDevice);
+    p.done = device_->record(s);
+    p.queued = true;
+  });
+  if (followed) return true;
+  --uploads_pending_;
+  device_->deallocate(dst, bytes);
+  tier_.remove(Use::kChunks, bytes);
+  u = PendingUpload{};
+  return false;
+}
+
+void Runtime::take_upload(uint32_t k) {
+  if (uploads_.empty() || uploads_[k].dst == nullptr) return;
+  PendingUpload u = std::move(uploads_[k]);
+  uploads_[k] = PendingUpload{};
+  --uploads_pending_;
+  chunk::Chunk& c = at(k);
+  if (!u.queued) {
+    // The step failed before the copy was queued, perhaps inside it (a
+    // copy that failed to queue may have left work on the stream).
+    device_->synchronize(device_->h2d_stream());
+    device_->deallocate(u.dst, c.bytes);
+    tier_.remove(Use::kChunks, c.bytes);
+    return;
+  }
+  if (timeline_) note_move(true, k, u.start, u.done);
+  become_resident(k, u.dst, u.done);
+  c.prefetched = true;
+  counters_.bytes_prefetched += c.bytes;
+  if (follower_.following()) opt_policy_.touch(k, u.moment);  // keyed by its coming use
 }
 
 void Runtime::evict(uint32_t k) {
@@ -396,10 +452,27 @@ void Runtime::prefetch_ahead(uint64_t now) {
     chunk::Chunk& c = at(k);
     if (c.tier == Tier::kDevice) continue;
     if (c.tier == Tier::kNotGathered) return;  // world > 1: gathered by its acquire (a collective), never ahead
-    if (c.awaiting_update) return;             // in the step: its new values are not written yet
+    if (!uploads_.empty() && uploads_[k].dst != nullptr) continue;  // its copy follows its update
+    const bool awaiting = c.awaiting_update;
+    // Copies queue on the H2D stream in use order: a fetch now would go
+    // ahead of the copy that follows an update of a chunk used before it.
+    if (!awaiting && uploads_pending_ != 0) return;
+    // In the step: its new values are not written yet.  Room for it is
+    // reserved now and its copy follows its update on the update thread,
+    // if there is one that has not finished it yet.
+    if (awaiting && (!follower_of_updates_.can_follow || !follower_of_updates_.can_follow(k))) return;
     const uint64_t growth = transient_peak - transient_now;
     reclaim_deferred(false);
     const uint64_t free = tier_.free_bytes();
+    if (awaiting) {
+      // Into free room only, by the rule below: evicting for it would queue
+      // the victim's copy out long before the room is used.
+      if (c.bytes > free) return;
+      const uint64_t need = c.bytes + growth;
+      if (need > free && (!demand_would_evict(t, c.bytes) || !covered_after(need - free, t, -1))) return;
+      if (!follow_update(k, t)) return;
+      continue;  // counted as prefetched when it is taken (take_upload)
+    }
     if (c.bytes <= free) {
       const uint64_t need = c.bytes + growth;
       if (need > free && (!demand_would_evict(t, c.bytes) || !covered_after(need - free, t, -1))) return;

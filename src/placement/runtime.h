@@ -16,7 +16,10 @@
 // static policy pins the longest prefix of chunks that fits beside a
 // streaming reserve.
 //
-// Threading: the engine's thread only, as the engine.
+// Threading: the engine's thread only, as the engine, with one exception:
+// a chunk's copy to the device that follows its overlapped update is
+// queued by the update thread (follow_update / take_upload below), into a
+// buffer the engine's thread reserved and adopts afterwards.
 #pragma once
 
 #include <cstdint>
@@ -112,6 +115,31 @@ class Runtime {
   // returning whether it freed any.
   void set_release_staging(std::function<bool()> f) { release_staging_ = std::move(f); }
 
+  // The overlapped step's update thread (step::UpdateWorker), where there
+  // is one.  can_follow(k): chunk k's update is in flight and not finished;
+  // follow(k, f): f runs on the update thread right after that update,
+  // before the engine learns that it is done (false: it will not run).
+  // prefetch_ahead then reserves room for a chunk still awaiting its
+  // update and has the update thread queue its copy to the device as soon
+  // as the new values are written, instead of at the caller's next engine
+  // call after that: an acquire that would have waited for the update and
+  // then for the copy waits for the update only (pstar-bench overlap).
+  struct UpdateFollower {
+    std::function<bool(uint32_t)> can_follow;
+    std::function<bool(uint32_t, std::function<void()>)> follow;
+  };
+  // `chunks`: the engine's chunk count.
+  void set_update_follower(UpdateFollower f, size_t chunks) {
+    follower_of_updates_ = std::move(f);
+    uploads_.assign(chunks, PendingUpload{});
+  }
+  // Chunk k's overlapped update is over and the engine's thread took it
+  // (every take of the update worker calls this, after awaiting_update
+  // went): a copy the update thread queued becomes the chunk's device
+  // payload, as a prefetch; a buffer reserved for a copy that was never
+  // queued (the step failed at or before that chunk) is freed.
+  void take_upload(uint32_t k);
+
   memory::DeviceTier& tier() { return tier_; }
   const memory::DeviceTier& tier() const { return tier_; }
   TraceFollower& follower() { return follower_; }
@@ -201,6 +229,25 @@ class Runtime {
   void choose_static_chunks(uint64_t largest_grad);
 
  private:
+  // A copy to the device that follows chunk k's update (follow_update):
+  // dst is reserved (counted as chunk bytes) by the engine's thread before
+  // the update thread may write the rest; `queued`, `start` and `done` are
+  // written by the update thread, and read by the engine's thread only
+  // after it took the chunk's completion (published after them).
+  struct PendingUpload {
+    void* dst = nullptr;
+    uint64_t moment = 0;  // the trace moment of its use, OPT's key once resident
+    bool queued = false;
+    memory::EventPtr start;  // timeline only
+    memory::EventPtr done;
+  };
+  // Reserves room for chunk k, still awaiting its update, whose next use is
+  // at moment t, and has the update thread queue its copy; false (nothing
+  // held) when the update thread will not.
+  bool follow_update(uint32_t k, uint64_t t);
+  // copy_in's bookkeeping once chunk k's copy into dst is queued: the
+  // payload is on the device from `done` on.
+  void become_resident(uint32_t k, void* dst, const memory::EventPtr& done);
   struct DeferredFree {
     memory::EventPtr after;
     void* ptr;
@@ -222,6 +269,9 @@ class Runtime {
   MoveCounters counters_;
   ChunkTable* chunks_ = nullptr;
   std::function<bool()> release_staging_;
+  UpdateFollower follower_of_updates_;
+  std::vector<PendingUpload> uploads_;  // per chunk; empty without an update follower
+  size_t uploads_pending_ = 0;          // of uploads_, reserved and not yet taken
   memory::DeviceTier tier_;
   std::vector<DeferredFree> deferred_;
   LruPolicy lru_;

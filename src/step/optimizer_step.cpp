@@ -85,6 +85,17 @@ void OptimizerStep::attach(const chunk::ChunkLayout* layout) {
           }
         },
         static_cast<uint32_t>(layout->chunks().size()), std::move(sequence));
+    // One process: an updated chunk's copy to the device is queued by the
+    // update thread right after its update (placement::Runtime's
+    // UpdateFollower).  Sharded, a chunk's compute payload is gathered by
+    // its acquire instead.
+    if (!group_.sharded()) {
+      placement_->set_update_follower(
+          placement::Runtime::UpdateFollower{
+              [this](uint32_t k) { return worker_->can_follow(k); },
+              [this](uint32_t k, std::function<void()> after) { return worker_->follow(k, std::move(after)); }},
+          layout->chunks().size());
+    }
     spec_state_.assign(layout->chunks().size(), SpecState::kNone);
     spec_pos_.assign(layout->chunks().size(), 0);
     if (speculates()) reserve_speculation();
@@ -92,7 +103,12 @@ void OptimizerStep::attach(const chunk::ChunkLayout* layout) {
 }
 
 void OptimizerStep::take_done() {
-  if (worker_->in_flight()) worker_->take_done([this](uint32_t k) { chunks_[k].awaiting_update = false; });
+  if (worker_->in_flight()) {
+    worker_->take_done([this](uint32_t k) {
+      chunks_[k].awaiting_update = false;
+      placement_->take_upload(k);
+    });
+  }
   if (!worker_->failed()) return;
   // The chunks after the failed one keep their old values: the step is
   // half applied, so training stays refused until a checkpoint is loaded.
@@ -122,7 +138,14 @@ void OptimizerStep::wait_previous_step() {
 void OptimizerStep::wait_noexcept() noexcept {
   if (worker_ == nullptr) return;
   worker_->wait_all();
-  worker_->take_done([this](uint32_t k) { chunks_[k].awaiting_update = false; });
+  worker_->take_done([this](uint32_t k) {
+    chunks_[k].awaiting_update = false;
+    try {
+      placement_->take_upload(k);
+    } catch (...) {
+      // The engine is going away; its destructor frees what it holds.
+    }
+  });
 }
 
 void OptimizerStep::run(pstar_step_result& r) {

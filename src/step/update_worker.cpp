@@ -34,6 +34,9 @@ void UpdateWorker::start(std::vector<Job> jobs) {
   jobs_ = std::move(jobs);
   taken_ = 0;
   for (size_t i = 0; i < jobs_.size(); ++i) position_[jobs_[i].chunk] = static_cast<int64_t>(i);
+  job_state_ = std::make_unique<std::atomic<uint8_t>[]>(jobs_.size());
+  for (size_t i = 0; i < jobs_.size(); ++i) job_state_[i].store(kJobPending, std::memory_order_relaxed);
+  after_.assign(jobs_.size(), {});
   in_flight_ = true;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -77,6 +80,10 @@ void UpdateWorker::run() {
         }
       } busy{this, t0};
       run_job_(jobs_[i]);
+      uint8_t pending = kJobPending;
+      if (!job_state_[i].compare_exchange_strong(pending, kJobRan, std::memory_order_acq_rel)) {
+        after_[i]();  // followed before the update finished
+      }
       if (i + 1 == n) return;
       {
         std::lock_guard<std::mutex> lock(mu_);
@@ -144,6 +151,26 @@ size_t UpdateWorker::end_speculation() {
   return done;
 }
 
+bool UpdateWorker::can_follow(uint32_t k) const {
+  if (!in_flight_) return false;
+  const int64_t pos = position_[k];
+  if (pos < static_cast<int64_t>(taken_)) return false;
+  return job_state_[static_cast<size_t>(pos)].load(std::memory_order_acquire) == kJobPending;
+}
+
+bool UpdateWorker::follow(uint32_t k, std::function<void()> after) {
+  if (!in_flight_) return false;
+  const int64_t pos = position_[k];
+  if (pos < static_cast<int64_t>(taken_)) return false;  // none, or done and taken
+  const size_t i = static_cast<size_t>(pos);
+  if (job_state_[i].load(std::memory_order_acquire) != kJobPending) return false;
+  after_[i] = std::move(after);
+  uint8_t pending = kJobPending;
+  if (job_state_[i].compare_exchange_strong(pending, kJobFollowed, std::memory_order_acq_rel)) return true;
+  after_[i] = nullptr;  // the update finished first: the worker does not read it
+  return false;
+}
+
 double UpdateWorker::wait_until(size_t count) {
   if (completed_.load(std::memory_order_acquire) >= count) return 0.0;
   const auto t0 = std::chrono::steady_clock::now();
@@ -167,6 +194,8 @@ double UpdateWorker::wait_all() {
 void UpdateWorker::finish() {
   for (const Job& job : jobs_) position_[job.chunk] = -1;
   jobs_.clear();
+  after_.clear();
+  job_state_.reset();
   taken_ = 0;
   in_flight_ = false;
   std::lock_guard<std::mutex> lock(mu_);

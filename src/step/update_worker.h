@@ -24,6 +24,17 @@
 //    step in flight: the jobs after it are not run, waits return, and the
 //    failure is kept (failed(), error()) until the engine clears it.  The updated chunks keep their new values;
 //    the others keep the old ones.
+//  - A job may be followed (follow()): the engine's thread hands over, for a
+//    job not yet taken, a closure the update thread runs right after that
+//    job's update and before it publishes the job's completion (the
+//    placement runtime queues the updated chunk's copy to the device there,
+//    so that the copy does not wait for the caller's next engine call).
+//    Whether the closure runs is decided by one compare-and-swap on the
+//    job's state: follow() wins while the job has not finished its update,
+//    and then the closure runs exactly once; otherwise follow() returns
+//    false and nothing runs.  A closure that throws fails the step as a
+//    job that throws does.  A job that never ran (a failure before it)
+//    never runs its closure.
 //  - One step in flight at a time: start() requires the previous one taken
 //    in full.  The destructor waits for the step in flight and joins.
 //  - Speculation (OptimizerStep's speculative update, during the backward):
@@ -43,6 +54,7 @@
 #include <deque>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -102,6 +114,13 @@ class UpdateWorker {
     for (; taken_ < n; ++taken_) on_done(jobs_[taken_].chunk);
     if (taken_ == jobs_.size()) finish();
   }
+  // Chunk k's job in flight, not yet taken: `after` runs on the update
+  // thread right after its update, before its completion is published.
+  // Returns false, and `after` is dropped, when there is no such job or its
+  // update has already finished (see the top of this file).  Engine thread.
+  bool follow(uint32_t k, std::function<void()> after);
+  // Whether follow(k, ...) would succeed now (it may still fail later).
+  bool can_follow(uint32_t k) const;
   // Waits until chunk k's job (if it has one in flight) completed; returns
   // the seconds waited.
   double wait_for(uint32_t k);
@@ -136,6 +155,14 @@ class UpdateWorker {
   size_t taken_ = 0;
   std::vector<int64_t> position_;
   bool in_flight_ = false;
+  // Per job of the step in flight: kJobPending until the update finished
+  // or the job was followed (kJobFollowed, after_[i] set before it), then
+  // kJobRan.  The one compare-and-swap from kJobPending decides whether
+  // after_[i] runs (see follow()).  after_[i] is written by the engine's
+  // thread before its swap and read by the worker after it fails.
+  enum : uint8_t { kJobPending = 0, kJobFollowed = 1, kJobRan = 2 };
+  std::unique_ptr<std::atomic<uint8_t>[]> job_state_;
+  std::vector<std::function<void()>> after_;
   std::exception_ptr error_;  // set by finish() from failure_
 
   // Shared with the worker, under mu_ except completed_.
