@@ -67,9 +67,15 @@
 // first_use_bound_with_overhead_speedup the first-use bound with it added
 // to both engines' iterations.  speculative_bound_speedup: with the
 // updates starting as each chunk's backward ends, the backward hides
-// min(R/2, 1) of them; the rest, u = max(0, 1 - R/2), belong to the first
+// min(R/2, 1) of them; when they run in hand-over order (the backward's,
+// as until 2026-12-04) the rest, u = max(0, 1 - R/2), belong to the first
 // chunks of the forward and gate it: (1 + R) / (R/2 + max(u, u R/2) +
-// (1 - u) R/2), 1.6 at R = 1 and 1.5 (the ideal) at R = 2.
+// (1 - u) R/2), 1.6 at R = 1 and 1.5 (the ideal) at R = 2.  The update
+// thread now starts the released chunk the forward needs first; that
+// schedule, modelled chunk by chunk (speculative_schedule), gives
+// speculative_priority_model_speedup and the forward's waits in it,
+// speculative_priority_model_exposed (in adam_s); speculative_handover_*
+// are the same model in hand-over order.
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -112,6 +118,58 @@ struct OverlapOptions {
 #define PSTAR_CHECK(call) check((call), #call)
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// The speculative engine's schedule as a model, in units of adam_s: n
+// chunks, each update 1/n, each use R/(2n) of compute; the backward
+// releases chunks n-1 .. 0 (chunk j at the end of its use), the update
+// thread runs one update at a time, starting among the released chunks not
+// yet updated the one the forward uses first (Job::priority), idle until
+// the next release when none is; the forward starts when the backward ends
+// (the step returns at once) and each use waits for its chunk's update.
+// Returns the iteration time and sets *forward_wait to the forward's
+// waits.  The engines' own copies and gradient work are left out.
+// by_priority false: the released chunks in hand-over order instead (the
+// update thread's order until 2026-12-04) until the backward ends; the
+// step's own jobs then run in first-use order either way.
+double speculative_schedule(double ratio, int n, bool by_priority, double* forward_wait) {
+  const double use = ratio / (2.0 * n), update = 1.0 / n;
+  std::vector<double> released(n), done(n, -1.0);
+  for (int i = 0; i < n; ++i) released[n - 1 - i] = (i + 1) * use;  // backward order n-1 .. 0
+  const double backward_end = n * use;
+  double t = 0.0;
+  for (int left = n; left > 0; --left) {
+    int pick = -1;
+    double next_release = 1e300;
+    for (int j = 0; j < n; ++j) {
+      if (done[j] >= 0) continue;
+      if (released[j] <= t + 1e-12) {
+        // The least index is the forward's first use; the greatest, the
+        // earliest handed over.
+        // After the backward the step's jobs run in first-use order.
+        if (pick < 0 || (!by_priority && t < backward_end - 1e-12)) pick = j;
+      } else {
+        next_release = std::min(next_release, released[j]);
+      }
+    }
+    if (pick < 0) {
+      t = next_release;
+      ++left;
+      continue;
+    }
+    t += update;
+    done[pick] = t;
+  }
+  double f = backward_end;
+  *forward_wait = 0.0;
+  for (int j = 0; j < n; ++j) {
+    if (done[j] > f) {
+      *forward_wait += done[j] - f;
+      f = done[j];
+    }
+    f += use;
+  }
+  return f;
+}
 
 class Model {
  public:
@@ -291,6 +349,9 @@ int run_overlap(const OverlapOptions& o) {
     // a fraction u of the chunks, the first ones of the forward, gate it.
     const double u = std::max(0.0, 1.0 - ratio / 2);
     const double speculative_bound = (1.0 + ratio) / (ratio / 2 + std::max(u, u * ratio / 2) + (1 - u) * ratio / 2);
+    double priority_wait = 0.0, handover_wait = 0.0;
+    const double priority_iteration = speculative_schedule(ratio, o.layers, true, &priority_wait);
+    const double handover_iteration = speculative_schedule(ratio, o.layers, false, &handover_wait);
     const double ideal = (1.0 + ratio) / std::max(1.0, ratio);
     const double first_use_bound = (1.0 + ratio) / (ratio / 2 + std::max(ratio / 2, 1.0));
     // The synchronous engine's iteration outside the requested compute and
@@ -323,6 +384,10 @@ int run_overlap(const OverlapOptions& o) {
       j["speedup_speculative"] = s / vs;
       j["exposed_optimizer_fraction_speculative"] = xs;
       j["speculative_bound_speedup"] = speculative_bound;
+      j["speculative_priority_model_speedup"] = (1.0 + ratio) / priority_iteration;
+      j["speculative_priority_model_exposed"] = priority_wait;
+      j["speculative_handover_model_speedup"] = (1.0 + ratio) / handover_iteration;
+      j["speculative_handover_model_exposed"] = handover_wait;
       j["chunks_speculated_fraction"] =
           static_cast<double>(kept) / (static_cast<double>(o.reps) * (o.iters + 1) * static_cast<double>(o.layers));
       j["speculations_discarded"] = discarded;

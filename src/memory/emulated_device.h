@@ -16,6 +16,11 @@
 // them and one said to be host memory must not overlap one
 // (check_caller_buffer).
 //
+// Host allocations (allocate_host: the host pool's buffers) have every page
+// touched when they are made, as page-locked memory from cudaHostAlloc is
+// resident from its allocation: a first write elsewhere (the update
+// thread's) would otherwise pay the page faults there.
+//
 // Device allocations are cached, as a GPU's caching allocator does (and
 // for the same reason): a freed buffer goes to a free list keyed by its
 // rounded size and the next allocation of that size takes it.  Without

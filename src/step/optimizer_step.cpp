@@ -206,7 +206,7 @@ void OptimizerStep::run_local(pstar_step_result& r) {
   // The speculative updates stop here: the one running completes; those
   // completed are kept below where their constants are the step's.  Any
   // left when this returns or throws are discarded.
-  const size_t speculated = end_speculation();
+  const std::vector<bool> speculated = end_speculation();
   struct DiscardLeft {
     OptimizerStep* step;
     ~DiscardLeft() { step->discard_speculation(); }

@@ -238,10 +238,10 @@ class OptimizerStep {
   void add_segments(uint32_t k, optim::SegmentList& list) const;
   void release_speculated(Speculated& s) noexcept;
   // run_local: ends the speculation; returns how many of spec_ completed.
-  size_t end_speculation();
+  std::vector<bool> end_speculation();
   // run_local: chunk k's completed speculative result, when its constants
   // are `segments`, becomes the chunk's lists and payload; true if kept.
-  bool keep_speculated(uint32_t k, size_t completed, const std::vector<optim::Segment>& segments);
+  bool keep_speculated(uint32_t k, const std::vector<bool>& completed, const std::vector<optim::Segment>& segments);
   // The chunks whose overlapped update is done leave awaiting_update; the
   // update thread's failure is thrown.
   void take_done();

@@ -152,6 +152,11 @@ void OptimizerStep::hand_over_speculation() {
       lists.exp_avg_sq_in = s.exp_avg_sq;
     }
     UpdateWorker::Job job{k, layout_->chunks()[k].used_elems, s.segments, lists, false, c.host, c.bytes};
+    // The update thread starts the queued chunk the next forward needs
+    // first (the step's own order: first use when following the trace).
+    const placement::TraceFollower& follower = placement_->follower();
+    const uint64_t first = follower.following() ? follower.trace().first_use(k) : placement::AccessTrace::kNever;
+    job.priority = first == placement::AccessTrace::kNever ? (uint64_t{1} << 62) + k : first;
     spec_bytes_ += need;
     spec_state_[k] = SpecState::kHanded;
     spec_pos_[k] = static_cast<uint32_t>(spec_.size());
@@ -172,17 +177,18 @@ void OptimizerStep::release_speculated(Speculated& s) noexcept {
   s.payload = nullptr;
 }
 
-size_t OptimizerStep::end_speculation() {
+std::vector<bool> OptimizerStep::end_speculation() {
   for (uint32_t k : spec_pending_) spec_state_[k] = SpecState::kNone;
   spec_pending_.clear();
-  if (spec_.empty()) return 0;
+  if (spec_.empty()) return {};
   return worker_->end_speculation();
 }
 
-bool OptimizerStep::keep_speculated(uint32_t k, size_t completed, const std::vector<optim::Segment>& segments) {
+bool OptimizerStep::keep_speculated(uint32_t k, const std::vector<bool>& completed,
+                                    const std::vector<optim::Segment>& segments) {
   if (spec_state_[k] != SpecState::kHanded) return false;
   Speculated& s = spec_[spec_pos_[k]];
-  bool same = spec_pos_[k] < completed && s.segments.size() == segments.size();
+  bool same = spec_pos_[k] < completed.size() && completed[spec_pos_[k]] && s.segments.size() == segments.size();
   for (size_t i = 0; same && i < segments.size(); ++i) {
     const optim::Segment& a = segments[i];
     const optim::Segment& b = s.segments[i];

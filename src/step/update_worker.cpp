@@ -49,15 +49,22 @@ void UpdateWorker::start(std::vector<Job> jobs) {
 
 void UpdateWorker::run() {
   for (;;) {
-    const Job* speculative = nullptr;
+    SpecEntry* speculative = nullptr;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      work_cv_.wait(lock, [&] { return has_work_ || stop_ || (!spec_closed_ && spec_started_ < spec_jobs_.size()); });
+      work_cv_.wait(lock, [&] { return has_work_ || stop_ || (!spec_closed_ && spec_queued_ > 0); });
       if (stop_) return;
       if (has_work_) {
         has_work_ = false;
       } else {
-        speculative = &spec_jobs_[spec_started_++];
+        // The queued job of least priority, the earliest handed over among
+        // equals (a scan: at most one job per chunk is queued).
+        for (SpecEntry& e : spec_jobs_) {
+          if (e.status != SpecStatus::kQueued) continue;
+          if (speculative == nullptr || e.job.priority < speculative->job.priority) speculative = &e;
+        }
+        speculative->status = SpecStatus::kRunning;
+        --spec_queued_;
         spec_running_ = true;
       }
     }
@@ -110,11 +117,11 @@ void UpdateWorker::run() {
   }
 }
 
-void UpdateWorker::run_speculative(const Job& job) {
+void UpdateWorker::run_speculative(SpecEntry& entry) {
   const auto t0 = std::chrono::steady_clock::now();
   bool ok = true;
   try {
-    run_job_(job);
+    run_job_(entry.job);
   } catch (...) {
     ok = false;  // the step recomputes this chunk in place
   }
@@ -122,11 +129,8 @@ void UpdateWorker::run_speculative(const Job& job) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     spec_running_ = false;
-    if (ok) {
-      ++spec_done_;
-    } else {
-      spec_closed_ = true;  // completion stays a prefix
-    }
+    entry.status = ok ? SpecStatus::kDone : SpecStatus::kFailed;
+    if (!ok) spec_closed_ = true;  // no further one starts
   }
   done_cv_.notify_all();
 }
@@ -134,19 +138,20 @@ void UpdateWorker::run_speculative(const Job& job) {
 void UpdateWorker::speculate(Job job) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    spec_jobs_.push_back(std::move(job));
+    spec_jobs_.push_back(SpecEntry{std::move(job), SpecStatus::kQueued});
+    ++spec_queued_;
   }
   work_cv_.notify_one();
 }
 
-size_t UpdateWorker::end_speculation() {
+std::vector<bool> UpdateWorker::end_speculation() {
   std::unique_lock<std::mutex> lock(mu_);
   spec_closed_ = true;
   done_cv_.wait(lock, [&] { return !spec_running_; });
-  const size_t done = spec_done_;
+  std::vector<bool> done(spec_jobs_.size());
+  for (size_t i = 0; i < spec_jobs_.size(); ++i) done[i] = spec_jobs_[i].status == SpecStatus::kDone;
   spec_jobs_.clear();
-  spec_started_ = 0;
-  spec_done_ = 0;
+  spec_queued_ = 0;
   spec_closed_ = false;
   return done;
 }

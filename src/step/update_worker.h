@@ -39,12 +39,16 @@
 //    in full.  The destructor waits for the step in flight and joins.
 //  - Speculation (OptimizerStep's speculative update, during the backward):
 //    speculate() queues a job that writes only buffers of its own (out of
-//    place); the worker runs such jobs in hand-over order after the step in
-//    flight's jobs.  end_speculation() stops it: no queued speculative job
-//    starts any more, the running one completes, and the count of completed
-//    ones (a prefix of the hand-over order) is returned.  A speculative job
-//    that throws only ends the speculation (the step recomputes that chunk
-//    in place and reports its own errors); it is not a failure of a step.
+//    place); the worker runs such jobs after the step in flight's jobs,
+//    each time starting the queued one of least Job::priority (the next
+//    iteration's first use of its chunk: the backward hands chunks over in
+//    the reverse of the order the forward needs them, so hand-over order
+//    would leave the first ones the forward needs for last; ties in
+//    hand-over order).  end_speculation() stops it: no queued speculative
+//    job starts any more, the running one completes, and which ones
+//    completed (by hand-over index) is returned.  A speculative job that
+//    throws only ends the speculation (the step recomputes that chunk in
+//    place and reports its own errors); it is not a failure of a step.
 #pragma once
 
 #include <atomic>
@@ -80,6 +84,8 @@ class UpdateWorker {
     // from lists.*_in.  The chunk's own buffers are only read.
     const void* copy_slot_from = nullptr;
     uint64_t slot_bytes = 0;
+    // Speculative: queued jobs start in increasing priority.
+    uint64_t priority = 0;
   };
 
   // Runs one job on the update thread (the optimizer step's update of a
@@ -133,17 +139,19 @@ class UpdateWorker {
   void clear_failure() { error_ = nullptr; }
 
   // Speculation (see the top of this file).  Engine thread.  speculate()
-  // queues one job; end_speculation() returns how many of the jobs queued
-  // since the last end_speculation() completed, in order, and forgets them.
+  // queues one job; end_speculation() returns, for each job queued since
+  // the last end_speculation() (in hand-over order), whether it completed,
+  // and forgets them.
   void speculate(Job job);
-  size_t end_speculation();
+  std::vector<bool> end_speculation();
 
   // Seconds the worker spent in jobs (all steps).
   double busy_seconds() const { return busy_seconds_.load(std::memory_order_relaxed); }
 
  private:
   void run();
-  void run_speculative(const Job& job);
+  struct SpecEntry;
+  void run_speculative(SpecEntry& entry);
   void finish();
   double wait_until(size_t count);
 
@@ -174,11 +182,16 @@ class UpdateWorker {
   std::atomic<size_t> completed_{0};
   std::exception_ptr failure_;  // written by the worker before it publishes the end
   // Speculative jobs, in hand-over order (a deque: the worker holds a
-  // reference to the one it runs while the engine appends), the next to
-  // start, the completed prefix, and whether one runs now.  Under mu_.
-  std::deque<Job> spec_jobs_;
-  size_t spec_started_ = 0;
-  size_t spec_done_ = 0;
+  // reference to the one it runs while the engine appends), each one's
+  // state, how many are queued (not started), and whether one runs now.
+  // Under mu_.
+  enum class SpecStatus : uint8_t { kQueued, kRunning, kDone, kFailed };
+  struct SpecEntry {
+    Job job;
+    SpecStatus status = SpecStatus::kQueued;
+  };
+  std::deque<SpecEntry> spec_jobs_;
+  size_t spec_queued_ = 0;
   bool spec_running_ = false;
   bool spec_closed_ = false;  // no further speculative job starts
   std::atomic<double> busy_seconds_{0.0};
