@@ -112,7 +112,7 @@ Test(update_worker, jobs_complete_in_order_and_waits_are_per_chunk) {
 Test(update_worker, a_failing_job_ends_the_step_and_is_kept) {
   Recorder r;
   r.failing = 2;
-  UpdateWorker w(r.run(), 4);
+  UpdateWorker w(r.run(), 8);
   w.start(jobs_of({0, 2, 3}));
   w.wait_for(3);  // returns: the step ended at chunk 2
   cr_assert(take(w) == std::vector<uint32_t>({0, 2, 3}), "every job is taken, run or not");
@@ -217,7 +217,7 @@ Test(update_worker, speculation_starts_the_least_priority_first) {
 Test(update_worker, a_followed_job_runs_its_closure_before_it_is_published) {
   Recorder r;
   r.gated = 1;
-  UpdateWorker w(r.run(), 4);
+  UpdateWorker w(r.run(), 8);
   w.start(jobs_of({0, 1, 2}));
   std::atomic<int> ran_after{0};
   std::thread::id after_thread;
