@@ -168,15 +168,21 @@ Test(budget, sequential_use_of_many_chunks_evicts_and_matches_unlimited) {
    * iteration, as on a GPU.  With the synchronous step, from the first
    * traced iteration on, it comes back in the step itself (prefetch for the
    * next iteration), so the last step brings every chunk back once more;
-   * the overlapped step (the default) brings a chunk back in the next
-   * iteration once its update is done, so after the last step none. */
+   * the overlapped step (the default) brings a chunk back once its update
+   * is done: right after it where the step's prefetch reserved room while
+   * the update still ran (the update thread queues the copy), else in the
+   * next iteration; so after the last step anywhere from none to every
+   * chunk, by timing. */
   pstar_x_step_stats st;
   T_OK(pstar_x_step_stats_init(&st));
   T_OK(pstar_x_step_get_stats(big.e, &st));
-  const uint64_t last_step_back = st.overlap ? 0 : NP;
   cr_assert_eq(sb.evictions, NP * ITERS, "unlimited: %llu evictions", (unsigned long long)sb.evictions);
-  cr_assert_eq(sb.bytes_host_to_device, (NP * ITERS + last_step_back) * big.chunk_bytes,
-               "unlimited: %llu bytes in (overlap %d)", (unsigned long long)sb.bytes_host_to_device, st.overlap);
+  cr_assert_eq(sb.bytes_host_to_device % big.chunk_bytes, 0, "unlimited: %llu bytes in",
+               (unsigned long long)sb.bytes_host_to_device);
+  const uint64_t chunks_in = sb.bytes_host_to_device / big.chunk_bytes;
+  cr_assert_leq(chunks_in, NP * ITERS + NP, "unlimited: %llu chunks in", (unsigned long long)chunks_in);
+  cr_assert_geq(chunks_in, st.overlap ? NP * ITERS : NP * ITERS + NP, "unlimited: %llu chunks in (overlap %d)",
+                (unsigned long long)chunks_in, st.overlap);
   cr_assert_eq(sb.bytes_device_to_host, NP * ITERS * big.chunk_bytes, "unlimited: %llu bytes out",
                (unsigned long long)sb.bytes_device_to_host);
   cr_assert_gt(ss.evictions, 0);
