@@ -464,20 +464,18 @@ void Runtime::prefetch_ahead(uint64_t now) {
     const uint64_t growth = transient_peak - transient_now;
     reclaim_deferred(false);
     const uint64_t free = tier_.free_bytes();
-    if (awaiting) {
-      // Into free room only, by the rule below: evicting for it would queue
-      // the victim's copy out long before the room is used.
-      if (c.bytes > free) return;
-      const uint64_t need = c.bytes + growth;
-      if (need > free && (!demand_would_evict(t, c.bytes) || !covered_after(need - free, t, -1))) return;
-      if (!follow_update(k, t)) return;
-      continue;  // counted as prefetched when it is taken (take_upload)
-    }
     if (c.bytes <= free) {
       const uint64_t need = c.bytes + growth;
       if (need > free && (!demand_would_evict(t, c.bytes) || !covered_after(need - free, t, -1))) return;
+      if (awaiting) {
+        if (!follow_update(k, t)) return;
+        continue;  // counted as prefetched when it is taken (take_upload)
+      }
       fetch(k);
     } else {
+      // A chunk awaiting its update goes into free room only: evicting for
+      // it would queue the victim's copy out long before the room is used.
+      if (awaiting) return;
       // The victim on-demand OPT would take: the furthest next use among all
       // resident chunks, in use or not.  If that one is in use now (say the
       // chunk just acquired), taking the next furthest instead would evict a

@@ -143,7 +143,9 @@ void OptimizerStep::wait_noexcept() noexcept {
     try {
       placement_->take_upload(k);
     } catch (...) {
-      // The engine is going away; its destructor frees what it holds.
+      // Only a device error while freeing a reservation that was never
+      // used; this caller (the destructor, the statistics) cannot report
+      // it, and the buffer stays held and counted until the engine goes.
     }
   });
 }

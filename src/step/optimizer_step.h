@@ -237,7 +237,7 @@ class OptimizerStep {
   // The chunks' parameters with a gradient as segments of `list`.
   void add_segments(uint32_t k, optim::SegmentList& list) const;
   void release_speculated(Speculated& s) noexcept;
-  // run_local: ends the speculation; returns how many of spec_ completed.
+  // run_local: ends the speculation; returns, by index of spec_, which completed.
   std::vector<bool> end_speculation();
   // run_local: chunk k's completed speculative result, when its constants
   // are `segments`, becomes the chunk's lists and payload; true if kept.

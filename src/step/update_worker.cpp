@@ -156,19 +156,19 @@ std::vector<bool> UpdateWorker::end_speculation() {
   return done;
 }
 
-bool UpdateWorker::can_follow(uint32_t k) const {
-  if (!in_flight_) return false;
+int64_t UpdateWorker::followable(uint32_t k) const {
+  if (!in_flight_) return -1;
   const int64_t pos = position_[k];
-  if (pos < static_cast<int64_t>(taken_)) return false;
-  return job_state_[static_cast<size_t>(pos)].load(std::memory_order_acquire) == kJobPending;
+  if (pos < static_cast<int64_t>(taken_)) return -1;  // none, or done and taken
+  return job_state_[static_cast<size_t>(pos)].load(std::memory_order_acquire) == kJobPending ? pos : -1;
 }
 
+bool UpdateWorker::can_follow(uint32_t k) const { return followable(k) >= 0; }
+
 bool UpdateWorker::follow(uint32_t k, std::function<void()> after) {
-  if (!in_flight_) return false;
-  const int64_t pos = position_[k];
-  if (pos < static_cast<int64_t>(taken_)) return false;  // none, or done and taken
+  const int64_t pos = followable(k);
+  if (pos < 0) return false;
   const size_t i = static_cast<size_t>(pos);
-  if (job_state_[i].load(std::memory_order_acquire) != kJobPending) return false;
   after_[i] = std::move(after);
   uint8_t pending = kJobPending;
   if (job_state_[i].compare_exchange_strong(pending, kJobFollowed, std::memory_order_acq_rel)) return true;

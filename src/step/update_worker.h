@@ -150,6 +150,9 @@ class UpdateWorker {
 
  private:
   void run();
+  // The index of chunk k's job when follow(k, ...) may still win now (in
+  // flight, not taken, its update not finished), else -1.  Engine thread.
+  int64_t followable(uint32_t k) const;
   struct SpecEntry;
   void run_speculative(SpecEntry& entry);
   void finish();
