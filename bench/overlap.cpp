@@ -204,23 +204,29 @@ class Model {
     PSTAR_CHECK(pstar_iteration_begin(e_, PSTAR_ITERATION_TRAIN));
     void* ptr = nullptr;
     for (uint32_t i = 0; i < layers_; ++i) {
-      const auto a0 = Clock::now();
+      auto t = Clock::now();
       PSTAR_CHECK(pstar_param_acquire(e_, ids_[i], PSTAR_STAGE_FORWARD, stream_, &ptr));
-      optimizer_wait_s_ += seconds_since(a0);
+      optimizer_wait_s_ += lap(&t, kForwardAcquire);
       compute(use_s);
+      lap(&t, kCompute);
       PSTAR_CHECK(pstar_param_release(e_, ids_[i], stream_));
+      lap(&t, kForwardRelease);
     }
     for (uint32_t i = layers_; i-- > 0;) {
+      auto t = Clock::now();
       PSTAR_CHECK(pstar_param_acquire(e_, ids_[i], PSTAR_STAGE_BACKWARD, stream_, &ptr));
+      lap(&t, kBackwardAcquire);
       compute(use_s);
+      lap(&t, kCompute);
       PSTAR_CHECK(pstar_param_release(e_, ids_[i], stream_));
+      lap(&t, kBackwardRelease);
     }
     compute(settle_s);
-    const auto t0 = Clock::now();
+    auto t0 = Clock::now();
     pstar_step_result r;
     PSTAR_CHECK(pstar_step_result_init(&r));
     PSTAR_CHECK(pstar_step(e_, &r));
-    const double step_s = seconds_since(t0);
+    const double step_s = lap(&t0, kStep);
     optimizer_wait_s_ += step_s;
     return step_s;
   }
@@ -229,6 +235,16 @@ class Model {
   // (the update, and the updated weights' copy to the device), measured on
   // the caller's side.
   double optimizer_wait_seconds() const { return optimizer_wait_s_; }
+  // Where the caller's time went, summed since the engine was built, by
+  // part (Part): the compute's sleeps (with their overshoot) and each kind
+  // of engine call.
+  enum Part { kCompute, kForwardAcquire, kForwardRelease, kBackwardAcquire, kBackwardRelease, kStep, kParts };
+  static const char* part_name(int part) {
+    static const char* const names[kParts] = {"compute",          "forward_acquire",  "forward_release",
+                                              "backward_acquire", "backward_release", "step"};
+    return names[part];
+  }
+  std::vector<double> caller_seconds() const { return std::vector<double>(parts_s_, parts_s_ + kParts); }
   // Waits for the step in flight; returns the step statistics.
   pstar_x_step_stats stats() {
     pstar_x_step_stats s;
@@ -241,8 +257,17 @@ class Model {
   static void compute(double s) {
     if (s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(s));
   }
+  // Adds the seconds since *t to `part`, sets *t to now, returns them.
+  double lap(Clock::time_point* t, Part part) {
+    const auto now = Clock::now();
+    const double s = std::chrono::duration<double>(now - *t).count();
+    parts_s_[part] += s;
+    *t = now;
+    return s;
+  }
   uint32_t layers_;
   double optimizer_wait_s_ = 0.0;
+  double parts_s_[kParts] = {};
   pstar_engine* e_ = nullptr;
   void* stream_ = nullptr;
   std::vector<uint32_t> ids_;
@@ -306,14 +331,18 @@ int run_overlap(const OverlapOptions& o) {
       double step_wait_s;       // engine side: pstar_x_step_stats.wait_seconds less the drain
       double update_s;          // pstar_x_step_stats.update_seconds, per step
       uint64_t speculated, discarded;
+      std::vector<double> caller_s;  // Model::caller_seconds per timed iteration
     };
     auto block = [&](Model& m) {
       const pstar_x_step_stats before = m.stats();
       m.iteration(use_s);  // lead-in: its step stays in flight
       const double waited0 = m.optimizer_wait_seconds();
+      const std::vector<double> parts0 = m.caller_seconds();
       const auto t0 = Clock::now();
       for (int i = 0; i < o.iters; ++i) m.iteration(use_s);
       Block b{};
+      b.caller_s = m.caller_seconds();
+      for (size_t k = 0; k < b.caller_s.size(); ++k) b.caller_s[k] = (b.caller_s[k] - parts0[k]) / o.iters;
       b.iteration_s = seconds_since(t0) / o.iters;
       b.optimizer_wait_s = (m.optimizer_wait_seconds() - waited0) / o.iters;
       const auto drain0 = Clock::now();
@@ -327,8 +356,15 @@ int run_overlap(const OverlapOptions& o) {
     };
     std::vector<double> t_sync, serial_sync, t_overlap, exposed, step_wait, update_s, t_spec, exposed_spec;
     uint64_t kept = 0, discarded = 0;
+    // caller[engine][part]: one sample per rep, in adam_s.
+    std::vector<std::vector<double>> caller[3];
+    for (auto& c : caller) c.assign(Model::kParts, {});
+    auto note_caller = [&](int engine, const Block& b) {
+      for (int k = 0; k < Model::kParts; ++k) caller[engine][k].push_back(b.caller_s[k] / adam_s);
+    };
     for (int rep = 0; rep < o.reps; ++rep) {
       const Block bs = block(sync);
+      note_caller(0, bs);
       t_sync.push_back(bs.iteration_s);
       serial_sync.push_back(bs.optimizer_wait_s / adam_s);
       const Block bo = block(overlap);
@@ -336,7 +372,9 @@ int run_overlap(const OverlapOptions& o) {
       exposed.push_back(bo.optimizer_wait_s / adam_s);
       step_wait.push_back(bo.step_wait_s / adam_s);
       update_s.push_back(bo.update_s);
+      note_caller(1, bo);
       const Block bp = block(speculative);
+      note_caller(2, bp);
       t_spec.push_back(bp.iteration_s);
       exposed_spec.push_back(bp.optimizer_wait_s / adam_s);
       kept += bp.speculated;
@@ -392,6 +430,15 @@ int run_overlap(const OverlapOptions& o) {
           static_cast<double>(kept) / (static_cast<double>(o.reps) * (o.iters + 1) * static_cast<double>(o.layers));
       j["speculations_discarded"] = discarded;
       j["samples_speculative_s"] = t_spec;
+      // Where each engine's caller spent a timed iteration, by part, in
+      // adam_s (medians over the reps; the parts' medians need not add up
+      // to the iteration's).
+      const char* const engine_names[3] = {"caller_sync", "caller_overlap", "caller_speculative"};
+      for (int engine = 0; engine < 3; ++engine) {
+        nlohmann::json parts;
+        for (int k = 0; k < Model::kParts; ++k) parts[Model::part_name(k)] = median(caller[engine][k]);
+        j[engine_names[engine]] = parts;
+      }
       j["iters"] = o.iters;
       j["threads"] = o.threads;
       j["reps"] = o.reps;

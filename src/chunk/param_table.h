@@ -52,6 +52,11 @@ struct Param {
   // grad_host otherwise.
   float* grad_acc = nullptr;
   float* grad_host = nullptr;
+  // grad_acc holds the sum of no contribution yet and has not been zeroed:
+  // zeroing waits for the first reader (engine/engine_grad.cpp), so a
+  // parameter whose last use comes with no gradient costs no pass over a
+  // 4 B/element buffer.
+  bool grad_zero_pending = false;
   // Written by the device when the gradient is finalized.
   double grad_sumsq = 0.0;
   int grad_nonfinite = 0;

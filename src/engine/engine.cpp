@@ -478,6 +478,7 @@ void Engine::iteration_abort() {
     if (p.grad_acc != nullptr) {
       placement_->defer_free_device(done, p.grad_acc, p.numel * sizeof(float), Use::kGradients);
       p.grad_acc = nullptr;
+      p.grad_zero_pending = false;
     }
     if (p.grad_host != nullptr) {
       placement_->defer_free_host(done, p.grad_host, p.numel * sizeof(float));
@@ -603,9 +604,11 @@ void Engine::release(uint32_t id, void* stream) {
     // world > 1: the gradient stays in its fp32 buffer until the chunk's
     // reduce-scatter (the drop rule below), the slot keeps the weight.
     if (!p.grad_pending) drop_rule_.note_gradient_pending(place.chunk);
+    zero_pending_accumulator(p, s);
     p.grad_pending = true;
     p.grad_ready = device_->record(s);
   } else if (ev == TensorEvent::kReleaseBackwardLast && !p.frozen() && options_.grad_accumulation) {
+    zero_pending_accumulator(p, s);
     step_->fold_gradient(id, s);
   } else if (ev == TensorEvent::kReleaseBackwardLast && !p.frozen() && p.grad_host != nullptr) {
     void* slot = static_cast<char*>(c.device) + place.offset_elems * elem_bytes();
@@ -617,7 +620,17 @@ void Engine::release(uint32_t id, void* stream) {
     // The gradient replaces the weight in the slot; overflow and norm are
     // known from here on, before the step begins.
     void* slot = static_cast<char*>(c.device) + place.offset_elems * elem_bytes();
-    device_->grad_finalize(s, p.grad_acc, slot, options_.compute_dtype, p.numel, &p.grad_sumsq, &p.grad_nonfinite);
+    if (p.grad_zero_pending) {
+      // No contribution came: the finalize of a +0 sum is +0 in every
+      // dtype (all bits clear), a squared sum of +0 and no non-finite
+      // value, written without a pass over the buffer.
+      p.grad_zero_pending = false;
+      device_->memset_async(s, slot, 0, p.numel * elem_bytes());
+      p.grad_sumsq = 0.0;
+      p.grad_nonfinite = 0;
+    } else {
+      device_->grad_finalize(s, p.grad_acc, slot, options_.compute_dtype, p.numel, &p.grad_sumsq, &p.grad_nonfinite);
+    }
     memory::EventPtr done = device_->record(s);
     placement_->defer_free_device(done, p.grad_acc, p.numel * sizeof(float), Use::kGradients);
     p.grad_acc = nullptr;

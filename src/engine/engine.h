@@ -176,6 +176,7 @@ class Engine : private placement::HybridTable {
   bool host_accumulation_allowed(uint32_t chunk) const;
   void open_accumulator(uint32_t id, memory::Stream* s);
   void alloc_device_accumulator(uint32_t id);
+  void zero_pending_accumulator(Param& p, memory::Stream* s);
   void accumulate_on_host(Param& p, const void* grad, pstar_dtype dtype, pstar_mem_space space, memory::Stream* s);
   void return_borrowed_accumulator(Param& p, bool last_use, memory::Stream* s);
   memory::EventPtr finalize_on_host(Param& p, void* slot, memory::Stream* s);

@@ -73,7 +73,20 @@ void Engine::open_accumulator(uint32_t id, memory::Stream* s) {
     return;
   }
   alloc_device_accumulator(id);
-  device_->memset_async(s, p.grad_acc, 0, bytes);
+  // Zeroed by its first reader (zero_pending_accumulator), not here: on a
+  // host-accessible device the acquire waits for its stream, and the
+  // first reader may be the last release, which needs no buffer at all.
+  (void)s;
+  p.grad_zero_pending = true;
+}
+
+// The buffer of a deferred zeroing (open_accumulator) is zeroed on `s`
+// before anything reads it.  Every path that reads or hands out grad_acc
+// calls this first.
+void Engine::zero_pending_accumulator(Param& p, memory::Stream* s) {
+  if (!p.grad_zero_pending) return;
+  p.grad_zero_pending = false;
+  device_->memset_async(s, p.grad_acc, 0, p.numel * sizeof(float));
 }
 
 // p.grad_acc = a device buffer of parameter `id`'s fp32 size, room made
@@ -144,6 +157,7 @@ void Engine::grad_write(uint32_t id, const void* grad, uint64_t count, pstar_dty
     accumulate_on_host(p, grad, dtype, space, s);
     return;
   }
+  zero_pending_accumulator(p, s);
   device_->grad_accumulate(s, p.grad_acc, grad, dtype, space, count);
   // A host source may be reused as soon as this returns; on the emulated
   // device the caller's compute is host code, so it sees the result now.
@@ -160,6 +174,7 @@ float* Engine::grad_slot_acquire(uint32_t id, void* stream) {
     alloc_device_accumulator(id);
     device_->copy_async(s, p.grad_acc, p.grad_host, p.numel * sizeof(float), memory::CopyKind::kHostToDevice);
   }
+  zero_pending_accumulator(p, s);
   if (device_->host_accessible()) device_->synchronize(s);
   return p.grad_acc;
 }

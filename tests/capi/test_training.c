@@ -411,6 +411,69 @@ Test(gradients, parameters_without_backward_use_are_not_updated) {
   T_OK(pstar_engine_destroy(e));
 }
 
+/* The device accumulator is zeroed by its first reader, not at the
+ * acquire (engine/engine_grad.cpp): a use that writes nothing, a slot
+ * write after such uses, a grad_write after them, and a last use with no
+ * gradient at all must give the bits of writing explicit zeros.  Strict
+ * mode poisons new device buffers, so a reader that finds the zeroing
+ * missing reads NaNs. */
+static void deferred_zero_run(int explicit_zeros, pstar_dtype dtype, float *master_out, float *grad_norm_out) {
+  enum { N = 300 };
+  pstar_engine_options o = t_options(dtype, 512);
+  o.strict = 1;
+  o.strict_seed = 7;
+  o.lr = 0.01f;
+  o.weight_decay = 0.25f;
+  pstar_engine *e = t_create(&o);
+  const uint32_t a = t_register(e, "a", N, 0); /* 3 uses: none, slot, write */
+  const uint32_t b = t_register(e, "b", N, 0); /* 2 uses, no gradient */
+  const uint32_t c = t_register(e, "c", N, 0); /* 1 use, no gradient */
+  T_OK(pstar_engine_build(e));
+  float init[N], g[N], zero[N];
+  memset(zero, 0, sizeof zero);
+  for (uint32_t id = 0; id < 3; ++id) {
+    t_fill(init, N, 20 + id, 1.0f);
+    t_write_f32(e, id, init, N);
+  }
+  t_fill(g, N, 30, 0.5f);
+  for (int it = 0; it < 2; ++it) {
+    T_OK(pstar_iteration_begin(e, PSTAR_ITERATION_TRAIN));
+    for (int u = 0; u < 3; ++u) fwd(e, a);
+    for (int u = 0; u < 2; ++u) fwd(e, b);
+    fwd(e, c);
+    bwd(e, c, explicit_zeros ? zero : NULL, N);
+    for (int u = 0; u < 2; ++u) bwd(e, b, explicit_zeros ? zero : NULL, N);
+    bwd(e, a, explicit_zeros ? zero : NULL, N);
+    t_acquire(e, a, PSTAR_STAGE_BACKWARD);
+    float *slot = NULL;
+    T_OK(pstar_grad_slot_acquire(e, a, NULL, &slot));
+    for (int i = 0; i < N; ++i) cr_assert_eq(t_f32_bits(slot[i]), 0u, "slot[%d] before any write: %g", i, (double)slot[i]);
+    for (int i = 0; i < N; ++i) slot[i] += g[i];
+    T_OK(pstar_param_release(e, a, NULL));
+    bwd(e, a, g, N);
+    const pstar_step_result r = do_step(e);
+    cr_assert_eq(r.params_updated, 3);
+    *grad_norm_out = (float)r.grad_norm;
+  }
+  for (uint32_t id = 0; id < 3; ++id) t_read_f32(e, id, master_out + id * N, N);
+  T_OK(pstar_engine_destroy(e));
+}
+
+Test(gradients, deferred_zeroing_gives_the_bits_of_explicit_zeros) {
+  enum { N = 300 };
+  const pstar_dtype dtypes[3] = {PSTAR_DTYPE_F32, PSTAR_DTYPE_F16, PSTAR_DTYPE_BF16};
+  for (int d = 0; d < 3; ++d) {
+    float lazy[3 * N], explicit_[3 * N], norm_lazy = 0, norm_explicit = 0;
+    deferred_zero_run(0, dtypes[d], lazy, &norm_lazy);
+    deferred_zero_run(1, dtypes[d], explicit_, &norm_explicit);
+    cr_assert_eq(t_f32_bits(norm_lazy), t_f32_bits(norm_explicit), "dtype %d: grad norm", d);
+    cr_assert(norm_lazy > 0.0f);
+    for (int i = 0; i < 3 * N; ++i)
+      cr_assert_eq(t_f32_bits(lazy[i]), t_f32_bits(explicit_[i]), "dtype %d, value %d: %g vs %g", d, i,
+                   (double)lazy[i], (double)explicit_[i]);
+  }
+}
+
 /* ------------------------------------------------------------------------ */
 /* Frozen parameters                                                         */
 /* ------------------------------------------------------------------------ */
