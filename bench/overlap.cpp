@@ -1,7 +1,7 @@
 // pstar-bench overlap: iterations with the synchronous and the overlapped
 // step (pstar_x_engine_set_overlap_step), the caller's compute modelled.
 //
-//   pstar-bench overlap [--layers 16] [--layer-elems 4194304]
+//   pstar-bench overlap [--layers 16] [--layer-elems 4194304] [--grad-write]
 //                       [--ratios 0.5,1,2,4] [--iters 5] [--reps 5] [--json]
 //
 // A GPT-shaped replay on the emulated device with unlimited capacity:
@@ -9,8 +9,13 @@
 // each.  A TRAIN iteration acquires them in order for FORWARD and in
 // reverse for BACKWARD; the caller's compute for each use is the calling
 // thread sleeping (as beside a GPU, whose kernels leave the host free; as
-// in `pstar-bench gather`); the gradient is the accumulator as the engine
-// zeroes it (the update's arithmetic does not depend on the values).  The
+// in `pstar-bench gather`); the caller writes no gradient, so each
+// parameter's gradient is zero, which the engine writes into the slot at
+// the last use without a pass over an accumulator (the update's arithmetic
+// does not depend on the values).  With --grad-write the caller hands an
+// fp16 gradient from its own device buffer at each BACKWARD use
+// (pstar_grad_write, PSTAR_MEM_DEVICE, as pstar.torch does), and the
+// engine zeroes an accumulator, adds it and finalizes it.  The
 // step moves every trained chunk to the host for the CPU optimizer, as on
 // a GPU.
 //
@@ -112,6 +117,7 @@ struct OverlapOptions {
   int iters = 5;
   int reps = 5;
   int threads = 1;
+  bool grad_write = false;
   bool json = false;
 };
 
@@ -174,7 +180,8 @@ double speculative_schedule(double ratio, int n, bool by_priority, double* forwa
 class Model {
  public:
   // speculate: pstar_x_engine_set_speculative_update with no bound.
-  Model(const OverlapOptions& o, bool overlap, bool speculate = false) : layers_(static_cast<uint32_t>(o.layers)) {
+  Model(const OverlapOptions& o, bool overlap, bool speculate = false)
+      : layers_(static_cast<uint32_t>(o.layers)), layer_elems_(static_cast<uint64_t>(o.layer_elems)) {
     pstar_engine_options opts;
     PSTAR_CHECK(pstar_engine_options_init(&opts));
     opts.device = PSTAR_DEVICE_EMULATED;
@@ -193,6 +200,9 @@ class Model {
     }
     PSTAR_CHECK(pstar_engine_build(e_));
     PSTAR_CHECK(pstar_engine_compute_stream(e_, &stream_));
+    // The caller's gradient (fp16 1/1024, bits 0x1400): the emulated
+    // device's memory is host memory.
+    if (o.grad_write) grad_.assign(layer_elems_, uint16_t{0x1400});
   }
   ~Model() { pstar_engine_destroy(e_); }
   Model(const Model&) = delete;
@@ -218,6 +228,11 @@ class Model {
       lap(&t, kBackwardAcquire);
       compute(use_s);
       lap(&t, kCompute);
+      if (!grad_.empty()) {
+        PSTAR_CHECK(
+            pstar_grad_write(e_, ids_[i], grad_.data(), layer_elems_, PSTAR_DTYPE_F16, PSTAR_MEM_DEVICE, stream_));
+        lap(&t, kGradWrite);
+      }
       PSTAR_CHECK(pstar_param_release(e_, ids_[i], stream_));
       lap(&t, kBackwardRelease);
     }
@@ -238,10 +253,19 @@ class Model {
   // Where the caller's time went, summed since the engine was built, by
   // part (Part): the compute's sleeps (with their overshoot) and each kind
   // of engine call.
-  enum Part { kCompute, kForwardAcquire, kForwardRelease, kBackwardAcquire, kBackwardRelease, kStep, kParts };
+  enum Part {
+    kCompute,
+    kForwardAcquire,
+    kForwardRelease,
+    kBackwardAcquire,
+    kGradWrite,
+    kBackwardRelease,
+    kStep,
+    kParts
+  };
   static const char* part_name(int part) {
-    static const char* const names[kParts] = {"compute",          "forward_acquire",  "forward_release",
-                                              "backward_acquire", "backward_release", "step"};
+    static const char* const names[kParts] = {
+        "compute", "forward_acquire", "forward_release", "backward_acquire", "grad_write", "backward_release", "step"};
     return names[part];
   }
   std::vector<double> caller_seconds() const { return std::vector<double>(parts_s_, parts_s_ + kParts); }
@@ -266,6 +290,8 @@ class Model {
     return s;
   }
   uint32_t layers_;
+  uint64_t layer_elems_;
+  std::vector<uint16_t> grad_;  // --grad-write: the caller's fp16 gradient
   double optimizer_wait_s_ = 0.0;
   double parts_s_[kParts] = {};
   pstar_engine* e_ = nullptr;
@@ -441,6 +467,7 @@ int run_overlap(const OverlapOptions& o) {
       }
       j["iters"] = o.iters;
       j["threads"] = o.threads;
+      j["grad_write"] = o.grad_write;
       j["reps"] = o.reps;
       j["samples_sync_s"] = t_sync;
       j["samples_overlap_s"] = t_overlap;
@@ -471,6 +498,8 @@ CLI::App* add_overlap_subcommand(CLI::App& app, std::function<int()>* run) {
   cmd->add_option("--reps", o->reps, "blocks per engine and ratio (medians reported)")->capture_default_str();
   cmd->add_option("--threads", o->threads, "the CPU update's threads (options.threads; 0: one per core)")
       ->capture_default_str();
+  cmd->add_flag("--grad-write", o->grad_write,
+                "the caller writes an fp16 device gradient at each BACKWARD use (pstar_grad_write)");
   cmd->add_flag("--json", o->json, "one JSON object on stdout per ratio");
   *run = [o] {
     try {

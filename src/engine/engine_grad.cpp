@@ -157,8 +157,11 @@ void Engine::grad_write(uint32_t id, const void* grad, uint64_t count, pstar_dty
     accumulate_on_host(p, grad, dtype, space, s);
     return;
   }
-  zero_pending_accumulator(p, s);
-  device_->grad_accumulate(s, p.grad_acc, grad, dtype, space, count);
+  // The first contribution onto a buffer that was never zeroed replaces
+  // its content: the zeroing and the addition in one pass.
+  const bool onto_zero = p.grad_zero_pending;
+  p.grad_zero_pending = false;
+  device_->grad_accumulate(s, p.grad_acc, grad, dtype, space, count, onto_zero);
   // A host source may be reused as soon as this returns; on the emulated
   // device the caller's compute is host code, so it sees the result now.
   if (space == PSTAR_MEM_HOST || device_->host_accessible()) device_->synchronize(s);

@@ -44,10 +44,11 @@ constexpr int kMaxBlocks = 4096;
 // The finalize kernel's threads are the norm's lanes (host_kernels.h).
 static_assert(static_cast<size_t>(kThreads) == kNormLanes, "one finalize thread per norm lane");
 
-__global__ void accumulate_kernel(float* acc, const void* src, pstar_dtype dtype, size_t n) {
+// onto_zero: acc is not read (acc = +0 + src, the bits of zeroing first).
+__global__ void accumulate_kernel(float* acc, const void* src, pstar_dtype dtype, size_t n, bool onto_zero) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    acc[i] += load_as(src, dtype, i);
+    acc[i] = (onto_zero ? 0.0f : acc[i]) + load_as(src, dtype, i);
   }
 }
 
@@ -158,8 +159,8 @@ class CudaDevice final : public Device {
     return true;
   }
 
-  void grad_accumulate(Stream* stream, float* acc, const void* src, pstar_dtype dtype, pstar_mem_space space,
-                       size_t n) override {
+  void grad_accumulate(Stream* stream, float* acc, const void* src, pstar_dtype dtype, pstar_mem_space space, size_t n,
+                       bool onto_zero) override {
     if (n == 0) return;
     const void* dsrc = src;
     void* staging = nullptr;
@@ -170,7 +171,7 @@ class CudaDevice final : public Device {
       dsrc = staging;
     }
     const int blocks = static_cast<int>(std::min<size_t>((n + kThreads - 1) / kThreads, kMaxBlocks));
-    accumulate_kernel<<<blocks, kThreads, 0, s(stream)>>>(acc, dsrc, dtype, n);
+    accumulate_kernel<<<blocks, kThreads, 0, s(stream)>>>(acc, dsrc, dtype, n, onto_zero);
     check(cudaGetLastError(), "accumulate kernel launch");
     if (staging != nullptr) {
       // The caller's host buffer may be reused on return: finish here.

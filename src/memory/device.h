@@ -138,9 +138,11 @@ class Device {
 
   // ---- device-side gradient operations, queued on `stream` ---------------
 
-  // acc[i] += src[i] (converted from src_dtype), src in `space`.
+  // acc[i] += src[i] (converted from src_dtype), src in `space`.  With
+  // onto_zero, acc holds no sum yet and is not read: acc[i] = +0 + src[i],
+  // the bits of a memset to zero followed by the addition, in one pass.
   virtual void grad_accumulate(Stream* stream, float* acc, const void* src, pstar_dtype src_dtype,
-                               pstar_mem_space space, size_t n) = 0;
+                               pstar_mem_space space, size_t n, bool onto_zero) = 0;
 
   // Writes acc rounded to `dtype` into slot[0..n), then computes over the
   // rounded values the squared sum in fp64, in the order host_kernels.h

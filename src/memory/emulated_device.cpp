@@ -340,8 +340,8 @@ bool EmulatedDevice::query(const EventPtr& event) {
 }
 
 void EmulatedDevice::grad_accumulate(Stream* stream, float* acc, const void* src, pstar_dtype src_dtype,
-                                     pstar_mem_space, size_t n) {
-  enqueue(stream, [=] { host_grad_accumulate(acc, src, src_dtype, n); });
+                                     pstar_mem_space, size_t n, bool onto_zero) {
+  enqueue(stream, [=] { host_grad_accumulate(acc, src, src_dtype, n, onto_zero); });
 }
 
 void EmulatedDevice::grad_finalize(Stream* stream, const float* acc, void* slot, pstar_dtype dtype, size_t n,

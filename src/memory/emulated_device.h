@@ -85,7 +85,7 @@ class EmulatedDevice final : public Device {
   bool query(const EventPtr& event) override;
 
   void grad_accumulate(Stream* stream, float* acc, const void* src, pstar_dtype src_dtype, pstar_mem_space space,
-                       size_t n) override;
+                       size_t n, bool onto_zero) override;
   void grad_finalize(Stream* stream, const float* acc, void* slot, pstar_dtype dtype, size_t n, double* sumsq,
                      int* nonfinite) override;
   // The CPU kernel (optim::adam_update with the default instruction set) on

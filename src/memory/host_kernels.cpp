@@ -41,8 +41,12 @@ void finalize_scalar(const float* acc, void* slot, pstar_dtype dtype, size_t n, 
   *sumsq = total;
 }
 
-void accumulate_scalar(float* acc, const void* src, pstar_dtype src_dtype, size_t n) {
-  for (size_t i = 0; i < n; ++i) acc[i] += load_as(src, src_dtype, i);
+void accumulate_scalar(float* acc, const void* src, pstar_dtype src_dtype, size_t n, bool onto_zero) {
+  if (onto_zero) {
+    for (size_t i = 0; i < n; ++i) acc[i] = 0.0f + load_as(src, src_dtype, i);
+  } else {
+    for (size_t i = 0; i < n; ++i) acc[i] += load_as(src, src_dtype, i);
+  }
 }
 
 }  // namespace
@@ -59,11 +63,12 @@ HostKernelIsa host_kernel_default_isa() {
   return isa;
 }
 
-void host_grad_accumulate(HostKernelIsa isa, float* acc, const void* src, pstar_dtype src_dtype, size_t n) {
+void host_grad_accumulate(HostKernelIsa isa, float* acc, const void* src, pstar_dtype src_dtype, size_t n,
+                          bool onto_zero) {
   if (isa == HostKernelIsa::kAvx2) {
-    detail::grad_accumulate_avx2(acc, src, src_dtype, n);
+    detail::grad_accumulate_avx2(acc, src, src_dtype, n, onto_zero);
   } else {
-    accumulate_scalar(acc, src, src_dtype, n);
+    accumulate_scalar(acc, src, src_dtype, n, onto_zero);
   }
 }
 
@@ -82,8 +87,8 @@ void host_grad_norm(HostKernelIsa isa, const float* g, size_t n, double* sumsq, 
   host_grad_finalize(isa, g, nullptr, PSTAR_DTYPE_F32, n, sumsq, nonfinite);
 }
 
-void host_grad_accumulate(float* acc, const void* src, pstar_dtype src_dtype, size_t n) {
-  host_grad_accumulate(host_kernel_default_isa(), acc, src, src_dtype, n);
+void host_grad_accumulate(float* acc, const void* src, pstar_dtype src_dtype, size_t n, bool onto_zero) {
+  host_grad_accumulate(host_kernel_default_isa(), acc, src, src_dtype, n, onto_zero);
 }
 
 void host_grad_norm(const float* g, size_t n, double* sumsq, int* nonfinite) {

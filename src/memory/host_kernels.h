@@ -37,8 +37,10 @@ bool host_kernel_isa_supported(HostKernelIsa isa);
 // scalar paths everywhere.
 HostKernelIsa host_kernel_default_isa();
 
-// acc[i] += src[i] (src converted from src_dtype to fp32, exactly).
-void host_grad_accumulate(float* acc, const void* src, pstar_dtype src_dtype, size_t n);
+// acc[i] += src[i] (src converted from src_dtype to fp32, exactly).  With
+// onto_zero, acc's content is ignored and never read: acc[i] = +0 + src[i],
+// the bits of zeroing acc and then adding (-0 becomes +0).
+void host_grad_accumulate(float* acc, const void* src, pstar_dtype src_dtype, size_t n, bool onto_zero = false);
 // Squared sum (fp64, in the order above) and inf/NaN flag of n fp32
 // gradient values.
 void host_grad_norm(const float* g, size_t n, double* sumsq, int* nonfinite);
@@ -47,14 +49,15 @@ void host_grad_norm(const float* g, size_t n, double* sumsq, int* nonfinite);
 void host_grad_finalize(const float* acc, void* slot, pstar_dtype dtype, size_t n, double* sumsq, int* nonfinite);
 
 // The same, on a chosen path (tests compare the paths).
-void host_grad_accumulate(HostKernelIsa isa, float* acc, const void* src, pstar_dtype src_dtype, size_t n);
+void host_grad_accumulate(HostKernelIsa isa, float* acc, const void* src, pstar_dtype src_dtype, size_t n,
+                          bool onto_zero = false);
 void host_grad_norm(HostKernelIsa isa, const float* g, size_t n, double* sumsq, int* nonfinite);
 void host_grad_finalize(HostKernelIsa isa, const float* acc, void* slot, pstar_dtype dtype, size_t n, double* sumsq,
                         int* nonfinite);
 
 namespace detail {
 // The AVX2 path (host_kernels_avx2.cpp): call only where kAvx2 is supported.
-void grad_accumulate_avx2(float* acc, const void* src, pstar_dtype src_dtype, size_t n);
+void grad_accumulate_avx2(float* acc, const void* src, pstar_dtype src_dtype, size_t n, bool onto_zero);
 // slot == nullptr: the norm of acc itself (host_grad_norm).
 void grad_finalize_avx2(const float* acc, void* slot, pstar_dtype dtype, size_t n, double* sumsq);
 }  // namespace detail

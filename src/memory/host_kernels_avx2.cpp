@@ -123,7 +123,9 @@ double sumsq(const float* acc, void* slot, size_t n) {
   return total;
 }
 
-template <pstar_dtype D>
+// acc += src, or with OntoZero acc = +0 + src without reading acc (the same
+// bits as zeroing first).
+template <pstar_dtype D, bool OntoZero>
 __attribute__((target("avx2,fma,f16c"))) void accumulate(float* acc, const void* src, size_t n) {
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
@@ -135,18 +137,28 @@ __attribute__((target("avx2,fma,f16c"))) void accumulate(float* acc, const void*
     } else {
       g = simd::load_bf16x8(static_cast<const uint16_t*>(src) + i);
     }
-    _mm256_storeu_ps(acc + i, _mm256_add_ps(_mm256_loadu_ps(acc + i), g));
+    const __m256 sum = OntoZero ? _mm256_setzero_ps() : _mm256_loadu_ps(acc + i);
+    _mm256_storeu_ps(acc + i, _mm256_add_ps(sum, g));
   }
-  for (; i < n; ++i) acc[i] += load_as(src, D, i);
+  for (; i < n; ++i) acc[i] = (OntoZero ? 0.0f : acc[i]) + load_as(src, D, i);
+}
+
+template <bool OntoZero>
+void accumulate_as(float* acc, const void* src, pstar_dtype src_dtype, size_t n) {
+  switch (src_dtype) {
+    case PSTAR_DTYPE_F32: accumulate<PSTAR_DTYPE_F32, OntoZero>(acc, src, n); return;
+    case PSTAR_DTYPE_F16: accumulate<PSTAR_DTYPE_F16, OntoZero>(acc, src, n); return;
+    default: accumulate<PSTAR_DTYPE_BF16, OntoZero>(acc, src, n); return;  // as load_as() treats every other value
+  }
 }
 
 }  // namespace
 
-void grad_accumulate_avx2(float* acc, const void* src, pstar_dtype src_dtype, size_t n) {
-  switch (src_dtype) {
-    case PSTAR_DTYPE_F32: accumulate<PSTAR_DTYPE_F32>(acc, src, n); return;
-    case PSTAR_DTYPE_F16: accumulate<PSTAR_DTYPE_F16>(acc, src, n); return;
-    default: accumulate<PSTAR_DTYPE_BF16>(acc, src, n); return;  // as load_as() treats every other value
+void grad_accumulate_avx2(float* acc, const void* src, pstar_dtype src_dtype, size_t n, bool onto_zero) {
+  if (onto_zero) {
+    accumulate_as<true>(acc, src, src_dtype, n);
+  } else {
+    accumulate_as<false>(acc, src, src_dtype, n);
   }
 }
 
@@ -163,7 +175,7 @@ void grad_finalize_avx2(const float* acc, void* slot, pstar_dtype dtype, size_t 
 #else  // not x86: never selected (host_kernel_isa_supported says no)
 
 namespace pstar::memory::detail {
-void grad_accumulate_avx2(float*, const void*, pstar_dtype, size_t) {}
+void grad_accumulate_avx2(float*, const void*, pstar_dtype, size_t, bool) {}
 void grad_finalize_avx2(const float*, void*, pstar_dtype, size_t, double* out) { *out = 0.0; }
 }  // namespace pstar::memory::detail
 

@@ -157,10 +157,10 @@ EventPtr ModelledDevice::model_host_work(double seconds, const std::vector<Event
 }
 
 void ModelledDevice::grad_accumulate(Stream* stream, float* acc, const void* src, pstar_dtype src_dtype,
-                                     pstar_mem_space, size_t n) {
+                                     pstar_mem_space, size_t n, bool onto_zero) {
   ModelledStream* s = stream_of(stream);
   s->busy_until = start_on(s);
-  if (payloads_) host_grad_accumulate(acc, src, src_dtype, n);
+  if (payloads_) host_grad_accumulate(acc, src, src_dtype, n, onto_zero);
 }
 
 void ModelledDevice::grad_finalize(Stream* stream, const float* acc, void* slot, pstar_dtype dtype, size_t n,

@@ -87,7 +87,7 @@ class ModelledDevice final : public Device {
   EventPtr model_host_work(double seconds, const std::vector<EventPtr>& after) override;
 
   void grad_accumulate(Stream* stream, float* acc, const void* src, pstar_dtype src_dtype, pstar_mem_space space,
-                       size_t n) override;
+                       size_t n, bool onto_zero) override;
   void grad_finalize(Stream* stream, const float* acc, void* slot, pstar_dtype dtype, size_t n, double* sumsq,
                      int* nonfinite) override;
   // Runs the CPU kernel at once when the device has payloads, nothing in a

@@ -253,7 +253,7 @@ void HybridPlacement::read_gradient(uint32_t k, const float* on_device, float* o
 void HybridPlacement::fold_gradient(uint32_t k, memory::Stream* stream, uint64_t offset_elems, float* acc, uint64_t n) {
   device_->stream_wait(stream, ready_[k]);
   device_->grad_accumulate(stream, chunks_->lists_at(k).grad32 + offset_elems, acc, PSTAR_DTYPE_F32, PSTAR_MEM_DEVICE,
-                           n);
+                           n, false);
   runtime_->defer_free_device(device_->record(stream), acc, n * sizeof(float), Use::kGradients);
 }
 

@@ -117,8 +117,8 @@ Test(emulated_device, gradient_operations) {
   float* acc = static_cast<float*>(dev.allocate(n * 4));
   dev.memset_async(dev.compute_stream(), acc, 0, n * 4);
   std::vector<float> g(n, 0.5f);
-  dev.grad_accumulate(dev.compute_stream(), acc, g.data(), PSTAR_DTYPE_F32, PSTAR_MEM_HOST, n);
-  dev.grad_accumulate(dev.compute_stream(), acc, g.data(), PSTAR_DTYPE_F32, PSTAR_MEM_HOST, n);
+  dev.grad_accumulate(dev.compute_stream(), acc, g.data(), PSTAR_DTYPE_F32, PSTAR_MEM_HOST, n, false);
+  dev.grad_accumulate(dev.compute_stream(), acc, g.data(), PSTAR_DTYPE_F32, PSTAR_MEM_HOST, n, false);
   std::vector<uint16_t> slot(n);
   double sumsq = -1;
   int bad = -1;
@@ -128,7 +128,7 @@ Test(emulated_device, gradient_operations) {
   cr_assert_eq(sumsq, static_cast<double>(n));
   cr_assert_eq(bad, 0);
   g[17] = INFINITY;
-  dev.grad_accumulate(dev.compute_stream(), acc, g.data(), PSTAR_DTYPE_F32, PSTAR_MEM_HOST, n);
+  dev.grad_accumulate(dev.compute_stream(), acc, g.data(), PSTAR_DTYPE_F32, PSTAR_MEM_HOST, n, false);
   dev.grad_finalize(dev.compute_stream(), acc, slot.data(), PSTAR_DTYPE_BF16, n, &sumsq, &bad);
   dev.synchronize(dev.compute_stream());
   cr_assert_eq(bad, 1);

@@ -163,6 +163,27 @@ Test(host_kernels, paths_agree_on_non_finite_and_special_values) {
   }
 }
 
+// Onto zero: the bits of zeroing and then adding, whatever acc held (NaN
+// here, as a strict device's fresh buffer), -0 sources becoming +0.
+Test(host_kernels, accumulate_onto_zero_is_zeroing_then_adding) {
+  for (pstar_dtype dt : kDtypes) {
+    for (size_t n : kSizes) {
+      std::vector<float> src32 = gradients(n, n * 7 + dt);
+      for (size_t i = 0; i < n; i += 5) src32[i] = -0.0f;
+      std::vector<uint8_t> src(n * pstar::dtype_size(dt));
+      for (size_t i = 0; i < n; ++i) pstar::store_as(src.data(), dt, i, src32[i]);
+      for (HostKernelIsa isa : paths()) {
+        std::vector<float> want(n, 0.0f);
+        pstar::memory::host_grad_accumulate(isa, want.data(), src.data(), dt, n);
+        std::vector<float> acc(n, std::numeric_limits<float>::quiet_NaN());
+        pstar::memory::host_grad_accumulate(isa, acc.data(), src.data(), dt, n, true);
+        cr_assert(n == 0 || std::memcmp(acc.data(), want.data(), n * sizeof(float)) == 0, "dtype %d n %zu", dt, n);
+        for (size_t i = 0; i < n; i += 5) cr_assert(!std::signbit(acc[i]), "dtype %d n %zu [%zu] is -0", dt, n, i);
+      }
+    }
+  }
+}
+
 Test(host_kernels, accumulate_paths_agree) {
   for (pstar_dtype dt : kDtypes) {
     for (size_t n : kSizes) {
