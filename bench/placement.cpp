@@ -40,6 +40,7 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <numeric>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -300,6 +301,15 @@ int run_placement(const PlacementOptions& o) {
     // The targets, evaluated on this run (reported, not asserted).
     double worst_ratio = 0.0, worst_critical = 0.0, worst_critical_hybrid = 0.0;
     bool never_above = true, below_lru = false, below_static = false;
+    // Whether any schedule could move fewer bytes than static at all: every
+    // schedule fetches whole chunks, so its bytes are a multiple of the
+    // chunks' common divisor (granule); one below static moves at most
+    // static - granule, which is impossible where that is under the lower
+    // bound.  Such a budget is one where static is already the least any
+    // schedule can move, so no policy can be strictly below it there.
+    uint64_t granule = 0;
+    for (uint64_t b : mm.chunk_bytes) granule = std::gcd(granule, b);
+    std::vector<double> static_least;
     for (const Row& row : rows) {
       const uint64_t opt = row.moved.at("opt");
       if (row.bound > 0) worst_ratio = std::max(worst_ratio, static_cast<double>(opt) / static_cast<double>(row.bound));
@@ -308,6 +318,8 @@ int run_placement(const PlacementOptions& o) {
       below_static = below_static || opt < row.moved.at("static");
       worst_critical = std::max(worst_critical, row.critical_fraction_opt);
       worst_critical_hybrid = std::max(worst_critical_hybrid, row.critical_fraction_hybrid);
+      const uint64_t st = row.moved.at("static");
+      if (st < granule || st - granule < row.bound) static_least.push_back(row.fraction);
     }
     nlohmann::ordered_json s;
     s["bench"] = "placement_summary";
@@ -317,6 +329,9 @@ int run_placement(const PlacementOptions& o) {
     s["opt_never_above_lru_or_static"] = never_above;
     s["opt_strictly_below_lru_somewhere"] = below_lru;
     s["opt_strictly_below_static_somewhere"] = below_static;
+    s["chunk_bytes_granule"] = granule;
+    // Budgets at which static moves the least any schedule can (above).
+    s["static_least_possible_fractions"] = static_least;
     s["opt_worst_critical_fraction"] = worst_critical;
     s["opt_hybrid_worst_critical_fraction"] = worst_critical_hybrid;
     std::cout << (o.json ? s.dump() : s.dump(1)) << "\n";
