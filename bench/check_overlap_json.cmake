@@ -16,7 +16,11 @@ foreach(i 0 1)
                   exposed_optimizer_fraction ideal_speedup first_use_bound_speedup layers iters
                   reps iteration_s_speculative speedup_speculative exposed_optimizer_fraction_speculative
                   speculative_bound_speedup chunks_speculated_fraction speculations_discarded
-                  adam_s_queued update_s_overlap step_wait_fraction optimizer_wait_fraction_sync)
+                  adam_s_queued update_s_overlap step_wait_fraction optimizer_wait_fraction_sync
+                  caller_sync caller_overlap caller_speculative grad_write)
+  if(v_grad_write)
+    message(FATAL_ERROR "grad_write is '${v_grad_write}' without --grad-write")
+  endif()
   if(NOT v_bench STREQUAL "overlap")
     message(FATAL_ERROR "\"bench\" is '${v_bench}', expected 'overlap'")
   endif()
@@ -29,4 +33,19 @@ foreach(i 0 1)
     message(FATAL_ERROR "layers/iters/reps are ${v_layers}/${v_iters}/${v_reps}, expected 4/2/2")
   endif()
 endforeach()
-message(STATUS "pstar-bench overlap JSON OK:\n${out}")
+# The caller that writes its gradient: the grad_write part of each
+# engine's caller time is there, and every part is a number.
+bench_run(gw overlap --layers 2 --layer-elems 65536 --ratios 1 --iters 2 --reps 1 --grad-write --json)
+bench_json_keys("${gw}" grad_write caller_sync caller_overlap caller_speculative)
+if(NOT v_grad_write)
+  message(FATAL_ERROR "grad_write is '${v_grad_write}' with --grad-write")
+endif()
+foreach(engine caller_sync caller_overlap caller_speculative)
+  foreach(part compute forward_acquire forward_release backward_acquire grad_write backward_release step)
+    string(JSON value ERROR_VARIABLE jerr GET "${gw}" ${engine} ${part})
+    if(jerr OR NOT value MATCHES "^[0-9]")
+      message(FATAL_ERROR "${engine}.${part} is not a number ('${value}' ${jerr}): '${gw}'")
+    endif()
+  endforeach()
+endforeach()
+message(STATUS "pstar-bench overlap JSON OK:\n${out}\n${gw}")
