@@ -101,20 +101,27 @@ struct PlacementOptions {
 // needs and the transient bytes (activations + live gradient buffers) then.
 struct MomentModel {
   std::vector<uint32_t> chunk_at;
+  // Every gradient buffer on the device (the most the engine can hold):
+  // sizes the capacity of each budget.
   std::vector<uint64_t> transient_at;
   std::vector<uint64_t> chunk_bytes;
   uint64_t compute_chunk_bytes = 0;
   uint64_t peak_transient = 0;
 };
 
-MomentModel moment_model(const Workload& w, uint64_t chunk_elems, size_t elem_bytes) {
+// The engine's layout of the workload's parameters (all trained).
+chunk::ChunkLayout packed_layout(const Workload& w, uint64_t chunk_elems) {
   std::vector<uint64_t> numels;
   std::vector<bool> frozen;
   for (const auto& p : w.params) {
     numels.push_back(p.numel);
     frozen.push_back(false);
   }
-  const chunk::ChunkLayout layout(numels, frozen, chunk_elems);
+  return chunk::ChunkLayout(numels, frozen, chunk_elems);
+}
+
+MomentModel moment_model(const Workload& w, uint64_t chunk_elems, size_t elem_bytes) {
+  const chunk::ChunkLayout layout = packed_layout(w, chunk_elems);
   MomentModel m;
   for (const auto& c : layout.chunks()) m.chunk_bytes.push_back(c.capacity_elems * elem_bytes);
   for (uint64_t b : m.chunk_bytes) m.compute_chunk_bytes += b;
@@ -145,6 +152,65 @@ MomentModel moment_model(const Workload& w, uint64_t chunk_elems, size_t elem_by
     }
   }
   return m;
+}
+
+// The transient bytes per moment that the lower bound may assume at
+// `capacity`: activations, and only the gradient buffers the engine is
+// certain to place on the device.  The engine keeps a parameter's fp32
+// buffer on the host when it does not fit beside what cannot move
+// (Engine::open_accumulator: the buffer, plus room for one more chunk and
+// its buffer when more backward uses are to come, against the capacity
+// less the activations, the other gradient buffers and the chunks in use),
+// and a buffer on the host leaves the chunks more room than a model that
+// counts every buffer.  So a buffer counts here only when it fits even
+// beside every live buffer and every chunk of its use; where the engine
+// might have put it on the host, the bound assumes it did, and stays a
+// lower bound (at budget 0.04 of gpt-48l it was not one before).
+std::vector<uint64_t> bound_transient_at(const Workload& w, const chunk::ChunkLayout& layout, size_t elem_bytes,
+                                         uint64_t capacity) {
+  std::vector<uint32_t> forward_uses(w.params.size(), 0), backward_uses(w.params.size(), 0);
+  for (const auto& u : w.schedule)
+    if (u.stage == Stage::Forward)
+      for (uint32_t p : u.params) ++forward_uses[p];
+  std::vector<bool> live(w.params.size(), false), on_device(w.params.size(), false);
+  uint64_t live_bytes = 0, device_bytes = 0;  // every live buffer; those certainly on the device
+  std::vector<uint64_t> out;
+  for (const auto& u : w.schedule) {
+    uint64_t use_chunks = 0;
+    std::vector<uint32_t> seen;
+    for (uint32_t p : u.params) {
+      const uint32_t k = layout.param(p).chunk;
+      if (std::find(seen.begin(), seen.end(), k) != seen.end()) continue;
+      seen.push_back(k);
+      use_chunks += layout.chunks()[k].capacity_elems * elem_bytes;
+    }
+    for (uint32_t p : u.params) {
+      if (u.stage == Stage::Backward && !live[p]) {
+        const uint64_t bytes = w.params[p].numel * sizeof(float);
+        const bool more_to_come = forward_uses[p] - backward_uses[p] > 1;
+        const uint64_t need = bytes + (more_to_come ? layout.chunk_elems() * (elem_bytes + sizeof(float)) : 0);
+        const uint64_t held = u.nonmodel_bytes + live_bytes + use_chunks;
+        live[p] = true;
+        live_bytes += bytes;
+        if (held <= capacity && need <= capacity - held) {
+          on_device[p] = true;
+          device_bytes += bytes;
+        }
+      }
+      out.push_back(u.nonmodel_bytes + device_bytes);
+    }
+    if (u.stage != Stage::Backward) continue;
+    for (uint32_t p : u.params) {
+      if (++backward_uses[p] == forward_uses[p]) {
+        const uint64_t bytes = w.params[p].numel * sizeof(float);
+        live[p] = false;
+        live_bytes -= bytes;
+        if (on_device[p]) device_bytes -= bytes;
+        on_device[p] = false;
+      }
+    }
+  }
+  return out;
 }
 
 struct PolicyRun {
@@ -191,6 +257,7 @@ int run_placement(const PlacementOptions& o) {
   for (const auto& model : models) {
     const Workload w = workload::make_gpt(model.shape);
     const MomentModel mm = moment_model(w, model.chunk_elems, model.shape.dtype_bytes);
+    const chunk::ChunkLayout layout = packed_layout(w, model.chunk_elems);
     struct Row {
       double fraction;
       std::map<std::string, uint64_t> moved;
@@ -203,7 +270,8 @@ int run_placement(const PlacementOptions& o) {
       const uint64_t capacity =
           mm.peak_transient + static_cast<uint64_t>(f * static_cast<double>(mm.compute_chunk_bytes));
       std::vector<uint64_t> budget_at;
-      for (uint64_t t : mm.transient_at) budget_at.push_back(capacity > t ? capacity - t : 0);
+      for (uint64_t t : bound_transient_at(w, layout, model.shape.dtype_bytes, capacity))
+        budget_at.push_back(capacity > t ? capacity - t : 0);
       // One iteration from an empty device: the step before it sent every
       // (trained) chunk to the host for the CPU optimizer.
       PlacementProblem problem;
