@@ -120,43 +120,13 @@ chunk::ChunkLayout packed_layout(const Workload& w, uint64_t chunk_elems) {
   return chunk::ChunkLayout(numels, frozen, chunk_elems);
 }
 
-MomentModel moment_model(const Workload& w, uint64_t chunk_elems, size_t elem_bytes) {
-  const chunk::ChunkLayout layout = packed_layout(w, chunk_elems);
-  MomentModel m;
-  for (const auto& c : layout.chunks()) m.chunk_bytes.push_back(c.capacity_elems * elem_bytes);
-  for (uint64_t b : m.chunk_bytes) m.compute_chunk_bytes += b;
-  // A gradient buffer (fp32) lives from a parameter's first backward acquire
-  // to the release that makes its backward uses equal its forward uses.
-  std::vector<uint32_t> forward_uses(w.params.size(), 0), backward_uses(w.params.size(), 0);
-  for (const auto& u : w.schedule)
-    if (u.stage == Stage::Forward)
-      for (uint32_t p : u.params) ++forward_uses[p];
-  std::vector<bool> live(w.params.size(), false);
-  uint64_t grads = 0;
-  for (const auto& u : w.schedule) {
-    for (uint32_t p : u.params) {
-      if (u.stage == Stage::Backward && !live[p]) {
-        live[p] = true;
-        grads += w.params[p].numel * sizeof(float);
-      }
-      m.chunk_at.push_back(layout.param(p).chunk);
-      m.transient_at.push_back(u.nonmodel_bytes + grads);
-      m.peak_transient = std::max(m.peak_transient, u.nonmodel_bytes + grads);
-    }
-    if (u.stage != Stage::Backward) continue;
-    for (uint32_t p : u.params) {
-      if (++backward_uses[p] == forward_uses[p]) {
-        live[p] = false;
-        grads -= w.params[p].numel * sizeof(float);
-      }
-    }
-  }
-  return m;
-}
-
-// The transient bytes per moment that the lower bound may assume at
-// `capacity`: activations, and only the gradient buffers the engine is
-// certain to place on the device.  The engine keeps a parameter's fp32
+// The transient bytes per moment at `capacity`: activations, and only the
+// gradient buffers the engine is certain to place on the device (a buffer
+// lives from its parameter's first backward acquire to the release that
+// makes its backward uses equal its forward uses).  At an unlimited
+// capacity every buffer is on the device: the most the engine can hold,
+// which sizes each budget's capacity; at a budget's capacity, what the
+// lower bound may assume.  The engine keeps a parameter's fp32
 // buffer on the host when it does not fit beside what cannot move
 // (Engine::open_accumulator: the buffer, plus room for one more chunk and
 // its buffer when more backward uses are to come, against the capacity
@@ -166,8 +136,8 @@ MomentModel moment_model(const Workload& w, uint64_t chunk_elems, size_t elem_by
 // beside every live buffer and every chunk of its use; where the engine
 // might have put it on the host, the bound assumes it did, and stays a
 // lower bound (at budget 0.04 of gpt-48l it was not one before).
-std::vector<uint64_t> bound_transient_at(const Workload& w, const chunk::ChunkLayout& layout, size_t elem_bytes,
-                                         uint64_t capacity) {
+std::vector<uint64_t> transient_at_capacity(const Workload& w, const chunk::ChunkLayout& layout, size_t elem_bytes,
+                                            uint64_t capacity) {
   std::vector<uint32_t> forward_uses(w.params.size(), 0), backward_uses(w.params.size(), 0);
   for (const auto& u : w.schedule)
     if (u.stage == Stage::Forward)
@@ -213,6 +183,17 @@ std::vector<uint64_t> bound_transient_at(const Workload& w, const chunk::ChunkLa
   return out;
 }
 
+MomentModel moment_model(const Workload& w, const chunk::ChunkLayout& layout, size_t elem_bytes) {
+  MomentModel m;
+  for (const auto& c : layout.chunks()) m.chunk_bytes.push_back(c.capacity_elems * elem_bytes);
+  for (uint64_t b : m.chunk_bytes) m.compute_chunk_bytes += b;
+  for (const auto& u : w.schedule)
+    for (uint32_t p : u.params) m.chunk_at.push_back(layout.param(p).chunk);
+  m.transient_at = transient_at_capacity(w, layout, elem_bytes, UINT64_MAX);
+  for (uint64_t t : m.transient_at) m.peak_transient = std::max(m.peak_transient, t);
+  return m;
+}
+
 struct PolicyRun {
   const char* name;
   pstar_policy policy;
@@ -256,8 +237,8 @@ int run_placement(const PlacementOptions& o) {
   int failures = 0;
   for (const auto& model : models) {
     const Workload w = workload::make_gpt(model.shape);
-    const MomentModel mm = moment_model(w, model.chunk_elems, model.shape.dtype_bytes);
     const chunk::ChunkLayout layout = packed_layout(w, model.chunk_elems);
+    const MomentModel mm = moment_model(w, layout, model.shape.dtype_bytes);
     struct Row {
       double fraction;
       std::map<std::string, uint64_t> moved;
@@ -270,7 +251,7 @@ int run_placement(const PlacementOptions& o) {
       const uint64_t capacity =
           mm.peak_transient + static_cast<uint64_t>(f * static_cast<double>(mm.compute_chunk_bytes));
       std::vector<uint64_t> budget_at;
-      for (uint64_t t : bound_transient_at(w, layout, model.shape.dtype_bytes, capacity))
+      for (uint64_t t : transient_at_capacity(w, layout, model.shape.dtype_bytes, capacity))
         budget_at.push_back(capacity > t ? capacity - t : 0);
       // One iteration from an empty device: the step before it sent every
       // (trained) chunk to the host for the CPU optimizer.

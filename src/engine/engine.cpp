@@ -544,7 +544,7 @@ void* Engine::acquire(uint32_t id, pstar_stage stage, void* stream) {
   }
   c.prefetched = false;
   if (ev == TensorEvent::kAcquireBackward && !p.frozen() && p.grad_acc == nullptr && p.grad_host == nullptr)
-    open_accumulator(id, s);
+    open_accumulator(id);
   device_->stream_wait(s, c.ready);
   if (device_->host_accessible()) {
     // The caller's compute runs on the host: the data must be there now.

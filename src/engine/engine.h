@@ -174,7 +174,7 @@ class Engine : private placement::HybridTable {
   Param& backward_param(const char* what, uint32_t id);
   // The gradient accumulators (engine_grad.cpp).
   bool host_accumulation_allowed(uint32_t chunk) const;
-  void open_accumulator(uint32_t id, memory::Stream* s);
+  void open_accumulator(uint32_t id);
   void alloc_device_accumulator(uint32_t id);
   void zero_pending_accumulator(Param& p, memory::Stream* s);
   void accumulate_on_host(Param& p, const void* grad, pstar_dtype dtype, pstar_mem_space space, memory::Stream* s);

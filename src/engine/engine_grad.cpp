@@ -54,7 +54,7 @@ bool Engine::host_accumulation_allowed(uint32_t chunk) const {
 }
 
 // At a BACKWARD acquire of parameter `id`, which has no accumulator yet.
-void Engine::open_accumulator(uint32_t id, memory::Stream* s) {
+void Engine::open_accumulator(uint32_t id) {
   Param& p = params_[id];
   const auto& place = layout_->param(id);
   const uint64_t bytes = p.numel * sizeof(float);
@@ -76,7 +76,6 @@ void Engine::open_accumulator(uint32_t id, memory::Stream* s) {
   // Zeroed by its first reader (zero_pending_accumulator), not here: on a
   // host-accessible device the acquire waits for its stream, and the
   // first reader may be the last release, which needs no buffer at all.
-  (void)s;
   p.grad_zero_pending = true;
 }
 

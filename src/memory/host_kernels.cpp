@@ -42,11 +42,7 @@ void finalize_scalar(const float* acc, void* slot, pstar_dtype dtype, size_t n, 
 }
 
 void accumulate_scalar(float* acc, const void* src, pstar_dtype src_dtype, size_t n, bool onto_zero) {
-  if (onto_zero) {
-    for (size_t i = 0; i < n; ++i) acc[i] = 0.0f + load_as(src, src_dtype, i);
-  } else {
-    for (size_t i = 0; i < n; ++i) acc[i] += load_as(src, src_dtype, i);
-  }
+  for (size_t i = 0; i < n; ++i) acc[i] = (onto_zero ? 0.0f : acc[i]) + load_as(src, src_dtype, i);
 }
 
 }  // namespace
