@@ -1,6 +1,7 @@
 # Runs `pstar-bench placement` on the smallest GPT shape at two budgets and
 # checks the JSON lines: every policy present with the fixed keys, and no
-# policy below the independent lower bound (the bench itself exits 1 then);
+# policy below the independent lower bounds on bytes and on stall time (the
+# bench itself exits 1 then);
 # opt_hybrid (hybrid placement keeps payloads across the step, so the
 # bound, which starts from an empty device, does not apply to it) only
 # within its bytes.
@@ -16,7 +17,8 @@ foreach(line IN LISTS lines)
   if(NOT v_bench STREQUAL "placement")
     continue()
   endif()
-  bench_json_keys("${line}" model budget_fraction policy feasible bytes_moved critical_bytes lower_bound_bytes)
+  bench_json_keys("${line}" model budget_fraction policy feasible bytes_moved critical_bytes lower_bound_bytes
+                  stall_seconds stall_seconds_lower_bound)
   if(NOT v_feasible STREQUAL "ON")
     message(FATAL_ERROR "row not feasible: '${line}'")
   endif()

@@ -16,6 +16,15 @@
 //   bytes_moved     host-to-device bytes (what placement decides; the bytes
 //                   going back are reported apart as bytes_d2h)
 //   critical_bytes  bytes an acquire waited for
+//   stall_seconds   the caller's time outside its compute (iteration_seconds
+//                   - compute_seconds: acquires and the step waiting), and
+//                   stall_seconds_lower_bound, the least any schedule
+//                   without speculation can have on this link (see
+//                   stall_lower_bound: the chunks the forward needs first
+//                   come back only after the step; where the forward
+//                   computes for less time than its chunks take to copy,
+//                   waiting is forced, and critical_bytes counts every
+//                   chunk whose copy was still in flight, however briefly)
 //   lower_bound_bytes  the least host-to-device bytes any schedule can move
 //                   in one iteration that starts from an empty device: every
 //                   chunk of these models is trained, and the step sends each
@@ -194,6 +203,63 @@ MomentModel moment_model(const Workload& w, const chunk::ChunkLayout& layout, si
   return m;
 }
 
+// The least time, per iteration, the caller of any schedule spends outside
+// its compute (waiting in acquires and in pstar_step), on the virtual clock,
+// when the step sends every trained chunk to the host for the CPU optimizer
+// and applies no update before it knows the step's decision (no
+// speculation).  Time 0 is the end of the backward's last compute; the
+// next forward's moment t starts, at the earliest, at C(t) (the compute of
+// the uses before it) plus that non-compute time W.  By then every chunk
+// first used at or before t (the set S_t) has come back over the one
+// host-to-device link (`bytes_per_s`).  Chunk k's copy back starts no
+// earlier than r_k = max(0, e_k + d_k): its gradient is final at e_k <= 0
+// (the end of its last backward use's compute), takes d_k to go down, and
+// the update needs the decision, which needs the whole backward.  One link
+// serving jobs released at r_k finishes those released at or after any
+// time x no sooner than x plus their copy times; so
+//   W >= max over t and over x in {0, r_k} of
+//        x + sum over k in S_t with r_k >= x of bytes_k / bytes_per_s - C(t).
+// It leaves out chunks fetched more than once and queueing on the link
+// down (it stays a lower bound), and depends on the model, not the budget.
+double stall_lower_bound(const Workload& w, const chunk::ChunkLayout& layout, size_t elem_bytes, double flops_per_s,
+                         double bytes_per_s) {
+  const size_t n = layout.chunks().size();
+  auto copy_s = [&](uint32_t k) {
+    return static_cast<double>(layout.chunks()[k].capacity_elems * elem_bytes) / bytes_per_s;
+  };
+  // The compute up to the end of each chunk's last backward use.
+  std::vector<double> grad_final(n, -1.0);
+  double compute_s = 0.0;
+  for (const auto& u : w.schedule) {
+    compute_s += u.flops / flops_per_s;
+    if (u.stage != Stage::Backward) continue;
+    for (uint32_t p : u.params) grad_final[layout.param(p).chunk] = compute_s;
+  }
+  std::vector<double> release(n, 0.0);
+  for (uint32_t k = 0; k < n; ++k)
+    if (grad_final[k] >= 0.0) release[k] = std::max(0.0, grad_final[k] - compute_s + copy_s(k));
+  // Forward order: the release times of S_t, and the bound at each new chunk.
+  std::vector<bool> seen(n, false);
+  std::vector<std::pair<double, double>> released;  // (r_k, copy time) of S_t
+  double forward_compute_s = 0.0, bound = 0.0;
+  for (const auto& u : w.schedule) {
+    for (uint32_t p : u.params) {
+      const uint32_t k = layout.param(p).chunk;
+      if (seen[k]) continue;
+      seen[k] = true;
+      released.emplace_back(release[k], copy_s(k));
+      for (const auto& [x, unused] : released) {
+        double finish = x;
+        for (const auto& [r, c] : released)
+          if (r >= x) finish += c;
+        bound = std::max(bound, finish - forward_compute_s);
+      }
+    }
+    forward_compute_s += u.flops / flops_per_s;
+  }
+  return bound;
+}
+
 struct PolicyRun {
   const char* name;
   pstar_policy policy;
@@ -244,8 +310,10 @@ int run_placement(const PlacementOptions& o) {
       std::map<std::string, uint64_t> moved;
       uint64_t bound;
       double critical_fraction_opt;
+      double stall_ratio_opt = 0.0;
       double critical_fraction_hybrid = -1.0;  // -1: infeasible
     };
+    const double stall_bound = stall_lower_bound(w, layout, model.shape.dtype_bytes, o.tflops * 1e12, o.h2d_gbps * 1e9);
     std::vector<Row> rows;
     for (double f : fractions) {
       const uint64_t capacity =
@@ -325,6 +393,12 @@ int run_placement(const PlacementOptions& o) {
                                                                (o.h2d_gbps * 1e9) / it.clock_seconds
                                                          : 0.0;
         j["wait_seconds"] = it.wait_seconds;
+        // The caller's time outside its compute, and the least any schedule
+        // without speculation can have (stall_lower_bound).
+        const double stall = it.clock_seconds - r.compute_seconds;
+        j["stall_seconds"] = stall;
+        j["stall_seconds_lower_bound"] = stall_bound;
+        j["stall_ratio_to_lower_bound"] = stall_bound > 0.0 ? stall / stall_bound : -1.0;
         j["compute_seconds"] = r.compute_seconds;
         j["trace_fallbacks"] = it.trace_fallbacks;
         j["budget_overruns"] = it.budget_overruns;
@@ -341,6 +415,13 @@ int run_placement(const PlacementOptions& o) {
                     << " moved fewer bytes than the lower bound\n";
           ++failures;
         }
+        if (stall < stall_bound * (1.0 - 1e-9)) {
+          std::cerr << "pstar-bench placement: " << model.name << " at " << f << ", " << pr.name
+                    << " stalled less than the lower bound (" << stall << " s < " << stall_bound << " s)\n";
+          ++failures;
+        }
+        row.stall_ratio_opt =
+            std::string(pr.name) == "opt" && stall_bound > 0.0 ? stall / stall_bound : row.stall_ratio_opt;
         row.moved[pr.name] = it.bytes_host_to_device;
         if (std::string(pr.name) == "opt") row.critical_fraction_opt = j["critical_fraction"].get<double>();
         std::cout << (o.json ? j.dump() : j.dump(1)) << "\n";
@@ -348,7 +429,7 @@ int run_placement(const PlacementOptions& o) {
       if (row.moved.size() == 4) rows.push_back(row);
     }
     // The targets, evaluated on this run (reported, not asserted).
-    double worst_ratio = 0.0, worst_critical = 0.0, worst_critical_hybrid = 0.0;
+    double worst_ratio = 0.0, worst_critical = 0.0, worst_critical_hybrid = 0.0, worst_stall_ratio = 0.0;
     bool never_above = true, below_lru = false, below_static = false;
     // Whether any schedule could move fewer bytes than static at all: every
     // schedule fetches whole chunks, so its bytes are a multiple of the
@@ -366,6 +447,7 @@ int run_placement(const PlacementOptions& o) {
       below_lru = below_lru || opt < row.moved.at("lru");
       below_static = below_static || opt < row.moved.at("static");
       worst_critical = std::max(worst_critical, row.critical_fraction_opt);
+      worst_stall_ratio = std::max(worst_stall_ratio, row.stall_ratio_opt);
       worst_critical_hybrid = std::max(worst_critical_hybrid, row.critical_fraction_hybrid);
       const uint64_t st = row.moved.at("static");
       if (st < granule || st - granule < row.bound) static_least.push_back(row.fraction);
@@ -383,6 +465,8 @@ int run_placement(const PlacementOptions& o) {
     s["static_least_possible_fractions"] = static_least;
     s["opt_worst_critical_fraction"] = worst_critical;
     s["opt_hybrid_worst_critical_fraction"] = worst_critical_hybrid;
+    s["stall_seconds_lower_bound"] = stall_bound;
+    s["opt_worst_stall_ratio_to_lower_bound"] = worst_stall_ratio;
     std::cout << (o.json ? s.dump() : s.dump(1)) << "\n";
   }
   return failures == 0 ? 0 : 1;
