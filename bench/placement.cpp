@@ -2,7 +2,8 @@
 // against an optimum computed independently of the runtime.
 //
 //   pstar-bench placement [--models tiny,small,medium] [--fractions 0.1,...]
-//                         [--iterations 4] [--tflops 20] [--h2d-gbps 25] [--json]
+//                         [--iterations 4] [--tflops 20] [--h2d-gbps 25]
+//                         [--host-update-gbps 0] [--json]
 //
 // For each GPT shape (tools/workload/gpt_workload.h) and each device capacity
 // (budget_fraction f: the chunks may use f x the compute-dtype chunk bytes
@@ -36,6 +37,9 @@
 //                   gradient buffers), never from the runtime's decisions.
 //                   Parameters acquired together are treated as successive
 //                   moments (a relaxation), so it stays a lower bound.
+// --host-update-gbps models the CPU update (off by default: it takes no
+// time, so the figures are placement's alone); with it, the updates run
+// beside the next iteration on the clock, and the forward waits for them.
 // A row whose capacity cannot hold the chunks a moment needs reports
 // "feasible": false and no figures.
 #include <CLI/CLI.hpp>
@@ -103,6 +107,10 @@ struct PlacementOptions {
   // PCIe 4.0 x16 from pinned memory (~25 GB/s each way): a link that leaves
   // room, next to --tflops of compute, for the shapes here.
   double h2d_gbps = 25.0;
+  // 0: the CPU update takes no modelled time.  Else its rate in GB/s of
+  // the bytes a fused Adam pass moves (pstar_x_engine_set_modelled_host_update),
+  // the updates overlapping the next iteration on the clock.
+  double host_update_gbps = 0.0;
   bool json = false;
 };
 
@@ -360,6 +368,7 @@ int run_placement(const PlacementOptions& o) {
         cfg.options.d2h_bytes_per_s = o.h2d_gbps * 1e9;
         cfg.iterations = o.iterations;
         cfg.flops_per_s = o.tflops * 1e12;
+        cfg.host_update_bytes_per_s = o.host_update_gbps * 1e9;
         if (const char* dir = std::getenv("PSTAR_BENCH_TIMELINES")) {
           // Debugging aid: one Chrome trace per row.
           cfg.options.record_timeline = 1;
@@ -488,6 +497,9 @@ CLI::App* add_placement_subcommand(CLI::App& app, std::function<int()>* run) {
       ->capture_default_str();
   sub->add_option("--tflops", o->tflops, "modelled compute throughput, TFLOP/s")->capture_default_str();
   sub->add_option("--h2d-gbps", o->h2d_gbps, "modelled link bandwidth each way, GB/s")->capture_default_str();
+  sub->add_option("--host-update-gbps", o->host_update_gbps,
+                  "modelled CPU update rate, GB/s of Adam's traffic (0: the update takes no time)")
+      ->capture_default_str();
   sub->add_flag("--json", o->json, "one JSON object per line");
   *run = [o] { return run_placement(*o); };
   return sub;
