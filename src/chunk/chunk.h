@@ -36,6 +36,10 @@ struct Chunk {
   bool prefetched = false;     // fetched ahead of use, not acquired since
   bool pinned_static = false;  // static policy: never evicted once fetched
   bool evicted = false;        // left the accelerator at least once
+  // Its latest copy to the host (placement::Runtime::copy_out) in the order
+  // of the device-to-host stream, which completes its work in order: a
+  // chunk with a lower number is on the host no later (0: never copied).
+  uint64_t copy_out_order = 0;
   // In a step that prefetches for the next iteration: on the host, its CPU
   // update not done yet, so not to be fetched (prefetch stops at it).
   bool awaiting_update = false;

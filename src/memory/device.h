@@ -124,6 +124,12 @@ class Device {
   // When `event` completes on the clock, if the device knows it ahead (the
   // virtual clock does); NaN otherwise.
   virtual double completion_time(const EventPtr& event) const;
+  // The modelled rate of copies of `kind` in bytes per second (a virtual
+  // clock's); 0 where the device does not know it ahead.
+  virtual double modelled_copy_bytes_per_s(CopyKind kind) const {
+    (void)kind;
+    return 0.0;
+  }
   // False for a dry run: allocations are address space only, copies and
   // gradient operations touch no memory, and no caller may dereference a
   // pointer this device or its host allocator returns.

@@ -84,6 +84,11 @@ class ModelledDevice final : public Device {
   double clock_seconds() const override { return now_; }
   void advance_clock(double seconds) override;
   double completion_time(const EventPtr& event) const override;
+  double modelled_copy_bytes_per_s(CopyKind kind) const override {
+    return kind == CopyKind::kHostToDevice   ? h2d_bytes_per_s_
+           : kind == CopyKind::kDeviceToHost ? d2h_bytes_per_s_
+                                             : 0.0;
+  }
   EventPtr model_host_work(double seconds, const std::vector<EventPtr>& after) override;
 
   void grad_accumulate(Stream* stream, float* acc, const void* src, pstar_dtype src_dtype, pstar_mem_space space,

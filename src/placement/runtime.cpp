@@ -267,6 +267,7 @@ memory::EventPtr Runtime::copy_out(uint32_t k) {
   if (c.opt_device != nullptr) internal_error("evicting a chunk whose optimizer state is on the device");
   if (c.gather_slot >= 0) internal_error("evicting a chunk from its gather slot");
   c.evicted = true;
+  c.copy_out_order = ++copies_out_;
   memory::Stream* s = device_->d2h_stream();
   if (c.host_copy != nullptr) {
     // Clean: nothing wrote the device payload since it came from this host
@@ -497,6 +498,26 @@ void Runtime::prefetch_ahead(uint64_t now) {
     opt_policy_.touch(k, t);
   }
   prefetch_frontier_ = end;
+}
+
+bool Runtime::upload_ahead(uint32_t k, uint64_t reserve) {
+  chunk::Chunk& c = at(k);
+  if (c.tier != Tier::kHost || c.awaiting_update) return false;
+  if (!uploads_.empty() && uploads_[k].dst != nullptr) return false;
+  const placement::AccessTrace& trace = follower_.trace();
+  const uint64_t first = trace.first_use(k);
+  if (first == placement::AccessTrace::kNever) return false;
+  const uint64_t transient_now = tier_.bytes(Use::kNonModel) + tier_.bytes(Use::kGradients);
+  uint64_t transient_peak = transient_now;
+  for (uint64_t t = 0; t <= first; ++t) transient_peak = std::max(transient_peak, trace.transient_at(t));
+  reclaim_deferred(false);
+  const uint64_t need = c.bytes + (transient_peak - transient_now) + reserve;
+  if (need > tier_.free_bytes()) return false;
+  fetch(k);
+  c.prefetched = true;
+  counters_.bytes_prefetched += c.bytes;
+  opt_policy_.touch(k, first);
+  return true;
 }
 
 void Runtime::iteration_end() { follower_.end(static_cast<uint32_t>(chunks_->chunk_count())); }

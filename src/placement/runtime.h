@@ -223,6 +223,13 @@ class Runtime {
   void rekey_for_next_iteration();
   // From moment `now` of the trace (0: the next iteration's start).
   void prefetch_ahead(uint64_t now);
+  // The synchronous step's fill (step/optimizer_step.cpp): chunk k, updated
+  // while a chunk the next iteration needs before it is still on its way to
+  // the host, goes to the device now, out of use order, into free room that
+  // leaves `reserve` bytes (the room of the chunks used before it that are
+  // still awaiting their update) beside the largest transient bytes the
+  // trace recorded up to k's first use.  No eviction.  True if queued.
+  bool upload_ahead(uint32_t k, uint64_t reserve);
   // The static policy's resident set (`largest_grad`: the largest gradient
   // buffer, part of the streaming reserve).  Does nothing for other
   // policies or an unlimited device.
@@ -261,8 +268,9 @@ class Runtime {
   chunk::Chunk& evict_for_host_view(uint32_t k);
 
   const RuntimeOptions options_;
-  memory::Device* device_;  // not owned
-  memory::HostPool* host_;  // not owned
+  uint64_t copies_out_ = 0;  // copy_out calls so far (chunk::Chunk::copy_out_order)
+  memory::Device* device_;   // not owned
+  memory::HostPool* host_;   // not owned
   void leave_device(uint32_t k);
 
   bool keep_clean_host_copies_ = false;

@@ -35,6 +35,7 @@ typedef struct clock_cfg {
   const char *trace_path; /* exported after the run when record != 0 */
   double update_rate;     /* pstar_x_engine_set_modelled_host_update (0: none) */
   int sync_step;          /* pstar_x_engine_set_overlap_step(e, 0) */
+  double h2d, d2h;        /* modelled link rates, bytes/s (0: 1e9 up, 2e9 down) */
 } clock_cfg;
 
 /* Non-model bytes after the forward use of layer i: activations grow
@@ -80,8 +81,8 @@ static void run_cfg(const clock_cfg *c, clock_run *out) {
   o.device_capacity_bytes = c->capacity;
   o.device_margin_bytes = c->margin;
   o.record_timeline = c->record;
-  o.h2d_bytes_per_s = 1e9;
-  o.d2h_bytes_per_s = 2e9;
+  o.h2d_bytes_per_s = c->h2d > 0 ? c->h2d : 1e9;
+  o.d2h_bytes_per_s = c->d2h > 0 ? c->d2h : 2e9;
   pstar_engine *e = t_create(&o);
   if (c->sync_step) T_OK(pstar_x_engine_set_overlap_step(e, 0));
   if (c->update_rate > 0) T_OK(pstar_x_engine_set_modelled_host_update(e, c->update_rate));
@@ -160,7 +161,7 @@ Test(clock, dry_run_counts_exactly_what_a_real_run_does) {
   for (size_t pi = 0; pi < 3; ++pi) {
     for (int chunks = 3; chunks <= 9; chunks += 3) {
       for (int prefetch = 0; prefetch <= 1; ++prefetch) {
-        clock_cfg c = {policies[pi], prefetch, 0, capacity_for(chunks), 0, 1, PSTAR_TEST_TMP_DIR "/clock_real.json", 0.0, 0};
+        clock_cfg c = {policies[pi], prefetch, 0, capacity_for(chunks), 0, 1, PSTAR_TEST_TMP_DIR "/clock_real.json", 0.0, 0, 0.0, 0.0};
         run_cfg(&c, &real);
         c.dry_run = 1;
         c.trace_path = PSTAR_TEST_TMP_DIR "/clock_dry.json";
@@ -214,7 +215,7 @@ Test(clock, modelled_copy_time_is_bytes_over_bandwidth) {
 
 Test(clock, prefetch_hides_copies_behind_compute) {
   static clock_run demand, pre;
-  clock_cfg c = {PSTAR_POLICY_OPT, 0, 1, capacity_for(3), 0, 0, NULL, 0.0, 0};
+  clock_cfg c = {PSTAR_POLICY_OPT, 0, 1, capacity_for(3), 0, 0, NULL, 0.0, 0, 0.0, 0.0};
   run_cfg(&c, &demand);
   c.prefetch = 1;
   run_cfg(&c, &pre);
@@ -247,7 +248,7 @@ Test(clock, modelled_updates_overlap_the_next_iteration) {
     for (int chunks = 3; chunks <= 9; chunks += 3) {
       char what[96];
       snprintf(what, sizeof what, "policy %d, %d chunks", (int)policies[pi], chunks);
-      clock_cfg c = {policies[pi], 1, 0, capacity_for(chunks), 0, 0, NULL, 0.0, 0};
+      clock_cfg c = {policies[pi], 1, 0, capacity_for(chunks), 0, 0, NULL, 0.0, 0, 0.0, 0.0};
       run_cfg(&c, &none);
       c.update_rate = kUpdateBytesPerS;
       c.sync_step = 1;
@@ -294,12 +295,12 @@ Test(clock, modelled_host_update_errors) {
 
 Test(clock, results_do_not_depend_on_the_clock_policy_or_capacity) {
   static clock_run ref, r;
-  clock_cfg c = {PSTAR_POLICY_OPT, 1, 0, 0, 0, 0, NULL, 0.0, 0};
+  clock_cfg c = {PSTAR_POLICY_OPT, 1, 0, 0, 0, 0, NULL, 0.0, 0, 0.0, 0.0};
   run_cfg(&c, &ref);
   const pstar_policy policies[] = {PSTAR_POLICY_OPT, PSTAR_POLICY_LRU, PSTAR_POLICY_STATIC};
   for (size_t pi = 0; pi < 3; ++pi) {
     for (int chunks = 3; chunks <= 9; chunks += 2) {
-      clock_cfg k = {policies[pi], (int)pi == 0, 0, capacity_for(chunks), 0, 0, NULL, 0.0, 0};
+      clock_cfg k = {policies[pi], (int)pi == 0, 0, capacity_for(chunks), 0, 0, NULL, 0.0, 0, 0.0, 0.0};
       run_cfg(&k, &r);
       cr_assert_eq(memcmp(r.w, ref.w, sizeof r.w), 0, "policy %d at %d chunks changed the results", (int)policies[pi],
                    chunks);
@@ -315,7 +316,7 @@ Test(clock, window_budget_holds_at_every_moment) {
   for (int chunks = 3; chunks <= 8; ++chunks) {
     for (int prefetch = 0; prefetch <= 1; ++prefetch) {
       const uint64_t capacity = capacity_for(chunks) + margin;
-      clock_cfg c = {PSTAR_POLICY_OPT, prefetch, 1, capacity, margin, 1, PSTAR_TEST_TMP_DIR "/clock_budget.json", 0.0, 0};
+      clock_cfg c = {PSTAR_POLICY_OPT, prefetch, 1, capacity, margin, 1, PSTAR_TEST_TMP_DIR "/clock_budget.json", 0.0, 0, 0.0, 0.0};
       run_cfg(&c, &r);
       cr_assert_eq(r.stats.budget_overruns, 0u);
       cr_assert_leq(r.stats.peak_device_bytes, capacity - margin, "%d chunks: peak over the budget", chunks);
@@ -339,7 +340,7 @@ Test(clock, window_budget_holds_at_every_moment) {
 
 Test(clock, trace_export_writes_every_move) {
   static clock_run r;
-  clock_cfg c = {PSTAR_POLICY_LRU, 0, 1, capacity_for(4), 0, 1, PSTAR_TEST_TMP_DIR "/clock_moves.json", 0.0, 0};
+  clock_cfg c = {PSTAR_POLICY_LRU, 0, 1, capacity_for(4), 0, 1, PSTAR_TEST_TMP_DIR "/clock_moves.json", 0.0, 0, 0.0, 0.0};
   run_cfg(&c, &r);
   char *text = slurp(PSTAR_TEST_TMP_DIR "/clock_moves.json");
   cr_assert_not_null(strstr(text, "\"traceEvents\":["));
@@ -348,6 +349,81 @@ Test(clock, trace_export_writes_every_move) {
   cr_assert_eq(count_of(text, "\"clock\":\"virtual\""), 1u);
   free(text);
   remove(PSTAR_TEST_TMP_DIR "/clock_moves.json");
+}
+
+/* One move of the exported timeline. */
+typedef struct move {
+  unsigned chunk;
+  int to_device;
+  double start_us, end_us;
+} move;
+
+/* The moves of a timeline export, in the order they were queued. */
+static size_t read_moves(const char *text, move *out, size_t max) {
+  size_t n = 0;
+  for (const char *p = strstr(text, "{\"name\":\"chunk "); p != NULL && n < max;
+       p = strstr(p + 1, "{\"name\":\"chunk ")) {
+    move m;
+    int tid = 0;
+    double dur = 0.0;
+    if (sscanf(p, "{\"name\":\"chunk %u\",\"cat\":\"move\",\"ph\":\"X\",\"ts\":%lf,\"dur\":%lf,\"pid\":1,\"tid\":%d",
+               &m.chunk, &m.start_us, &dur, &tid) != 4)
+      continue;
+    m.to_device = tid == 1;
+    m.end_us = m.start_us + dur;
+    out[n++] = m;
+  }
+  return n;
+}
+
+/* The synchronous step's fill: parameter 0 is used first in the forward
+ * and last in the backward (tied), so its chunk is the last to go down and
+ * the first the next forward needs.  While it goes down, the chunks after
+ * it that are on the host already go up (out of use order), as many bytes
+ * as the link up carries in the time chunk 0 takes to come down (here the
+ * link up is twice as fast: two chunks), so the link up is busy during
+ * that copy; without the fill it idles until chunk 0 is down and updated.
+ * With the link up slower than the link down, even one chunk would delay
+ * chunk 0's copy up: nothing goes ahead.  Same bits as a run with room for
+ * everything. */
+static size_t steps_that_fill(double h2d, double d2h) {
+  static clock_run r;
+  static move moves[4096];
+  clock_cfg c = {PSTAR_POLICY_OPT, 1, 1, capacity_for(9), 0, 1, PSTAR_TEST_TMP_DIR "/clock_fill.json", 0.0, 1, h2d,
+                 d2h};
+  run_cfg(&c, &r);
+  char *text = slurp(PSTAR_TEST_TMP_DIR "/clock_fill.json");
+  const size_t n = read_moves(text, moves, sizeof moves / sizeof moves[0]);
+  free(text);
+  cr_assert_gt(n, 0u, "no moves read from the timeline");
+  size_t downs = 0, filled = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (moves[i].chunk != 0 || moves[i].to_device || moves[i].end_us <= moves[i].start_us) continue;
+    ++downs;
+    for (size_t j = 0; j < n; ++j) {
+      if (moves[j].to_device && moves[j].chunk != 0 && moves[j].start_us >= moves[i].start_us &&
+          moves[j].start_us < moves[i].end_us) {
+        ++filled;
+        break;
+      }
+    }
+  }
+  cr_assert_eq(downs, (size_t)ITERS, "chunk 0 goes down once per step (%zu copies)", downs);
+  remove(PSTAR_TEST_TMP_DIR "/clock_fill.json");
+  return filled;
+}
+
+Test(clock, the_step_sends_chunks_up_while_the_first_comes_down) {
+  /* The first step has no trace to follow yet; each later one fills. */
+  cr_assert_eq(steps_that_fill(2e9, 1e9), (size_t)ITERS - 1, "the link up idled while chunk 0 came down");
+  cr_assert_eq(steps_that_fill(1e9, 2e9), 0u, "chunks went ahead of chunk 0 over a slower link up");
+  /* With payloads: the bits of a run with room for everything. */
+  static clock_run ref, r;
+  clock_cfg k = {PSTAR_POLICY_OPT, 1, 0, 0, 0, 0, NULL, 0.0, 1, 2e9, 1e9};
+  run_cfg(&k, &ref);
+  k.capacity = capacity_for(9);
+  run_cfg(&k, &r);
+  cr_assert_eq(memcmp(r.w, ref.w, sizeof r.w), 0, "the fill changed the results");
 }
 
 Test(clock, errors_are_clear) {
