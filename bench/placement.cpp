@@ -429,10 +429,11 @@ int run_placement(const PlacementOptions& o) {
                     << " stalled less than the lower bound (" << stall << " s < " << stall_bound << " s)\n";
           ++failures;
         }
-        row.stall_ratio_opt =
-            std::string(pr.name) == "opt" && stall_bound > 0.0 ? stall / stall_bound : row.stall_ratio_opt;
         row.moved[pr.name] = it.bytes_host_to_device;
-        if (std::string(pr.name) == "opt") row.critical_fraction_opt = j["critical_fraction"].get<double>();
+        if (std::string(pr.name) == "opt") {
+          row.critical_fraction_opt = j["critical_fraction"].get<double>();
+          if (stall_bound > 0.0) row.stall_ratio_opt = stall / stall_bound;
+        }
         std::cout << (o.json ? j.dump() : j.dump(1)) << "\n";
       }
       if (row.moved.size() == 4) rows.push_back(row);

@@ -492,10 +492,7 @@ void Runtime::prefetch_ahead(uint64_t now) {
       const memory::EventPtr out = copy_out(victim);
       copy_in(k, buffer, out);
     }
-    c.prefetched = true;
-    counters_.bytes_prefetched += c.bytes;
-    // Keyed by its coming use, so that it is not the next victim.
-    opt_policy_.touch(k, t);
+    note_prefetched(k, t);
   }
   prefetch_frontier_ = end;
 }
@@ -514,10 +511,16 @@ bool Runtime::upload_ahead(uint32_t k, uint64_t reserve) {
   const uint64_t need = c.bytes + (transient_peak - transient_now) + reserve;
   if (need > tier_.free_bytes()) return false;
   fetch(k);
+  note_prefetched(k, first);
+  return true;
+}
+
+void Runtime::note_prefetched(uint32_t k, uint64_t use) {
+  chunk::Chunk& c = at(k);
   c.prefetched = true;
   counters_.bytes_prefetched += c.bytes;
-  opt_policy_.touch(k, first);
-  return true;
+  // Keyed by its coming use, so that it is not the next victim.
+  opt_policy_.touch(k, use);
 }
 
 void Runtime::iteration_end() { follower_.end(static_cast<uint32_t>(chunks_->chunk_count())); }

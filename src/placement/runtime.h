@@ -266,6 +266,9 @@ class Runtime {
   // host_view's and host_view_modelled's first part: chunk k on the host
   // (evicted if it is on the device; never one whose state stays there).
   chunk::Chunk& evict_for_host_view(uint32_t k);
+  // Chunk k's copy to the device, just queued ahead of its use at trace
+  // moment `use`: counted as prefetched and keyed by that use.
+  void note_prefetched(uint32_t k, uint64_t use);
 
   const RuntimeOptions options_;
   uint64_t copies_out_ = 0;  // copy_out calls so far (chunk::Chunk::copy_out_order)

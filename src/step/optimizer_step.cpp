@@ -210,20 +210,20 @@ void OptimizerStep::fold_gradient(uint32_t id, memory::Stream* s) {
 // up carries in the time that chunk takes to come down (its bytes, scaled
 // by the ratio of the two rates where the device models them, else a link
 // as fast each way, as PCIe), so that they are up about when it is ready
-// to follow them.  Reorders `order` (first-use order) and returns, by
-// chunk, the ones moved ahead (empty: none); *reserve is the first chunk's
-// room, which their uploads leave free.  The order of the updates changes
-// no bits: each chunk's update reads and writes its own lists only.
-std::vector<bool> OptimizerStep::fill_first(std::vector<uint32_t>& order, uint64_t* reserve) const {
-  if (order.empty()) return {};
+// to follow them.  Reorders `order` (first-use order) and returns that
+// first chunk when some went ahead of it (kNoFill: none); the chunks
+// updated while it is still awaiting its update are the ones ahead.  The
+// order of the updates changes no bits: each chunk's update reads and
+// writes its own lists only.
+uint32_t OptimizerStep::fill_first(std::vector<uint32_t>& order) const {
+  if (order.empty()) return kNoFill;
   const uint32_t first = order[0];
   const ChunkState& f = chunks_[first];
-  if (f.tier != Tier::kHost || device_->query(f.ready)) return {};
+  if (f.tier != Tier::kHost || device_->query(f.ready)) return kNoFill;
   const double up = device_->modelled_copy_bytes_per_s(memory::CopyKind::kHostToDevice);
   const double down = device_->modelled_copy_bytes_per_s(memory::CopyKind::kDeviceToHost);
   uint64_t budget = f.bytes;
   if (up > 0.0 && down > 0.0) budget = static_cast<uint64_t>(static_cast<double>(budget) * (up / down));
-  std::vector<bool> ahead(chunks_.size(), false);
   std::vector<uint32_t> out;
   size_t i = 1;
   for (; i < order.size(); ++i) {
@@ -233,15 +233,13 @@ std::vector<bool> OptimizerStep::fill_first(std::vector<uint32_t>& order, uint64
     const bool down_first = device_->query(c.ready) || c.copy_out_order < f.copy_out_order;
     if (c.tier != Tier::kHost || c.bytes > budget || !down_first) break;
     budget -= c.bytes;
-    ahead[order[i]] = true;
     out.push_back(order[i]);
   }
-  if (out.empty()) return {};
+  if (out.empty()) return kNoFill;
   out.push_back(first);
   out.insert(out.end(), order.begin() + static_cast<std::ptrdiff_t>(i), order.end());
   order = std::move(out);
-  *reserve = f.bytes;
-  return ahead;
+  return first;
 }
 
 void OptimizerStep::run_local(pstar_step_result& r) {
@@ -386,9 +384,8 @@ void OptimizerStep::run_local(pstar_step_result& r) {
       // when the step overlaps, else on the caller's clock.
       const bool modelled = modelled_overlap();
       bool any_modelled = false;
-      uint64_t fill_reserve = 0;
-      const std::vector<bool> fill =
-          ahead && !modelled && !nvme_.requested() ? fill_first(host_chunks, &fill_reserve) : std::vector<bool>{};
+      // The fill: chunks go up while this one is still coming down.
+      const uint32_t filled_for = ahead && !modelled && !nvme_.requested() ? fill_first(host_chunks) : kNoFill;
       try {
         nvme_.update_chunks(host_chunks, [&](uint32_t k) {
           ChunkState& c = chunks_[k];
@@ -411,8 +408,8 @@ void OptimizerStep::run_local(pstar_step_result& r) {
           }
           if (ahead) {
             c.awaiting_update = false;
-            if (!fill.empty() && fill[k]) {
-              placement_->upload_ahead(k, fill_reserve);
+            if (filled_for != kNoFill && chunks_[filled_for].awaiting_update) {
+              placement_->upload_ahead(k, chunks_[filled_for].bytes);  // its room left free
             } else {
               placement_->prefetch_ahead(0);  // from the next iteration's start
             }

@@ -209,8 +209,9 @@ class OptimizerStep {
   void run_local(pstar_step_result& r);
   // The synchronous step's fill (optimizer_step.cpp): reorders the update
   // order `order` so that chunks on the host go up while the first one is
-  // still coming down; returns which (by chunk), *reserve its room.
-  std::vector<bool> fill_first(std::vector<uint32_t>& order, uint64_t* reserve) const;
+  // still coming down; returns that first chunk, or kNoFill.
+  static constexpr uint32_t kNoFill = UINT32_MAX;
+  uint32_t fill_first(std::vector<uint32_t>& order) const;
   bool modelled_overlap() const { return overlap_ && modelled_update_rate_ > 0.0; }
   // Modelled seconds of chunk k's CPU update (set_modelled_update_rate).
   double modelled_update_seconds(uint64_t elems) const {
