@@ -389,6 +389,14 @@ pstar_status pstar_hparam_set(pstar_engine* engine, pstar_hparam which, double v
   return guarded([&] { EngineCall(engine, "pstar_hparam_set")->hparam_set(which, value); });
 }
 
+pstar_status pstar_grad_norm(pstar_engine* engine, double* out_norm) {
+  return guarded([&] {
+    EngineCall e(engine, "pstar_grad_norm");
+    require_out(out_norm, "out_norm");
+    *out_norm = e->grad_norm();
+  });
+}
+
 pstar_status pstar_hparam_get(pstar_engine* engine, pstar_hparam which, double* out_value) {
   return guarded([&] {
     EngineCall e(engine, "pstar_hparam_get");

@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 
 python=${PSTAR_PYTHON:-/usr/bin/python3}
 venv=${PSTAR_VENV:-$PWD/.venv}
-packages=(numpy torch torchvision transformers pytest tqdm matplotlib scikit-build-core)
+packages=(numpy torch torchvision transformers accelerate peft pytorch-lightning pytest tqdm matplotlib scikit-build-core)
 
 if [ ! -x "$venv/bin/python" ]; then
   echo "setup-venv: creating $venv with $python"

@@ -68,7 +68,7 @@ static void pstar_java_log_trampoline(pstar_log_level level, const char *message
 %apply long long { uint64_t };
 %apply long long *OUTPUT { uint64_t *out_numel };
 %apply unsigned int *OUTPUT { uint32_t *out_id, uint32_t *out_count };
-%apply double *OUTPUT { double *out_value, double *out_seconds };
+%apply double *OUTPUT { double *out_value, double *out_seconds, double *out_norm };
 %apply int *OUTPUT { pstar_dtype *out_dtype };
 
 /* The engine handle as a long. */

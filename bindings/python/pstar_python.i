@@ -79,7 +79,7 @@ int pstar_python_set_log_callback(PyObject *callable, int min_level) {
 
 %apply uint32_t *OUTPUT { uint32_t *out_id, uint32_t *out_count };
 %apply uint64_t *OUTPUT { uint64_t *out_numel };
-%apply double *OUTPUT { double *out_value, double *out_seconds };
+%apply double *OUTPUT { double *out_value, double *out_seconds, double *out_norm };
 %apply int *OUTPUT { pstar_dtype *out_dtype };
 
 %typemap(in, numinputs=0) pstar_engine **out_engine (pstar_engine *tmp = NULL) { $1 = &tmp; }

@@ -74,4 +74,14 @@ void ParamTable::require_none_acquired(const char* what) const {
   }
 }
 
+void ParamTable::require_backward_complete(const char* what) const {
+  for (uint32_t id = 0; id < params_.size(); ++id) {
+    const Param& p = params_[id];
+    require(p.backward_uses == 0 || p.backward_uses == p.forward_uses, PSTAR_ERR_INVALID_STATE, [&] {
+      return std::string(what) + ": parameter " + std::to_string(id) + " ('" + p.name + "') had " +
+             std::to_string(p.backward_uses) + " backward uses for " + std::to_string(p.forward_uses) + " forward uses";
+    });
+  }
+}
+
 }  // namespace pstar::chunk

@@ -91,6 +91,11 @@ class ParamTable {
   // PSTAR_ERR_INVALID_STATE when a parameter is still acquired (kCompute):
   // "<what>: parameter N ('name') is still acquired".
   void require_none_acquired(const char* what) const;
+  // Refuses (PSTAR_ERR_INVALID_STATE, `what` names the call) while some
+  // parameter's backward is part way: backward uses begun but fewer than
+  // its forward uses.  A parameter no backward use reached passes (it gets
+  // no update).
+  void require_backward_complete(const char* what) const;
 
  private:
   std::vector<Param> params_;

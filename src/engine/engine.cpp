@@ -742,13 +742,7 @@ pstar_step_result Engine::step() {
   require_nvme_ok("step");
   step_->wait_previous_step();  // its updates (chunks this iteration did not use); speculation goes on
   params_.require_none_acquired("step");
-  for (uint32_t id = 0; id < params_.size(); ++id) {
-    const Param& p = params_[id];
-    require(p.backward_uses == 0 || p.backward_uses == p.forward_uses, PSTAR_ERR_INVALID_STATE, [&] {
-      return "step: parameter " + std::to_string(id) + " ('" + p.name + "') had " + std::to_string(p.backward_uses) +
-             " backward uses for " + std::to_string(p.forward_uses) + " forward uses";
-    });
-  }
+  params_.require_backward_complete("step");
   // A pinned master the step would update: refuse before anything changes.
   for (uint32_t id = 0; id < params_.size(); ++id) {
     const Param& p = params_[id];
@@ -788,11 +782,30 @@ pstar_step_result Engine::step() {
 // ---------------------------------------------------------------------------
 // Hyperparameters and statistics
 
+// Inside a TRAIN iteration a setting is for this iteration's step (a
+// schedule applied at optimizer.step(), after backward).  Nothing else
+// reads Adam's settings before the step: the previous step's updates and
+// the speculative ones carry the constants they were given, and the step
+// keeps a speculative result only when its constants are the step's.  So
+// no wait there.  The loss scale is the exception: this iteration's
+// gradients were scaled by the current one.
 void Engine::hparam_set(pstar_hparam which, double v) {
-  require(!(iteration_active_ && iteration_kind_ == PSTAR_ITERATION_TRAIN), PSTAR_ERR_INVALID_STATE,
-          "hparam_set: not legal inside a TRAIN iteration (set it between steps)");
-  step_->wait();
+  const bool in_train = iteration_active_ && iteration_kind_ == PSTAR_ITERATION_TRAIN;
+  require(!(in_train && which == PSTAR_HPARAM_LOSS_SCALE), PSTAR_ERR_INVALID_STATE,
+          "hparam_set: the loss scale is not settable inside a TRAIN iteration (this iteration's gradients "
+          "were scaled by the current one); set it between steps");
+  if (!in_train) step_->wait();
   optimizer_.set_hparam(which, v);
+}
+
+double Engine::grad_norm() {
+  require_built("grad_norm");
+  require(iteration_active_ && iteration_kind_ == PSTAR_ITERATION_TRAIN, PSTAR_ERR_INVALID_STATE,
+          "grad_norm: no TRAIN iteration in progress");
+  require_nvme_ok("grad_norm");
+  params_.require_none_acquired("grad_norm");
+  params_.require_backward_complete("grad_norm");
+  return step_->grad_norm();
 }
 
 double Engine::hparam_get(pstar_hparam which) const { return optimizer_.hparam(which); }

@@ -114,6 +114,9 @@ class Engine : private placement::HybridTable {
 
   pstar_step_result step();
 
+  // pstar_grad_norm: this TRAIN iteration's unscaled global gradient norm,
+  // once its backward is complete (step/optimizer_step.h).
+  double grad_norm();
   void hparam_set(pstar_hparam which, double value);
   double hparam_get(pstar_hparam which) const;
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -242,6 +243,51 @@ uint32_t OptimizerStep::fill_first(std::vector<uint32_t>& order) const {
   return first;
 }
 
+// The squared norm of the scaled gradients of this iteration, summed in
+// parameter order (deterministic), and whether one holds an inf or NaN.
+// With gradient accumulation the sum over micro-batches is complete only
+// when this is called, so each parameter's norm is computed here from the
+// fp32 gradient list; otherwise the finalize computed it.  The caller has
+// waited for the compute stream (the finalizes' results).
+double OptimizerStep::local_grad_sumsq(bool* overflow) {
+  double sumsq = 0.0;
+  *overflow = false;
+  std::vector<float> staging;  // CUDA: a device-resident gradient list read on the host
+  for (uint32_t id = 0; id < params_.size(); ++id) {
+    Param& p = params_[id];
+    if (!p.has_grad) continue;
+    if (options_.grad_accumulation) {
+      const auto& place = layout_->param(id);
+      const ChunkState& c = chunks_[place.chunk];
+      const float* grad = c.grad32 + place.offset_elems;
+      if (c.opt_device != nullptr) {
+        if (options_.payloads) staging.resize(p.numel);  // a dry run copies into no memory
+        hybrid_->read_gradient(place.chunk, grad, staging.data(), p.numel);
+        grad = staging.data();
+      }
+      if (options_.payloads) memory::host_grad_norm(grad, p.numel, &p.grad_sumsq, &p.grad_nonfinite);
+    }
+    sumsq += p.grad_sumsq;
+    *overflow = *overflow || p.grad_nonfinite != 0;
+  }
+  return sumsq;
+}
+
+double OptimizerStep::grad_norm() {
+  require(!group_.sharded(), PSTAR_ERR_UNSUPPORTED,
+          "grad_norm: with world_size > 1 the norm is known only in pstar_step (after the gradients' "
+          "reduce-scatter); read pstar_step_result.grad_norm");
+  device_->synchronize(device_->compute_stream());
+  bool overflow = false;
+  const double sumsq = local_grad_sumsq(&overflow);
+  if (overflow) return std::numeric_limits<double>::infinity();
+  return unscaled_norm(sumsq);
+}
+
+double OptimizerStep::unscaled_norm(double sumsq) const {
+  return std::sqrt(sumsq) / static_cast<double>(optimizer_.scaler().scale());
+}
+
 void OptimizerStep::run_local(pstar_step_result& r) {
   // Every finalize has been queued; wait for their results.
   device_->synchronize(device_->compute_stream());
@@ -254,27 +300,8 @@ void OptimizerStep::run_local(pstar_step_result& r) {
     ~DiscardLeft() { step->discard_speculation(); }
   } discard_left{this};
 
-  double sumsq = 0.0;
   bool overflow = false;
-  std::vector<float> staging;  // CUDA: a device-resident gradient list read on the host
-  for (uint32_t id = 0; id < params_.size(); ++id) {
-    Param& p = params_[id];
-    if (!p.has_grad) continue;
-    if (options_.grad_accumulation) {
-      // The sum over micro-batches is complete only now.
-      const auto& place = layout_->param(id);
-      const ChunkState& c = chunks_[place.chunk];
-      const float* grad = c.grad32 + place.offset_elems;
-      if (c.opt_device != nullptr) {
-        if (options_.payloads) staging.resize(p.numel);  // a dry run copies into no memory
-        hybrid_->read_gradient(place.chunk, grad, staging.data(), p.numel);
-        grad = staging.data();
-      }
-      if (options_.payloads) memory::host_grad_norm(grad, p.numel, &p.grad_sumsq, &p.grad_nonfinite);
-    }
-    sumsq += p.grad_sumsq;  // parameter order: deterministic
-    overflow = overflow || p.grad_nonfinite != 0;
-  }
+  const double sumsq = local_grad_sumsq(&overflow);
   const double clip_coef = unscale_and_clip(sumsq, &r);
   if (overflow) {
     skip_step(&r);
@@ -430,9 +457,8 @@ void OptimizerStep::run_local(pstar_step_result& r) {
 // coefficient from the squared norm of the scaled gradients; returns the
 // coefficient.  Shared by the one-process and the sharded step.
 double OptimizerStep::unscale_and_clip(double sumsq, pstar_step_result* r) const {
-  const float scale = optimizer_.scaler().scale();
-  r->loss_scale = scale;
-  r->grad_norm = std::sqrt(sumsq) / static_cast<double>(scale);
+  r->loss_scale = optimizer_.scaler().scale();
+  r->grad_norm = unscaled_norm(sumsq);
   const double clip_coef = optimizer_.clip_coef(r->grad_norm);
   r->clip_coef = static_cast<float>(clip_coef);
   return clip_coef;

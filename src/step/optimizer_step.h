@@ -130,6 +130,14 @@ class OptimizerStep {
   // error part way) leaves the chunks' prefetch state as it was.
   void run(pstar_step_result& r);
 
+  // The global L2 norm of this iteration's gradients so far, unscaled, the
+  // bits pstar_step_result.grad_norm will hold if nothing changes before
+  // the step (pstar_grad_norm); infinity when one holds an inf or NaN.  One
+  // process only (PSTAR_ERR_UNSUPPORTED with world > 1: the norm needs the
+  // step's reduce-scatter).  The engine checks that the backward is
+  // complete.
+  double grad_norm();
+
   const StepCounters& counters() const { return counters_; }
   // A reduce-scatter's block copied to the host (device-memory communicator).
   void count_reduced_to_host(uint64_t bytes) { counters_.bytes_reduce_to_host += bytes; }
@@ -255,6 +263,11 @@ class OptimizerStep {
   // coefficient from the squared norm of the scaled gradients; returns the
   // coefficient.
   double unscale_and_clip(double sumsq, pstar_step_result* r) const;
+  // sqrt(sumsq) over the loss scale: the one formula of the reported norm.
+  double unscaled_norm(double sumsq) const;
+  // One process: this iteration's squared norm of the scaled gradients
+  // (parameter order) and the overflow flag.
+  double local_grad_sumsq(bool* overflow);
   // A step skipped for an inf or NaN gradient: every slot holding a
   // gradient gets its weight back from the master; the scaler backs off.
   void skip_step(pstar_step_result* r);

@@ -43,7 +43,16 @@ typedef struct ocfg {
   uint64_t speculate;    /* pstar_x_engine_set_speculative_update's bytes */
   float clip_norm;
   int pin_in_backward; /* a read-only pin half way through this step's backward, or -1 */
+  /* 0: a fixed learning rate; else it follows lr_of(step), set before the
+   * iteration begins (1) or after the backward, inside the iteration, with
+   * the norm read there (2: as a torch optimizer's step() does, with
+   * pstar_grad_norm as torch's clip_grad_norm_). */
+  int late_hparams;
 } ocfg;
+
+/* A schedule that changes every second step: the late setting changes
+ * the constants of a speculation under way at steps 2 and 4 only. */
+static double lr_of(int step) { return 1e-3 * (double)(1 + step / 2); }
 
 typedef struct orun {
   float w[P][MAXN];
@@ -149,10 +158,22 @@ static void run_cfg(const ocfg *c, orun *out) {
   }
   float eval_sum = 0.0f;
   for (int s = 0; s < ITERS; ++s) {
+    if (c->late_hparams == 1) T_OK(pstar_hparam_set(e, PSTAR_HPARAM_LR, lr_of(s)));
     T_OK(pstar_iteration_begin(e, PSTAR_ITERATION_TRAIN));
     for (int mb = 0; mb < (c->grad_accumulation ? 2 : 1); ++mb) micro_batch(e, id, c, s, mb);
+    double norm_before = -1.0;
+    if (c->late_hparams == 2) {
+      T_OK(pstar_grad_norm(e, &norm_before));
+      T_OK(pstar_hparam_set(e, PSTAR_HPARAM_LR, lr_of(s)));
+    }
     pstar_step_result r = PSTAR_STEP_RESULT_INIT;
     T_OK(pstar_step(e, &r));
+    if (c->late_hparams == 2) {
+      const double inf = INFINITY;
+      cr_assert(memcmp(&norm_before, r.skipped ? &inf : &r.grad_norm, sizeof norm_before) == 0,
+                "step %d: pstar_grad_norm %.17g, the step's %.17g (skipped %d)", s, norm_before, r.grad_norm,
+                r.skipped);
+    }
     out->grad_norm[s] = r.grad_norm;
     out->loss_scale[s] = r.loss_scale;
     out->clip_coef[s] = r.clip_coef;
@@ -192,6 +213,7 @@ static void check_identical(ocfg c, const char *what) {
   ocfg sync = c;
   sync.overlap = 0;
   sync.speculate = 0;
+  if (sync.late_hparams == 2) sync.late_hparams = 1;
   const uint64_t least = least_capacity(c.dtype);
   const uint64_t caps[3] = {0, least + CHUNK * t_dtype_size(c.dtype), least}; /* all chunks fit, or evictions */
   uint64_t kept = 0, discarded = 0;
@@ -240,7 +262,7 @@ static void check_identical(ocfg c, const char *what) {
       kept += r.step_stats.chunks_speculated;
       discarded += r.step_stats.speculations_discarded;
       want_kept = want_kept || applied_unclipped > 0;
-      want_discarded = want_discarded || clipped_or_skipped > 0 || c.pin_in_backward >= 0;
+      want_discarded = want_discarded || clipped_or_skipped > 0 || c.pin_in_backward >= 0 || c.late_hparams == 2;
     }
   }
   if (want_kept) cr_assert_gt(kept, 0u, "%s: no speculation kept in any run", what);
@@ -328,6 +350,26 @@ Test(overlap, speculative_update_kept_or_discarded, .timeout = 120) {
   c.pin_after = 3;
   c.pin_in_backward = 4;
   check_identical(c, "speculation, eval, read/write, pins");
+}
+
+/* A learning rate set after the backward, inside the iteration: the bits of
+ * the same schedule set before each iteration, synchronously; a speculation
+ * made with the old rate is discarded, one whose rate did not change is
+ * kept; the norm read before the step is the step's. */
+Test(overlap, hyperparameters_set_after_the_backward, .timeout = 120) {
+  ocfg c = base_cfg();
+  c.late_hparams = 2;
+  check_identical(c, "late lr");
+  c.dtype = PSTAR_DTYPE_F16;
+  c.overflow_at = 2;
+  c.grad_accumulation = 1;
+  check_identical(c, "late lr, f16, overflow, accumulation");
+  c.dtype = PSTAR_DTYPE_BF16;
+  c.overflow_at = -1;
+  c.grad_accumulation = 0;
+  c.speculate = UINT64_MAX;
+  c.clip_norm = 1e6f;
+  check_identical(c, "late lr, speculation");
 }
 
 Test(overlap, speculative_update_budget_hybrid_strict, .timeout = 120) {

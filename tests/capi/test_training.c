@@ -827,7 +827,7 @@ Test(hparams, loss_scale_is_f16_only) {
   T_OK(pstar_engine_destroy(e));
 }
 
-Test(hparams, set_between_steps_and_in_eval_not_in_backward) {
+Test(hparams, set_in_eval_and_in_a_train_iteration_until_its_step) {
   pstar_engine_options o = t_options(PSTAR_DTYPE_F32, 1024);
   pstar_engine *e = t_create(&o);
   const uint32_t w = t_register(e, "w", 16, 0);
@@ -836,32 +836,126 @@ Test(hparams, set_between_steps_and_in_eval_not_in_backward) {
   T_OK(pstar_hparam_set(e, PSTAR_HPARAM_LR, 0.125));
   T_OK(pstar_iteration_end(e));
   T_OK(pstar_iteration_begin(e, PSTAR_ITERATION_TRAIN));
+  T_OK(pstar_hparam_set(e, PSTAR_HPARAM_LR, 0.25)); /* before the forward */
   fwd(e, w);
   t_acquire(e, w, PSTAR_STAGE_BACKWARD);
-  T_FAIL(pstar_hparam_set(e, PSTAR_HPARAM_LR, 0.5), PSTAR_ERR_INVALID_STATE, "TRAIN");
-  double v = 0.0;
-  T_OK(pstar_hparam_get(e, PSTAR_HPARAM_LR, &v)); /* reading is always fine */
-  cr_assert_eq(v, 0.125);
+  T_OK(pstar_hparam_set(e, PSTAR_HPARAM_LR, 0.375)); /* with a parameter acquired */
   T_OK(pstar_param_release(e, w, NULL));
-  T_FAIL(pstar_hparam_set(e, PSTAR_HPARAM_LR, 0.5), PSTAR_ERR_INVALID_STATE, "TRAIN");
+  T_OK(pstar_hparam_set(e, PSTAR_HPARAM_LR, 0.5)); /* after the backward: the step's */
+  cr_assert_eq(t_hparam(e, PSTAR_HPARAM_LR), 0.5);
   T_OK(pstar_step(e, NULL));
-  T_OK(pstar_hparam_set(e, PSTAR_HPARAM_LR, 0.5));
   cr_assert_eq(t_hparam(e, PSTAR_HPARAM_LR), 0.5);
   T_OK(pstar_engine_destroy(e));
 }
 
-Test(hparams, refused_during_a_train_iteration_even_in_forward) {
-  pstar_engine_options o = t_options(PSTAR_DTYPE_F32, 1024);
-  o.lr = 0.25f;
+/* The loss scale scaled this iteration's gradients: not settable inside it. */
+Test(hparams, loss_scale_refused_inside_a_train_iteration) {
+  pstar_engine_options o = t_options(PSTAR_DTYPE_F16, 1024);
   pstar_engine *e = t_create(&o);
   const uint32_t w = t_register(e, "w", 16, 0);
   T_OK(pstar_engine_build(e));
+  const double before = t_hparam(e, PSTAR_HPARAM_LOSS_SCALE);
   T_OK(pstar_iteration_begin(e, PSTAR_ITERATION_TRAIN));
-  T_FAIL(pstar_hparam_set(e, PSTAR_HPARAM_LR, 0.5), PSTAR_ERR_INVALID_STATE, "TRAIN");
+  T_FAIL(pstar_hparam_set(e, PSTAR_HPARAM_LOSS_SCALE, 1024.0), PSTAR_ERR_INVALID_STATE, "TRAIN iteration");
   fwd(e, w);
-  T_FAIL(pstar_hparam_set(e, PSTAR_HPARAM_WEIGHT_DECAY, 0.5), PSTAR_ERR_INVALID_STATE, "TRAIN");
+  T_FAIL(pstar_hparam_set(e, PSTAR_HPARAM_LOSS_SCALE, 1024.0), PSTAR_ERR_INVALID_STATE, "between steps");
+  cr_assert_eq(t_hparam(e, PSTAR_HPARAM_LOSS_SCALE), before);
   T_OK(pstar_step(e, NULL));
-  cr_assert_eq(t_hparam(e, PSTAR_HPARAM_LR), 0.25);
+  T_OK(pstar_hparam_set(e, PSTAR_HPARAM_LOSS_SCALE, 1024.0));
+  T_OK(pstar_engine_destroy(e));
+}
+
+/* A learning rate, betas, eps, weight decay and clipping norm set after the
+ * backward give the bits of the same values set before the iteration; the
+ * norm read before the step is the step's. */
+Test(hparams, set_after_the_backward_is_the_same_as_before_the_iteration) {
+  enum { N = 300 };
+  float iw[N], g[N], got[2][N];
+  double norms[2][3];
+  pstar_step_result res[2][3];
+  t_fill(iw, N, 1, 1.0f);
+  for (int late = 0; late < 2; ++late) {
+    pstar_engine_options o = t_options(PSTAR_DTYPE_BF16, 128); /* three chunks */
+    o.clip_norm = 0.0f;
+    pstar_engine *e = t_create(&o);
+    const uint32_t a = t_register(e, "a", N / 2, 0), b = t_register(e, "b", N / 2, 0);
+    T_OK(pstar_engine_build(e));
+    t_write_f32(e, a, iw, N / 2);
+    t_write_f32(e, b, iw + N / 2, N / 2);
+    for (int s = 0; s < 3; ++s) {
+      const double lr = 0.01 * (s + 1), clip = s == 1 ? 0.25 : 0.0;
+      if (!late) {
+        T_OK(pstar_hparam_set(e, PSTAR_HPARAM_LR, lr));
+        T_OK(pstar_hparam_set(e, PSTAR_HPARAM_BETA1, 0.8));
+        T_OK(pstar_hparam_set(e, PSTAR_HPARAM_BETA2, 0.95));
+        T_OK(pstar_hparam_set(e, PSTAR_HPARAM_EPS, 1e-6));
+        T_OK(pstar_hparam_set(e, PSTAR_HPARAM_WEIGHT_DECAY, 0.1));
+        T_OK(pstar_hparam_set(e, PSTAR_HPARAM_CLIP_NORM, clip));
+      }
+      T_OK(pstar_iteration_begin(e, PSTAR_ITERATION_TRAIN));
+      fwd(e, a);
+      fwd(e, b);
+      t_fill(g, N, (uint32_t)(s + 2), 1.0f);
+      /* The norm is refused while a parameter is acquired, and while a
+       * parameter's backward is part way (a is used twice below). */
+      t_acquire(e, b, PSTAR_STAGE_BACKWARD);
+      T_OK(pstar_grad_write(e, b, g + N / 2, N / 2, PSTAR_DTYPE_F32, PSTAR_MEM_HOST, NULL));
+      double norm = 0.0;
+      T_FAIL(pstar_grad_norm(e, &norm), PSTAR_ERR_INVALID_STATE, "still acquired");
+      T_OK(pstar_param_release(e, b, NULL));
+      fwd(e, a); /* a second use of a: its backward is part way after one */
+      bwd(e, a, g, N / 2);
+      T_FAIL(pstar_grad_norm(e, &norm), PSTAR_ERR_INVALID_STATE, "1 backward uses for 2 forward uses");
+      bwd(e, a, NULL, 0);
+      T_OK(pstar_grad_norm(e, &norms[late][s]));
+      T_FAIL(pstar_grad_norm(e, NULL), PSTAR_ERR_INVALID_ARGUMENT, "out_norm");
+      if (late) {
+        T_OK(pstar_hparam_set(e, PSTAR_HPARAM_LR, lr));
+        T_OK(pstar_hparam_set(e, PSTAR_HPARAM_BETA1, 0.8));
+        T_OK(pstar_hparam_set(e, PSTAR_HPARAM_BETA2, 0.95));
+        T_OK(pstar_hparam_set(e, PSTAR_HPARAM_EPS, 1e-6));
+        T_OK(pstar_hparam_set(e, PSTAR_HPARAM_WEIGHT_DECAY, 0.1));
+        T_OK(pstar_hparam_set(e, PSTAR_HPARAM_CLIP_NORM, clip));
+      }
+      res[late][s] = do_step(e);
+      cr_assert(memcmp(&norms[late][s], &res[late][s].grad_norm, sizeof(double)) == 0,
+                "late %d step %d: pstar_grad_norm %.17g, the step's %.17g", late, s, norms[late][s],
+                res[late][s].grad_norm);
+    }
+    double norm = 0.0;
+    T_FAIL(pstar_grad_norm(e, &norm), PSTAR_ERR_INVALID_STATE, "no TRAIN iteration");
+    t_read_f32(e, a, got[late], N / 2);
+    t_read_f32(e, b, got[late] + N / 2, N / 2);
+    T_OK(pstar_engine_destroy(e));
+  }
+  cr_assert_lt(res[0][1].clip_coef, 1.0f, "step 1 should clip");
+  for (int s = 0; s < 3; ++s) {
+    cr_assert_eq(res[0][s].clip_coef, res[1][s].clip_coef, "step %d: clip coefficients differ", s);
+  }
+  cr_assert_eq(memcmp(got[0], got[1], sizeof got[0]), 0, "weights differ between early and late settings");
+  /* A control: the late setting reached the step (the weights differ from
+   * those of a default learning rate). */
+  cr_assert_neq(memcmp(got[0], iw, sizeof iw), 0);
+}
+
+/* With an inf in a gradient the norm before the step is infinite. */
+Test(hparams, grad_norm_of_an_overflowing_iteration_is_infinite) {
+  enum { N = 16 };
+  pstar_engine_options o = t_options(PSTAR_DTYPE_F32, 1024);
+  pstar_engine *e = t_create(&o);
+  const uint32_t w = t_register(e, "w", N, 0);
+  T_OK(pstar_engine_build(e));
+  float g[N];
+  t_fill(g, N, 2, 1.0f);
+  g[3] = INFINITY;
+  T_OK(pstar_iteration_begin(e, PSTAR_ITERATION_TRAIN));
+  fwd(e, w);
+  bwd(e, w, g, N);
+  double norm = 0.0;
+  T_OK(pstar_grad_norm(e, &norm));
+  cr_assert(isinf(norm) && norm > 0, "norm %g", norm);
+  const pstar_step_result r = do_step(e);
+  cr_assert_eq(r.skipped, 1);
   T_OK(pstar_engine_destroy(e));
 }
 

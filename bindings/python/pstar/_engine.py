@@ -463,6 +463,12 @@ class Engine:
         return StepResult(r.step, bool(r.skipped), r.params_updated, r.grad_norm, r.loss_scale, r.next_loss_scale,
                           r.clip_coef)
 
+    def grad_norm(self) -> float:
+        """This TRAIN iteration's global gradient norm, unscaled, once its
+        backward is complete: the bits step() will report (pstar_grad_norm);
+        infinity when a gradient holds an inf or NaN."""
+        return check(_c.pstar_grad_norm(self._handle()), "pstar_grad_norm")
+
     # -- hyperparameters and statistics ------------------------------------
     def hparam(self, name: str) -> float:
         return check(_c.pstar_hparam_get(self._handle(), _enum(name, _HPARAMS, "hparam")), "pstar_hparam_get")

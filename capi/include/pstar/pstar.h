@@ -768,9 +768,17 @@ typedef enum pstar_hparam {
   PSTAR_HPARAM_FORCE_32BIT_ = -0x7fffffff - 1
 } pstar_hparam;
 
-/** Sets a hyperparameter for the next step.  Legal outside TRAIN iterations
- *  (between pstar_step() and the next pstar_iteration_begin()) and in EVAL
- *  iterations.  `value` is rounded to float (round to nearest; beyond
+/** Sets a hyperparameter for the next step.  Legal at any time after
+ *  create: between steps, in EVAL iterations, and inside a TRAIN iteration
+ *  until its pstar_step(), so that a schedule or a clipping call made after
+ *  the backward (a torch optimizer's step(), torch's clip_grad_norm_)
+ *  reaches this iteration's step.  Inside a TRAIN iteration
+ *  PSTAR_HPARAM_LOSS_SCALE is refused (PSTAR_ERR_INVALID_STATE: the
+ *  iteration's gradients were scaled by the current scale).  A value set
+ *  inside an iteration is the one its step uses; the results are the bits
+ *  of the same value set before the iteration began, the speculative
+ *  update included (a chunk updated ahead with other constants is updated
+ *  again at the step).  `value` is rounded to float (round to nearest; beyond
  *  FLT_MAX: infinity), the library's storage, and the float is checked:
  *  LR, WEIGHT_DECAY and CLIP_NORM in [0, 1e30] (the float nearest 1e30);
  *  BETA1 and BETA2 in [0, 1), so 0.99999999999, which rounds to 1, is
@@ -785,6 +793,22 @@ typedef enum pstar_hparam {
  *  extreme values (lr times a parameter's lr_scale, lr times weight_decay)
  *  may still overflow in a step. */
 PSTAR_API pstar_status pstar_hparam_set(pstar_engine *engine, pstar_hparam which, double value);
+
+/** The global L2 norm of this TRAIN iteration's gradients, unscaled (the
+ *  caller's gradients divided by the loss scale), as pstar_step() will
+ *  report it in pstar_step_result.grad_norm and compare with the clipping
+ *  threshold if nothing changes before it: the same bits.  Infinity when a
+ *  gradient holds an inf or NaN (the step will be skipped).  With
+ *  options.grad_accumulation, the sum of the micro-batches so far.  For a
+ *  caller that reports the norm or chooses the clipping threshold before
+ *  the step (torch's clip_grad_norm_ returns the norm it clips by): set
+ *  PSTAR_HPARAM_CLIP_NORM then call pstar_step().  Legal in a TRAIN
+ *  iteration with no parameter acquired and every backward complete (each
+ *  parameter with backward uses has as many as forward uses), otherwise
+ *  PSTAR_ERR_INVALID_STATE.  With world_size > 1 PSTAR_ERR_UNSUPPORTED (the
+ *  norm is known only after the step's reduce-scatter: read
+ *  pstar_step_result.grad_norm). */
+PSTAR_API pstar_status pstar_grad_norm(pstar_engine *engine, double *out_norm);
 
 /** Reads a hyperparameter. */
 PSTAR_API pstar_status pstar_hparam_get(pstar_engine *engine, pstar_hparam which,

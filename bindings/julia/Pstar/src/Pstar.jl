@@ -250,6 +250,8 @@ pstar_step_result_init(result) = ccall((:pstar_step_result_init, libpstar), Cint
 pstar_step(engine, result) = ccall((:pstar_step, libpstar), Cint, (Ptr{Cvoid}, Ref{StepResult}), engine, result)
 pstar_hparam_set(engine, which, value) =
     ccall((:pstar_hparam_set, libpstar), Cint, (Ptr{Cvoid}, Cint, Float64), engine, which, value)
+pstar_grad_norm(engine, out_norm) =
+    ccall((:pstar_grad_norm, libpstar), Cint, (Ptr{Cvoid}, Ref{Float64}), engine, out_norm)
 pstar_hparam_get(engine, which, out_value) =
     ccall((:pstar_hparam_get, libpstar), Cint, (Ptr{Cvoid}, Cint, Ref{Float64}), engine, which, out_value)
 pstar_stats_init(stats) = ccall((:pstar_stats_init, libpstar), Cint, (Ref{Stats},), stats)

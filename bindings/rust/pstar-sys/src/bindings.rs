@@ -1580,9 +1580,17 @@ pub const pstar_hparam_PSTAR_HPARAM_FORCE_32BIT_: pstar_hparam = -2147483648;
 #[doc = " Hyperparameters settable between steps (schedules)."]
 pub type pstar_hparam = ::std::os::raw::c_int;
 extern "C" {
-    #[doc = " Sets a hyperparameter for the next step.  Legal outside TRAIN iterations"]
-    #[doc = "  (between pstar_step() and the next pstar_iteration_begin()) and in EVAL"]
-    #[doc = "  iterations.  `value` is rounded to float (round to nearest; beyond"]
+    #[doc = " Sets a hyperparameter for the next step.  Legal at any time after"]
+    #[doc = "  create: between steps, in EVAL iterations, and inside a TRAIN iteration"]
+    #[doc = "  until its pstar_step(), so that a schedule or a clipping call made after"]
+    #[doc = "  the backward (a torch optimizer's step(), torch's clip_grad_norm_)"]
+    #[doc = "  reaches this iteration's step.  Inside a TRAIN iteration"]
+    #[doc = "  PSTAR_HPARAM_LOSS_SCALE is refused (PSTAR_ERR_INVALID_STATE: the"]
+    #[doc = "  iteration's gradients were scaled by the current scale).  A value set"]
+    #[doc = "  inside an iteration is the one its step uses; the results are the bits"]
+    #[doc = "  of the same value set before the iteration began, the speculative"]
+    #[doc = "  update included (a chunk updated ahead with other constants is updated"]
+    #[doc = "  again at the step).  `value` is rounded to float (round to nearest; beyond"]
     #[doc = "  FLT_MAX: infinity), the library's storage, and the float is checked:"]
     #[doc = "  LR, WEIGHT_DECAY and CLIP_NORM in [0, 1e30] (the float nearest 1e30);"]
     #[doc = "  BETA1 and BETA2 in [0, 1), so 0.99999999999, which rounds to 1, is"]
@@ -1601,6 +1609,23 @@ extern "C" {
         which: pstar_hparam,
         value: f64,
     ) -> pstar_status;
+}
+extern "C" {
+    #[doc = " The global L2 norm of this TRAIN iteration's gradients, unscaled (the"]
+    #[doc = "  caller's gradients divided by the loss scale), as pstar_step() will"]
+    #[doc = "  report it in pstar_step_result.grad_norm and compare with the clipping"]
+    #[doc = "  threshold if nothing changes before it: the same bits.  Infinity when a"]
+    #[doc = "  gradient holds an inf or NaN (the step will be skipped).  With"]
+    #[doc = "  options.grad_accumulation, the sum of the micro-batches so far.  For a"]
+    #[doc = "  caller that reports the norm or chooses the clipping threshold before"]
+    #[doc = "  the step (torch's clip_grad_norm_ returns the norm it clips by): set"]
+    #[doc = "  PSTAR_HPARAM_CLIP_NORM then call pstar_step().  Legal in a TRAIN"]
+    #[doc = "  iteration with no parameter acquired and every backward complete (each"]
+    #[doc = "  parameter with backward uses has as many as forward uses), otherwise"]
+    #[doc = "  PSTAR_ERR_INVALID_STATE.  With world_size > 1 PSTAR_ERR_UNSUPPORTED (the"]
+    #[doc = "  norm is known only after the step's reduce-scatter: read"]
+    #[doc = "  pstar_step_result.grad_norm)."]
+    pub fn pstar_grad_norm(engine: *mut pstar_engine, out_norm: *mut f64) -> pstar_status;
 }
 extern "C" {
     #[doc = " Reads a hyperparameter."]

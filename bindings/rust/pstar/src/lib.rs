@@ -396,6 +396,14 @@ impl Engine {
         )
     }
 
+    /// This TRAIN iteration's global gradient norm, unscaled, once its
+    /// backward is complete: the value the step will report (pstar_grad_norm).
+    pub fn grad_norm(&mut self) -> Result<f64> {
+        let mut norm = 0.0f64;
+        check(unsafe { sys::pstar_grad_norm(self.raw, &mut norm) }, "pstar_grad_norm")?;
+        Ok(norm)
+    }
+
     /// Ends the TRAIN iteration with Adam.
     pub fn step(&mut self) -> Result<StepResult> {
         let mut r: sys::pstar_step_result = unsafe { std::mem::zeroed() };
