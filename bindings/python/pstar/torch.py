@@ -61,6 +61,8 @@ autocast, sparse or complex parameters, DDP wrappers are not supported.
 """
 import contextlib
 import gc
+import inspect
+import sys
 import traceback
 import warnings
 import weakref
@@ -296,11 +298,26 @@ class ParameterModel:
         self._in_iteration = False
         self._implicit = False   # the iteration was begun by a use, not by train_iteration()
         self._warned_grad = False
+        self._warned_abandon = False
+        self._step_clip = None   # clip_grad_norm_'s max_norm for this iteration's step (pm.optimizer)
+        self._optimizer_ref = None
 
     @property
     def module(self):
         """The attached module (None once it is gone)."""
         return self._module()
+
+    @property
+    def optimizer(self):
+        """The engine's AdamW as a torch.optim.Optimizer (pstar._torch_optim
+        .PstarOptimizer), for Trainer, Accelerate, Lightning and torch's LR
+        schedulers.  One per model: the same object while it is alive."""
+        opt = self._optimizer_ref() if self._optimizer_ref is not None else None
+        if opt is None:
+            _torch_optim.install_hooks()
+            opt = _torch_optim.PstarOptimizer(self)
+            self._optimizer_ref = weakref.ref(opt)
+        return opt
 
     # -- setup -------------------------------------------------------------
     def _adopt(self, module, init=None):
@@ -329,6 +346,7 @@ class ParameterModel:
                 placeholder = torch.empty(0, dtype=self.dtype, device=self.device)
                 placeholder.requires_grad_(p.requires_grad)
                 new = PstarParameter(placeholder, slot, self)
+                slot.param_ref = weakref.ref(new)  # weak: the parameter holds this ParameterModel
                 seen[id(p)] = new
                 mod._parameters[pname] = new
         self.engine.build()
@@ -362,6 +380,22 @@ class ParameterModel:
             self._implicit = False
             torch._C._autograd._pop_saved_tensors_default_hooks()
 
+    def _settle_implicit(self, what):
+        # An iteration begun implicitly by a forward with autograd on (a
+        # notebook's model(x)) that never reached backward: abandoned, with
+        # the bits of one never begun, so that it does not trap the model.
+        if not (self._in_iteration and self._implicit):
+            return
+        if any(s.engine_backward or s.unpacked for s in self.slots):
+            return
+        self.abandon_iteration()
+        if not self._warned_abandon:
+            self._warned_abandon = True
+            warnings.warn(f"pstar.torch: {what}: a forward with autograd on outside train_iteration() began a TRAIN "
+                          "iteration that no backward followed; it was abandoned (nothing updated). Use "
+                          "torch.no_grad() or pm.eval_iteration() for a forward without training",
+                          RuntimeWarning, stacklevel=3)
+
     def _refuse_nested(self, what):
         if self._in_iteration:
             how = ("begun implicitly by a use of a parameter with autograd outside train_iteration()"
@@ -374,6 +408,7 @@ class ParameterModel:
         """A TRAIN iteration: forward, backward and step() inside.  Leaving
         it by an exception, or without step(), abandons the iteration:
         nothing is updated (a warning says so in the second case)."""
+        self._settle_implicit("train_iteration()")
         self._refuse_nested("train_iteration()")
         self.engine_iteration_begin()
         try:
@@ -390,6 +425,7 @@ class ParameterModel:
     @contextlib.contextmanager
     def eval_iteration(self):
         """An EVAL iteration (forward only, no autograd graph)."""
+        self._settle_implicit("eval_iteration()")
         self._refuse_nested("eval_iteration()")
         check(_c.pstar_iteration_begin(self.engine._handle(), _c.PSTAR_ITERATION_EVAL), "pstar_iteration_begin")
         self._in_iteration = True
@@ -415,6 +451,7 @@ class ParameterModel:
         if not self._in_iteration:
             raise _invalid_state("abandon_iteration(): no pstar.torch iteration in progress")
         self._in_iteration = False
+        self._step_clip = None
         self._end_implicit()
         self._forget_views()
         self.engine.abort_iteration()
@@ -445,6 +482,15 @@ class ParameterModel:
         if not self._in_iteration:
             raise _invalid_state("step(): no pstar.torch TRAIN iteration in progress (train_iteration(), or a use "
                                  "of a parameter with autograd on, begins one)")
+        self._complete_backward()
+        result = self.engine.step()  # on an error the iteration stays open (retry, or abandon)
+        self._in_iteration = False
+        self._step_clip = None
+        self._end_implicit()
+        return result
+
+    def _complete_backward(self):
+        """Ends every use still open before the step (or the norm)."""
         for s in self.slots:
             while s.held is not None:
                 self._release(s)
@@ -458,10 +504,6 @@ class ParameterModel:
                 while s.engine_backward < s.engine_forward:
                     self._acquire(s, "backward")
                     self._release(s)
-        result = self.engine.step()  # on an error the iteration stays open (retry, or abandon)
-        self._in_iteration = False
-        self._end_implicit()
-        return result
 
     # -- acquire / release -------------------------------------------------------
     def _stream(self):
@@ -516,7 +558,7 @@ class ParameterModel:
         if how == "hash":
             return object.__hash__(args[0])
         if how == "grad":
-            self._warn_grad()
+            self._grad_read(slot)
             return None
         if how == "grad_set":
             if args[1] is not None:
@@ -541,15 +583,30 @@ class ParameterModel:
         with torch._C.DisableTorchFunctionSubclass():
             return func(*args, **kwargs)
 
-    def _warn_grad(self):
+    def _grad_read(self, slot):
+        # p.grad is None.  Read by a clipping function that was not routed
+        # to the engine, that None would make a norm of 0 and clip nothing:
+        # refused.  Read by zero_grad (which sets it to None): silent.
+        frame = sys._getframe(3)  # _grad_read <- _metadata <- __torch_function__ <- the reader
+        for _ in range(4):
+            if frame is None:
+                break
+            if frame.f_code in _ZERO_GRAD_CODES:
+                return
+            if _torch_optim.is_clipping_frame(frame.f_code):
+                raise _unsupported(f"{slot.name}: {frame.f_code.co_name} read p.grad of a PstarParameter, which is "
+                                   "None (gradients go to the engine), so it would clip nothing and report a norm "
+                                   "of 0; call torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm) or "
+                                   "accelerator.clip_grad_norm_ (both routed to the engine once pstar.torch is "
+                                   "imported), or set the engine's clip_norm")
+            frame = frame.f_back
         if self._warned_grad:
             return
         self._warned_grad = True
         warnings.warn("pstar.torch: a PstarParameter's .grad is always None: gradients go to the engine, whose AdamW "
-                      "(pm.step()) is the optimizer. torch.nn.utils.clip_grad_norm_ and torch optimizers over "
-                      "model.parameters() see no gradient and do nothing; clip with the engine's clip_norm "
-                      "option (attach(..., clip_norm=1.0) or pm.engine.set_hparam('clip_norm', ...))",
-                      UserWarning, stacklevel=4)
+                      "is the optimizer (pm.optimizer, or pm.step()). torch.nn.utils.clip_grad_norm_ over the "
+                      "model's parameters is routed to the engine; code that reads p.grad itself sees nothing",
+                      UserWarning, stacklevel=5)
 
     def _set_requires_grad(self, slot, param, flag):
         if flag == slot.requires_grad:
@@ -585,6 +642,8 @@ class ParameterModel:
 
     def _inplace(self, func, slots, args, kwargs):
         target = args[0] if args and isinstance(args[0], PstarParameter) else None
+        if func == torch.Tensor.copy_ and target is not None:
+            self._settle_implicit("copy_ into a parameter (load_state_dict)")
         if func == torch.Tensor.copy_ and target is not None and not self._in_iteration:
             # load_state_dict() and p.copy_(values): written into the engine.
             src = args[1]
@@ -733,17 +792,20 @@ class ParameterModel:
     # -- values ------------------------------------------------------------------
     def read(self, name_or_param) -> torch.Tensor:
         """A parameter's fp32 values (a copy), by name or PstarParameter."""
+        self._settle_implicit("pm.read()")
         slot = name_or_param._pstar if isinstance(name_or_param, PstarParameter) else self._slot(name_or_param)
         return torch.from_numpy(self.engine.read(slot.param)).reshape(slot.shape)
 
     def write(self, name_or_param, values: torch.Tensor):
         """Writes a parameter's values (any dtype and device; converted to
         fp32) between iterations: master and compute copy."""
+        self._settle_implicit("pm.write()")
         slot = name_or_param._pstar if isinstance(name_or_param, PstarParameter) else self._slot(name_or_param)
         self.engine.write(slot.param, values.detach().to("cpu", torch.float32).contiguous().numpy().reshape(-1))
 
     def state_dict(self):
         """fp32 copies of every parameter, by name."""
+        self._settle_implicit("pm.state_dict()")
         return {s.name: self.read(s.name) for s in self.slots}
 
     def _slot(self, name):
@@ -789,3 +851,13 @@ def attach(module: torch.nn.Module, options: Options = None, init=None, **fields
     pm = ParameterModel(module, engine)
     pm._adopt(module, init)
     return pm
+
+
+# The p.grad readers that only set it to None.
+_ZERO_GRAD_CODES = {inspect.unwrap(torch.nn.Module.zero_grad).__code__,
+                    inspect.unwrap(torch.optim.Optimizer.zero_grad).__code__}
+
+from . import _torch_optim  # noqa: E402  (it subclasses PstarParameter's users: imported after them)
+from ._torch_optim import PstarOptimizer  # noqa: E402,F401
+
+_torch_optim.install_hooks()
