@@ -694,6 +694,12 @@ class ParameterModel:
             out = self._detach_aliases(out, slots)
         except BaseException as e:
             failure = e
+            if isinstance(e, InvalidStateError) and "after its backward began" in str(e):
+                raise _invalid_state(f"{e.message}. In pstar.torch: a second forward before optimizer.step() or "
+                                     "pm.step() (gradient accumulation: Trainer's gradient_accumulation_steps, "
+                                     "accelerator.accumulate, Lightning's accumulate_grad_batches) needs "
+                                     "attach(..., grad_accumulation=1); otherwise end each iteration with "
+                                     "pm.optimizer.step() or pm.step()") from e
             raise
         finally:
             # No tensor of chunk memory may outlive the release.
@@ -793,6 +799,7 @@ class ParameterModel:
     def read(self, name_or_param) -> torch.Tensor:
         """A parameter's fp32 values (a copy), by name or PstarParameter."""
         self._settle_implicit("pm.read()")
+        self._refuse_nested("pm.read()")
         slot = name_or_param._pstar if isinstance(name_or_param, PstarParameter) else self._slot(name_or_param)
         return torch.from_numpy(self.engine.read(slot.param)).reshape(slot.shape)
 
@@ -800,12 +807,14 @@ class ParameterModel:
         """Writes a parameter's values (any dtype and device; converted to
         fp32) between iterations: master and compute copy."""
         self._settle_implicit("pm.write()")
+        self._refuse_nested("pm.write()")
         slot = name_or_param._pstar if isinstance(name_or_param, PstarParameter) else self._slot(name_or_param)
         self.engine.write(slot.param, values.detach().to("cpu", torch.float32).contiguous().numpy().reshape(-1))
 
     def state_dict(self):
         """fp32 copies of every parameter, by name."""
         self._settle_implicit("pm.state_dict()")
+        self._refuse_nested("pm.state_dict()")
         return {s.name: self.read(s.name) for s in self.slots}
 
     def _slot(self, name):

@@ -114,6 +114,10 @@ def test_eval_iteration_and_misuse():
     pm = ptorch.attach(model, device="emulated", compute_dtype="f32", chunk_elems=128)
     x, _ = batch(0)
     model(x)                                  # with autograd: begins a TRAIN iteration
+    with pytest.warns(RuntimeWarning, match="no backward followed"):
+        with pm.eval_iteration():             # no backward came: abandoned
+            pass
+    model(x).sum().backward()                 # its backward began: the iteration is the user's
     with pytest.raises(pstar.InvalidStateError, match="begun implicitly"):
         with pm.eval_iteration():
             pass

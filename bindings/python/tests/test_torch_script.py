@@ -329,16 +329,3 @@ def test_dropping_the_model_frees_the_engine_without_gc():
         assert engine() is None
     finally:
         gc.enable()
-
-
-def test_torch_clipping_and_optimizers_warn_that_they_see_no_gradient():
-    model = gpt2()
-    pm = attach(model)
-    with pytest.warns(UserWarning, match="clip_norm"):
-        with pm.train_iteration():
-            model(**batch()).loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            pm.step()
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")       # once per ParameterModel
-        torch.optim.SGD(model.parameters(), lr=0.1).step()
