@@ -254,7 +254,9 @@ def clip_pstar(params, max_norm, norm_type=2.0, error_if_nonfinite=False):
         raise RuntimeError(f"The total norm of order {float(norm_type)} for gradients from `parameters` is "
                            "non-finite, so it cannot be clipped. To disable this error and scale the gradients "
                            "by the non-finite norm anyway, set `error_if_nonfinite=False`")
-    pm._step_clip = max_norm
+    # An infinite threshold (Trainer and Accelerate ask for the norm so)
+    # clips nothing: the engine's 0.  Above the engine's range, the same.
+    pm._step_clip = 0.0 if max_norm >= 1e30 else max_norm
     return torch.tensor(norm, dtype=torch.float32, device=pm.device)
 
 
