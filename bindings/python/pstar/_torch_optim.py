@@ -22,8 +22,10 @@ Lightning, torch's and transformers' LR schedulers) drives the engine:
   hyperparameters, with their checksums) in uint8 tensors, plus the group's
   hyperparameters: ``torch.save`` writes it and ``torch.load`` (also with
   ``weights_only=True``) reads it back; ``load_state_dict`` restores the
-  engine from it bit for bit, at any world size the engine's checkpoints
-  load at.
+  engine from it bit for bit.  One process only: with world_size > 1 each
+  rank holds its shards, and both are refused naming the engine's
+  checkpoints (save_checkpoint on a directory every rank sees, which load
+  at another world size).
 - ``add_param_group`` is refused: the engine's parameters are fixed at
   attach.
 
@@ -142,6 +144,7 @@ class PstarOptimizer(torch.optim.Optimizer):
         """The engine's optimizer state (checkpoint files as uint8 tensors)
         and the group's hyperparameters."""
         pm = self.pm
+        _refuse_sharded(pm, "state_dict")
         pm._settle_implicit("pm.optimizer.state_dict()")
         pm._refuse_nested("pm.optimizer.state_dict()")
         files = {}
@@ -176,6 +179,7 @@ class PstarOptimizer(torch.optim.Optimizer):
             raise ValueError(f"pm.optimizer.load_state_dict: {len(groups)} parameter groups, this optimizer has "
                              f"{len(self.param_groups)}")
         pm = self.pm
+        _refuse_sharded(pm, "load_state_dict")
         pm._settle_implicit("pm.optimizer.load_state_dict()")
         pm._refuse_nested("pm.optimizer.load_state_dict()")
         with tempfile.TemporaryDirectory(prefix="pstar-optim-") as d:
@@ -198,6 +202,15 @@ class PstarOptimizer(torch.optim.Optimizer):
         g = self.param_groups[0]
         return (f"PstarOptimizer(AdamW in libpstar; lr={g['lr']}, betas={tuple(g['betas'])}, eps={g['eps']}, "
                 f"weight_decay={g['weight_decay']}, params={len(g['params'])})")
+
+
+def _refuse_sharded(pm, what):
+    # Each rank holds its shards: one rank's state_dict is not the state.
+    world = pm.engine.stats["world_size"]
+    if world > 1:
+        raise _unsupported(f"pm.optimizer.{what} with world_size {world}: each rank holds only its shards of the "
+                           "optimizer state; save and load it with pm.engine.save_checkpoint(dir) / "
+                           "load_checkpoint(dir) on a directory every rank sees (loads at another world size too)")
 
 
 def _trainable(pm):

@@ -56,8 +56,11 @@ inside an iteration or other than ``copy_`` (use ``ParameterModel.write``),
 device or dtype, ``.cuda()``, ``.float()``), ``copy.deepcopy``, pickling a
 parameter, ``torch.compile``, unfreezing a parameter that was frozen at
 attach.  Documented: gradients go to the engine, so ``p.grad`` stays None
-(torch's clipping and optimizers see nothing: a warning says so once);
-autocast, sparse or complex parameters, DDP wrappers are not supported.
+(a warning says so once); ``pm.optimizer`` is the torch.optim.Optimizer
+over the engine's AdamW, torch's and Accelerate's ``clip_grad_norm_`` clip
+in the engine, and a torch optimizer over attached parameters is refused
+(pstar/_torch_optim.py); autocast, sparse or complex parameters, DDP
+wrappers are not supported.
 """
 import contextlib
 import gc
