@@ -476,6 +476,8 @@ static void case_order_outside_iterations(void) {
     REFUSED(pstar_step(e, NULL));
     REFUSED(pstar_iteration_end(e));
     REFUSED(pstar_iteration_abort(e));
+    double norm = 0.0;
+    REFUSED(pstar_grad_norm(e, &norm));
   });
 }
 
@@ -494,9 +496,17 @@ static void case_order_inside_train(void) {
     REFUSED(pstar_param_write(e, P_B, v, 1000, PSTAR_DTYPE_F32));      /* values inside an iteration */
     REFUSED(pstar_param_read(e, P_B, v, 1000, PSTAR_DTYPE_F32));
     REFUSED(pstar_checkpoint_save(e, g_case_dir));
-    REFUSED(pstar_hparam_set(e, PSTAR_HPARAM_LR, 0.5));                 /* inside TRAIN */
+    REFUSED(pstar_hparam_set(e, PSTAR_HPARAM_LOSS_SCALE, 1024.0));      /* inside TRAIN */
+    double norm = 0.0;
+    REFUSED(pstar_grad_norm(e, NULL));
     MUST(pstar_param_acquire(e, P_A, PSTAR_STAGE_FORWARD, NULL, &ptr));
+    REFUSED(pstar_grad_norm(e, &norm));                                 /* still acquired */
     MUST(pstar_param_release(e, P_A, NULL));
+    MUST(pstar_param_acquire(e, P_A, PSTAR_STAGE_FORWARD, NULL, &ptr)); /* a second use */
+    MUST(pstar_param_release(e, P_A, NULL));
+    MUST(pstar_param_acquire(e, P_A, PSTAR_STAGE_BACKWARD, NULL, &ptr));
+    MUST(pstar_param_release(e, P_A, NULL));
+    REFUSED(pstar_grad_norm(e, &norm));                                 /* 1 backward use of 2 */
     MUST(pstar_param_acquire(e, P_A, PSTAR_STAGE_BACKWARD, NULL, &ptr));
     MUST(pstar_param_release(e, P_A, NULL));
     REFUSED(pstar_param_acquire(e, P_A, PSTAR_STAGE_FORWARD, NULL, &ptr)); /* forward after backward */
