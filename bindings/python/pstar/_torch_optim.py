@@ -79,11 +79,6 @@ class PstarOptimizer(torch.optim.Optimizer):
             super().__init__([{"params": params}] if params else [{"params": []}], defaults)
         finally:
             self._building = False
-        # The engine's clipping threshold outside clip_grad_norm_ calls, and
-        # what this optimizer last set (a different value in the engine is
-        # the user's own setting, which becomes the base).
-        self._clip_base = engine.hparam("clip_norm")
-        self._clip_set = self._clip_base
         self.last_result = None  # the StepResult of the last step()
 
     @property
@@ -113,14 +108,6 @@ class PstarOptimizer(torch.optim.Optimizer):
             value = float(value)
             if engine.hparam(name) != _as_float32(value):
                 engine.set_hparam(name, value)
-        current = engine.hparam("clip_norm")
-        if current != self._clip_set:
-            self._clip_base = current  # set by the user since
-        pm = self.pm
-        clip = pm._step_clip if pm._step_clip is not None else self._clip_base
-        if current != _as_float32(clip):
-            engine.set_hparam("clip_norm", clip)
-        self._clip_set = engine.hparam("clip_norm")
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -162,7 +149,8 @@ class PstarOptimizer(torch.optim.Optimizer):
             entry = {k: v for k, v in g.items() if k != "params"}
             entry["params"] = list(range(len(g["params"])))
             groups.append(entry)
-        return {"state": {}, "param_groups": groups, "pstar_format": _STATE_FORMAT, "pstar_checkpoint": files}
+        return {"state": {}, "param_groups": groups, "pstar_format": _STATE_FORMAT, "pstar_checkpoint": files,
+                "pstar_clip": pm._clip_state()}
 
     def load_state_dict(self, state_dict):
         """Restores what state_dict() returned: the engine's whole optimizer
@@ -195,8 +183,7 @@ class PstarOptimizer(torch.optim.Optimizer):
             for k, v in saved.items():
                 if k != "params":
                     g[k] = tuple(v) if k == "betas" else v
-        self._clip_base = pm.engine.hparam("clip_norm")
-        self._clip_set = self._clip_base
+        pm._set_clip_state(state_dict.get("pstar_clip"))
 
     def __repr__(self):
         g = self.param_groups[0]
@@ -322,17 +309,30 @@ def _wrap_add_param_group():
 
 
 def _wrap_accelerate():
-    """Accelerate's Accelerator.clip_grad_norm_ (when accelerate is
-    imported): over PstarParameters, the engine's clipping."""
+    """Accelerate (once it is imported): Accelerator.clip_grad_norm_ over
+    PstarParameters is the engine's clipping, and prepare() leaves
+    pm.optimizer's state where the engine keeps it (AcceleratedOptimizer's
+    device placement would round-trip the whole optimizer state through
+    state_dict() and load_state_dict(), and onto the accelerator)."""
     global _ACCELERATE_CLIP
     if _ACCELERATE_CLIP is not None or "accelerate" not in sys.modules:
         return
     try:
         from accelerate import Accelerator
+        from accelerate.optimizer import AcceleratedOptimizer
     except Exception:  # an accelerate that does not import: nothing to wrap
         return
     original = Accelerator.clip_grad_norm_
     _ACCELERATE_CLIP = original
+    init = AcceleratedOptimizer.__init__
+
+    @functools.wraps(init)
+    def accelerated_init(self, optimizer, device_placement=True, scaler=None, *args, **kwargs):
+        if isinstance(optimizer, PstarOptimizer):
+            device_placement = False
+        init(self, optimizer, device_placement, scaler, *args, **kwargs)
+
+    AcceleratedOptimizer.__init__ = accelerated_init
 
     @functools.wraps(original)
     def clip_grad_norm_(self, parameters, max_norm, norm_type=2):
@@ -344,12 +344,43 @@ def _wrap_accelerate():
     Accelerator.clip_grad_norm_ = clip_grad_norm_
 
 
+class _AccelerateImportHook:
+    """A meta path finder that wraps Accelerate when it is imported after
+    pstar.torch (it finds nothing itself: it lets the import run, then wraps)."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "accelerate" or _ACCELERATE_CLIP is not None:
+            return None
+        import importlib.machinery
+        import importlib.util
+        sys.meta_path.remove(self)  # the real finder, then this one again
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            sys.meta_path.insert(0, self)
+        if spec is None or spec.loader is None:
+            return None
+        exec_module = spec.loader.exec_module
+
+        def exec_and_wrap(module):
+            exec_module(module)
+            _wrap_accelerate()
+
+        spec.loader.exec_module = exec_and_wrap
+        return spec
+
+
+_IMPORT_HOOK = _AccelerateImportHook()
+
+
 def install_hooks():
     """Wraps torch's clip_grad_norm_ and Optimizer.add_param_group (once),
-    and Accelerate's clip_grad_norm_ if accelerate is imported."""
+    and Accelerate now if it is imported, else when it is."""
     _wrap_torch_clip()
     _wrap_add_param_group()
     _wrap_accelerate()
+    if _ACCELERATE_CLIP is None and _IMPORT_HOOK not in sys.meta_path:
+        sys.meta_path.insert(0, _IMPORT_HOOK)
 
 
 def is_clipping_frame(code) -> bool:

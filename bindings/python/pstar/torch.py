@@ -302,7 +302,15 @@ class ParameterModel:
         self._implicit = False   # the iteration was begun by a use, not by train_iteration()
         self._warned_grad = False
         self._warned_abandon = False
-        self._step_clip = None   # clip_grad_norm_'s max_norm for this iteration's step (pm.optimizer)
+        # Clipping asked by clip_grad_norm_ (pstar/_torch_optim.py) holds for
+        # one step: _step_clip is this iteration's max_norm; the engine's own
+        # threshold (_clip_base: the option, or what the user set since) is
+        # put back at the next step that asks for none.  _clip_set: the
+        # value this model last wrote (another value found in the engine
+        # was set by the user and becomes the base).
+        self._step_clip = None
+        self._clip_base = engine.hparam("clip_norm")
+        self._clip_set = None
         self._optimizer_ref = None
 
     @property
@@ -486,11 +494,38 @@ class ParameterModel:
             raise _invalid_state("step(): no pstar.torch TRAIN iteration in progress (train_iteration(), or a use "
                                  "of a parameter with autograd on, begins one)")
         self._complete_backward()
+        self._apply_step_clip()
         result = self.engine.step()  # on an error the iteration stays open (retry, or abandon)
         self._in_iteration = False
         self._step_clip = None
         self._end_implicit()
         return result
+
+    def _apply_step_clip(self):
+        # Inside the iteration, before the step: no wait for the step in flight.
+        engine = self.engine
+        current = engine.hparam("clip_norm")
+        if self._clip_set is not None and current != self._clip_set:
+            self._clip_base, self._clip_set = current, None  # the user's own setting since
+        if self._step_clip is not None:
+            want = self._step_clip
+        elif self._clip_set is not None:
+            want = self._clip_base  # back from the last step's clip_grad_norm_
+        else:
+            return
+        engine.set_hparam("clip_norm", want)
+        self._clip_set = engine.hparam("clip_norm") if self._step_clip is not None else None
+
+    def _clip_state(self):
+        return {"base": self._clip_base, "set": self._clip_set}
+
+    def _set_clip_state(self, state):
+        # After a checkpoint load (pm.optimizer.load_state_dict): the engine's
+        # threshold is the saved run's, and so is what it was overridden by.
+        if state:
+            self._clip_base, self._clip_set = state["base"], state["set"]
+        else:
+            self._clip_base, self._clip_set = self.engine.hparam("clip_norm"), None
 
     def _complete_backward(self):
         """Ends every use still open before the step (or the norm)."""
@@ -614,6 +649,7 @@ class ParameterModel:
     def _set_requires_grad(self, slot, param, flag):
         if flag == slot.requires_grad:
             return
+        self._settle_implicit("requires_grad_")
         if self._in_iteration:
             raise _invalid_state(f"{slot.name}: requires_grad changed inside an iteration; freeze or unfreeze "
                                  "between iterations")

@@ -300,3 +300,91 @@ def test_accumulation_through_the_optimizer_is_the_engine_loop():
         return weights(pm)
 
     assert same(run(True), run(False))
+
+
+def test_clipping_holds_for_one_step_only():
+    # clip_grad_norm_ at step 0 only: step 1 is not clipped, whether the
+    # optimizer is kept, dropped and made anew, or the step is pm.step().
+    def second_clip_coef(how):
+        model = gpt2()
+        pm = attach(model, "f32")
+        held = pm.optimizer if how == "kept" else None
+        model(**batch(0)).loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3)
+        pm.optimizer.step()
+        assert pm.engine.hparam("clip_norm") == pytest.approx(1e-3)
+        model(**batch(1)).loss.backward()
+        if how == "pm.step":
+            return pm.step().clip_coef
+        opt = pm.optimizer
+        opt.step()
+        del held
+        return opt.last_result.clip_coef
+
+    for how in ("kept", "dropped", "pm.step"):
+        assert second_clip_coef(how) == 1.0, how
+
+
+def test_the_engines_own_clip_norm_is_kept_as_the_base():
+    model = gpt2()
+    pm = attach(model, "f32", clip_norm=1e-3)
+    opt = pm.optimizer
+    model(**batch(0)).loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1e6)  # this step: no clipping in effect
+    opt.step()
+    assert opt.last_result.clip_coef == 1.0
+    model(**batch(1)).loss.backward()
+    opt.step()                                               # back to the option's 1e-3
+    assert opt.last_result.clip_coef < 1.0
+    pm.engine.set_hparam("clip_norm", 0.0)                   # the user's own setting
+    model(**batch(2)).loss.backward()
+    opt.step()
+    assert opt.last_result.clip_coef == 1.0
+
+
+def test_resume_after_a_clipped_step_before_an_unclipped_one():
+    def run(resume):
+        model = gpt2()
+        pm = attach(model, "f32")
+        opt = pm.optimizer
+        model(**batch(0)).loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3)
+        opt.step()
+        if resume:
+            buf = io.BytesIO()
+            torch.save({"m": model.state_dict(), "o": opt.state_dict()}, buf)
+            buf.seek(0)
+            saved = torch.load(buf, weights_only=True)
+            model = gpt2()
+            pm = attach(model, "f32")
+            opt = pm.optimizer
+            model.load_state_dict(saved["m"])
+            opt.load_state_dict(saved["o"])
+        model(**batch(1)).loss.backward()
+        opt.step()                                           # no clipping asked
+        assert opt.last_result.clip_coef == 1.0
+        return weights(pm)
+
+    assert same(run(False), run(True))
+
+
+def test_requires_grad_after_a_forward_without_backward():
+    model = gpt2()
+    pm = attach(model)
+    model(**batch(0))
+    with pytest.warns(RuntimeWarning, match="no backward followed"):
+        model.transformer.wpe.weight.requires_grad_(False)
+    assert not pm._in_iteration
+
+
+def test_accelerate_imported_after_pstar_torch_is_wrapped():
+    pytest.importorskip("accelerate")
+    import subprocess
+    import sys
+    code = ("import pstar.torch, sys; assert 'accelerate' not in sys.modules; "
+            "from accelerate import Accelerator; from accelerate.optimizer import AcceleratedOptimizer; "
+            "from pstar import _torch_optim as o; "
+            "assert Accelerator.clip_grad_norm_.__wrapped__ is o._ACCELERATE_CLIP; "
+            "assert AcceleratedOptimizer.__init__.__wrapped__ is not None; print('wrapped')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0 and "wrapped" in out.stdout, out.stderr
