@@ -46,6 +46,9 @@ case "${1:-}" in
     export TSAN_OPTIONS=halt_on_error=1:exitcode=66
     build/tsan/bin/pstar-example-mlp --steps 20 --strict
     build/tsan/bin/pstar-example-mlp --steps 20
+    # Hyperparameters set inside the iteration while the update thread runs
+    # the previous step's updates (no wait there).
+    build/tsan/bin/pstar-example-mlp --steps 20 --late-lr --check
     # Two ranks: each one's overlapped step updates its shards on its update
     # thread; with --hybrid some shards are updated on the device.
     build/tsan/bin/pstar-run -n 2 --timeout 300 -- build/tsan/bin/pstar-example-mlp --steps 10

@@ -591,6 +591,7 @@ typedef struct {
   pstar_policy policy;
   int prefetch;
   int hybrid;           /* options.hybrid_optimizer */
+  int late_lr;          /* the schedule set after the backward, the norm read before the step */
   const char *timeline; /* Chrome-trace file written at the end, or NULL */
 } config;
 
@@ -612,6 +613,9 @@ static void usage(FILE *f) {
           "  --seed N                 seed of the data, the teacher and the initial weights\n"
           "                           (default %d)\n"
           "  --strict                 the emulated device's strict mode (slow; for tests)\n"
+          "  --late-lr                set each step's learning rate after its backward, inside the\n"
+          "                           iteration (as a torch optimizer's step() does), and read the\n"
+          "                           gradient norm there (one process)\n"
           "  --policy opt|lru|static  eviction policy (default opt: from the warm-up trace)\n"
           "  --no-prefetch            fetch chunks on demand only\n"
           "  --hybrid                 hybrid optimizer placement: the optimizer state of the\n"
@@ -674,6 +678,7 @@ static void parse_args(int argc, char **argv, config *c) {
   c->prefetch = 1;
   c->hybrid = 0;
   c->check = 0;
+  c->late_lr = 0;
   c->timeline = NULL;
   for (i = 1; i < argc; ++i) {
     const char *arg = argv[i];
@@ -724,6 +729,10 @@ static void parse_args(int argc, char **argv, config *c) {
     }
     if (strcmp(opt, "--check") == 0) {
       c->check = 1;
+      continue;
+    }
+    if (strcmp(opt, "--late-lr") == 0) {
+      c->late_lr = 1;
       continue;
     }
     if (strcmp(opt, "--steps") != 0 && strcmp(opt, "--device-capacity") != 0 && strcmp(opt, "--chunk-elems") != 0 &&
@@ -982,15 +991,16 @@ int main(int argc, char **argv) {
   t0 = clock();
   for (step = 1; step <= cfg.steps; ++step) {
     pstar_step_result res;
-    double loss, scale, lr;
+    double loss, scale, lr, norm_before;
     const pstar_stats before = get_stats(n.engine);
     uint64_t evictions_before = before.evictions, evictions_now, gathered_now;
     const float *y;
     int s, j;
 
-    /* A schedule: hyperparameters are set between iterations. */
+    /* A schedule: hyperparameters are set between iterations (or, with
+     * --late-lr, after the backward: legal until the step). */
     lr = cfg.lr * (0.55 + 0.45 * cos(3.141592653589793 * (double)(step - 1) / (double)cfg.steps));
-    CHECK(pstar_hparam_set(n.engine, PSTAR_HPARAM_LR, lr));
+    if (!cfg.late_lr) CHECK(pstar_hparam_set(n.engine, PSTAR_HPARAM_LR, lr));
 
     /* Next batch of a shuffled epoch: with several ranks, every rank draws
      * the same global batch and keeps its slice. */
@@ -1022,8 +1032,18 @@ int main(int argc, char **argv) {
       n.dy[j] = (float)(2.0 * scale * ((double)y[j] - n.target[j]) / (BATCH * D_OUT));
     backward(&n, BATCH);
 
+    norm_before = -1.0;
+    if (cfg.late_lr) {
+      if (world == 1) CHECK(pstar_grad_norm(n.engine, &norm_before));
+      CHECK(pstar_hparam_set(n.engine, PSTAR_HPARAM_LR, lr));
+    }
     CHECK(pstar_step_result_init(&res));
     CHECK(pstar_step(n.engine, &res));
+    if (cfg.late_lr && world == 1 && !res.skipped && memcmp(&norm_before, &res.grad_norm, sizeof(double)) != 0) {
+      fprintf(stderr, "step %llu: pstar_grad_norm gave %.17g, the step %.17g\n", (unsigned long long)step, norm_before,
+              res.grad_norm);
+      return 1;
+    }
 
     st = get_stats(n.engine);
     evictions_now = st.evictions - evictions_before;
