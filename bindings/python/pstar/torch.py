@@ -162,8 +162,8 @@ class PstarParameter(torch.nn.Parameter):
         kwargs = kwargs or {}
         slots = []
         owner = None
-        for a in _flatten((args, kwargs)):
-            if isinstance(a, PstarParameter) and all(s is not a._pstar for s in slots):
+        for a in _leaves(args, kwargs):
+            if isinstance(a, PstarParameter) and a._pstar not in slots:
                 slots.append(a._pstar)
                 owner = owner or a._pstar_owner
         if not slots:
@@ -184,6 +184,24 @@ class PstarParameter(torch.nn.Parameter):
             # training step written without train_iteration().
             owner._begin_implicit()
         return owner._call(func, slots, args, kwargs)
+
+
+def _leaves(args, kwargs):
+    """The arguments' leaves in _flatten's order; without nesting (F.linear(x,
+    w, b), the usual call) the arguments themselves."""
+    for a in args:
+        if isinstance(a, (list, tuple, dict)):
+            return _flatten((args, kwargs))
+    for a in kwargs.values():
+        if isinstance(a, (list, tuple, dict)):
+            return _flatten((args, kwargs))
+    return (*args, *kwargs.values()) if kwargs else args
+
+
+def _replace_args(args, subst):
+    # _replace of the positional arguments, a leaf at a time.
+    return tuple(subst[id(a._pstar)] if isinstance(a, PstarParameter)
+                 else _replace(a, subst) if isinstance(a, (list, tuple, dict)) else a for a in args)
 
 
 def _replace(obj, subst):
@@ -675,7 +693,7 @@ class ParameterModel:
                 subst[id(slot)] = t
             t = None
             with torch._C.DisableTorchFunctionSubclass():
-                out = func(*_replace(args, subst), **_replace(kwargs, subst))
+                out = func(*_replace_args(args, subst), **(_replace(kwargs, subst) if kwargs else kwargs))
             out = self._detach_aliases(out, slots)
         except BaseException as e:
             failure = e
@@ -685,7 +703,8 @@ class ParameterModel:
             subst.clear()
             t = None
             for slot in slots:
-                self._live = {k: v for k, v in self._live.items() if v is not slot}
+                if self._live:
+                    self._live = {k: v for k, v in self._live.items() if v is not slot}
                 if slot.held is not None:
                     self._release_after(slot, failure)
         return out
@@ -727,7 +746,8 @@ class ParameterModel:
 
     # -- backward -----------------------------------------------------------------
     def _pack(self, t):
-        if isinstance(t, torch.Tensor) and t.layout == torch.strided and t.device == self.device:
+        # Only a use in progress (inside _call) has chunk memory to save.
+        if self._live and isinstance(t, torch.Tensor) and t.layout == torch.strided and t.device == self.device:
             try:
                 slot = self._live.get(t.untyped_storage().data_ptr())
             except RuntimeError:
@@ -809,6 +829,9 @@ class ParameterModel:
 
 
 def args_anchor(args, slot):
+    for a in args[0] if isinstance(args[0], tuple) else ():  # the positional arguments first: the usual place
+        if isinstance(a, PstarParameter) and a._pstar is slot:
+            return a
     for a in _flatten(args):
         if isinstance(a, PstarParameter) and a._pstar is slot:
             return a
