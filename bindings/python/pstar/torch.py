@@ -16,8 +16,11 @@ How it works, at the tensor level (no module hooks, so it sees every use):
   ``emb.weight @ h.T`` in a tied head, a parameter used outside its module)
   goes through ``__torch_function__``: inside an iteration the parameter is
   acquired (FORWARD, or RECOMPUTE inside a backward pass: activation
-  checkpointing), a zero-copy tensor of the chunk memory (DLPack) stands in
-  for it in the call, and it is released right after.  Metadata (shape,
+  checkpointing), a zero-copy view of the chunk memory stands in for it in
+  the call, and it is released right after.  (The view comes from a tensor
+  of the parameter's memory made through DLPack once per address it
+  occupies; the release checks, by the storage's references, that no other
+  view of it is alive.)  Metadata (shape,
   dtype, device...) is answered without acquiring: the device and dtype are
   those the parameter computes in (the engine's).
 - Outside an iteration a parameter reads as a copy of its current weights
@@ -28,7 +31,8 @@ How it works, at the tensor level (no module hooks, so it sees every use):
   says what to do.
 - The stand-in comes out of a small autograd Function per use, so autograd
   calls back once per use in backward: there the gradient is written to the
-  engine (pstar_grad_write) between a BACKWARD acquire and its release.
+  engine (pstar_grad_write, in the compute dtype: the engine sums in fp32)
+  between a BACKWARD acquire and its release.
   Tied weights and modules called twice make several uses: the engine adds
   their gradients.  A parameter no gradient reached gets no BACKWARD use at
   all, and the engine leaves it untouched (no weight decay, no moment
