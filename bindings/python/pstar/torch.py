@@ -16,8 +16,11 @@ How it works, at the tensor level (no module hooks, so it sees every use):
   ``emb.weight @ h.T`` in a tied head, a parameter used outside its module)
   goes through ``__torch_function__``: inside an iteration the parameter is
   acquired (FORWARD, or RECOMPUTE inside a backward pass: activation
-  checkpointing), a zero-copy tensor of the chunk memory (DLPack) stands in
-  for it in the call, and it is released right after.  Metadata (shape,
+  checkpointing), a zero-copy view of the chunk memory stands in for it in
+  the call, and it is released right after.  (The view comes from a tensor
+  of the parameter's memory made through DLPack once per address it
+  occupies; the release checks, by the storage's references, that no other
+  view of it is alive.)  Metadata (shape,
   dtype, device...) is answered without acquiring: the device and dtype are
   those the parameter computes in (the engine's).
 - Outside an iteration a parameter reads as a copy of its current weights
@@ -28,7 +31,8 @@ How it works, at the tensor level (no module hooks, so it sees every use):
   says what to do.
 - The stand-in comes out of a small autograd Function per use, so autograd
   calls back once per use in backward: there the gradient is written to the
-  engine (pstar_grad_write) between a BACKWARD acquire and its release.
+  engine (pstar_grad_write, in the compute dtype: the engine sums in fp32)
+  between a BACKWARD acquire and its release.
   Tied weights and modules called twice make several uses: the engine adds
   their gradients.  A parameter no gradient reached gets no BACKWARD use at
   all, and the engine leaves it untouched (no weight decay, no moment
@@ -72,12 +76,20 @@ import weakref
 
 import torch
 
-from ._engine import Engine, Options
-from ._errors import BusyError, InvalidStateError, PstarError, UnsupportedError, check
+from ._engine import Engine, Options, View
+from ._errors import BusyError, InvalidArgumentError, InvalidStateError, PstarError, UnsupportedError, check
+from . import _dlpack
 from . import capi as _c
 
 _TORCH_DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 _ENGINE_DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
+# Gradients pstar_grad_write takes as they are (the engine sums them in fp32).
+_GRAD_DTYPES = {torch.float32: _c.PSTAR_DTYPE_F32, torch.float16: _c.PSTAR_DTYPE_F16,
+                torch.bfloat16: _c.PSTAR_DTYPE_BF16}
+_STAGES = {"forward": _c.PSTAR_STAGE_FORWARD, "backward": _c.PSTAR_STAGE_BACKWARD,
+           "recompute": _c.PSTAR_STAGE_RECOMPUTE}
+# References to a storage (C++ use count): the tensors of chunk memory alive.
+_storage_refs = torch._C._storage_Use_Count
 
 
 def _unsupported(message):
@@ -159,8 +171,8 @@ class PstarParameter(torch.nn.Parameter):
         kwargs = kwargs or {}
         slots = []
         owner = None
-        for a in _flatten((args, kwargs)):
-            if isinstance(a, PstarParameter) and all(s is not a._pstar for s in slots):
+        for a in _leaves(args, kwargs):
+            if isinstance(a, PstarParameter) and a._pstar not in slots:
                 slots.append(a._pstar)
                 owner = owner or a._pstar_owner
         if not slots:
@@ -181,6 +193,24 @@ class PstarParameter(torch.nn.Parameter):
             # training step written without train_iteration().
             owner._begin_implicit()
         return owner._call(func, slots, args, kwargs)
+
+
+def _leaves(args, kwargs):
+    """The arguments' leaves in _flatten's order; without nesting (F.linear(x,
+    w, b), the usual call) the arguments themselves."""
+    for a in args:
+        if isinstance(a, (list, tuple, dict)):
+            return _flatten((args, kwargs))
+    for a in kwargs.values():
+        if isinstance(a, (list, tuple, dict)):
+            return _flatten((args, kwargs))
+    return (*args, *kwargs.values()) if kwargs else args
+
+
+def _replace_args(args, subst):
+    # _replace of the positional arguments, a leaf at a time.
+    return tuple(subst[id(a._pstar)] if isinstance(a, PstarParameter)
+                 else _replace(a, subst) if isinstance(a, (list, tuple, dict)) else a for a in args)
 
 
 def _replace(obj, subst):
@@ -211,6 +241,11 @@ class _Slot:
         self.frozen_at_attach = not requires_grad  # the engine keeps no optimizer state for it
         self.held = None        # the View while acquired
         self.held_count = 0     # uses sharing it
+        # The tensor of the chunk memory at one address, kept while the
+        # parameter stays there: (address, tensor, its storage, the storage's
+        # references when no other tensor of it is alive).  A use is a view
+        # of it, and the release checks that no view outlives it.
+        self.chunk = None
         self.reset_counts()
 
     def reset_counts(self):
@@ -555,22 +590,53 @@ class ParameterModel:
 
     def _acquire(self, slot, stage):
         if slot.held is None:
-            slot.held = self.engine.acquire(slot.param, stage, writable=stage != "forward", stream=self._stream())
-            slot.held_count = 0
-            if stage == "forward":
-                slot.engine_forward += 1
-            elif stage == "backward":
-                slot.engine_backward += 1
+            self._hold(slot, stage)
         slot.held_count += 1
-        t = torch.from_dlpack(slot.held)
-        return t.view(slot.shape) if slot.shape else t.view(())
+        return slot.chunk[1].view(slot.shape)
+
+    def _hold(self, slot, stage):
+        # One engine acquire, shared by the uses until the last release.
+        stream = self._stream()
+        address = check(_c.pstar_param_acquire(self.engine._handle(), slot.param.id, _STAGES[stage], stream),
+                        "pstar_param_acquire")
+        slot.held = View(self.engine, slot.param, address, stage, stage != "forward", stream)
+        slot.held_count = 0
+        if stage == "forward":
+            slot.engine_forward += 1
+        elif stage == "backward":
+            slot.engine_backward += 1
+        chunk = slot.chunk
+        if chunk is None or chunk[0] != address or _storage_refs(chunk[2]._cdata) != chunk[3]:
+            # A new address (or tensors of the old one still alive, from an
+            # abandoned iteration): a tensor of this memory, through DLPack
+            # once (torch ignores the read-only flag, so one serves every
+            # stage).  Uses made from it are views, so the storage's
+            # references count them.
+            capsule = _dlpack.make_capsule(address, slot.param.shape, self.engine.compute_dtype,
+                                           slot.held.__dlpack_device__(), read_only=False, versioned=False)
+            t = torch.from_dlpack(capsule)
+            t = t.view(slot.shape) if slot.shape else t.view(())
+            storage = t.untyped_storage()
+            slot.chunk = (address, t, storage, _storage_refs(storage._cdata))
+
+    def _views_alive(self, slot):
+        """Tensors of the slot's chunk memory alive beside its own."""
+        chunk = slot.chunk
+        return _storage_refs(chunk[2]._cdata) - chunk[3] if chunk is not None else 0
 
     def _release(self, slot):
         slot.held_count -= 1
         if slot.held_count <= 0 and slot.held is not None:
             view = slot.held
-            if view._exports:  # DLPack tensors in reference cycles: collect them first
+            alive = self._views_alive(slot)
+            if alive:  # tensors of chunk memory in reference cycles: collect them first
                 gc.collect()
+                alive = self._views_alive(slot)
+                if alive:
+                    slot.held_count = 1  # still held, by this last use
+                    raise BusyError(_c.PSTAR_ERR_BUSY, "PSTAR_ERR_BUSY",
+                                    f"{alive} tensor(s) of {slot.name!r}'s chunk memory still alive at its release",
+                                    "pstar_param_release")
             try:
                 view.release()
             except BusyError:
@@ -729,7 +795,7 @@ class ParameterModel:
                 subst[id(slot)] = t
             t = None
             with torch._C.DisableTorchFunctionSubclass():
-                out = func(*_replace(args, subst), **_replace(kwargs, subst))
+                out = func(*_replace_args(args, subst), **(_replace(kwargs, subst) if kwargs else kwargs))
             out = self._detach_aliases(out, slots)
         except BaseException as e:
             failure = e
@@ -745,7 +811,8 @@ class ParameterModel:
             subst.clear()
             t = None
             for slot in slots:
-                self._live = {k: v for k, v in self._live.items() if v is not slot}
+                if self._live:
+                    self._live = {k: v for k, v in self._live.items() if v is not slot}
                 if slot.held is not None:
                     self._release_after(slot, failure)
         return out
@@ -787,7 +854,8 @@ class ParameterModel:
 
     # -- backward -----------------------------------------------------------------
     def _pack(self, t):
-        if isinstance(t, torch.Tensor) and t.layout == torch.strided and t.device == self.device:
+        # Only a use in progress (inside _call) has chunk memory to save.
+        if self._live and isinstance(t, torch.Tensor) and t.layout == torch.strided and t.device == self.device:
             try:
                 slot = self._live.get(t.untyped_storage().data_ptr())
             except RuntimeError:
@@ -819,18 +887,29 @@ class ParameterModel:
         # This use's gradient; the acquire from unpack (if any) is reused.
         if reuse_unpacked and slot.unpacked > 0:
             slot.unpacked -= 1
+        elif slot.held is None:
+            self._hold(slot, "backward")
+            slot.held_count = 1
         else:
-            self._acquire(slot, "backward")
+            slot.held_count += 1
         try:
-            g = grad.detach().to(torch.float32).contiguous()
-            if g.device.type == "cpu":
-                self.engine.grad_write(slot.param, g.numpy().reshape(-1))
-            else:
-                # On torch's current stream, which produced `g`: the engine
-                # reads it there, so the caching allocator may reuse its
-                # memory once that stream's work is done.
-                check(_c.pstar_grad_write(self.engine._handle(), slot.param.id, g.data_ptr(), slot.param.numel,
-                                          _c.PSTAR_DTYPE_F32, _c.PSTAR_MEM_DEVICE, self._stream()), "pstar_grad_write")
+            # In the compute dtype as autograd gives it (the engine converts
+            # to its fp32 sum: the same bits as converting here).
+            g = grad.detach()
+            dtype = _GRAD_DTYPES.get(g.dtype)
+            if dtype is None:
+                g, dtype = g.to(torch.float32), _c.PSTAR_DTYPE_F32
+            g = g.contiguous()
+            if g.numel() != slot.param.numel:
+                raise InvalidArgumentError(_c.PSTAR_ERR_INVALID_ARGUMENT, "PSTAR_ERR_INVALID_ARGUMENT",
+                                           f"{slot.name}: a gradient of {g.numel()} elements for {slot.param.numel}",
+                                           "pstar_grad_write")
+            # On the host, or on torch's current stream, which produced `g`:
+            # the engine reads it there, so the caching allocator may reuse
+            # its memory once that stream's work is done.
+            space = _c.PSTAR_MEM_HOST if g.device.type == "cpu" else _c.PSTAR_MEM_DEVICE
+            check(_c.pstar_grad_write(self.engine._handle(), slot.param.id, g.data_ptr(), slot.param.numel, dtype,
+                                      space, self._stream()), "pstar_grad_write")
         finally:
             self._release(slot)
 
@@ -864,6 +943,9 @@ class ParameterModel:
 
 
 def args_anchor(args, slot):
+    for a in args[0] if isinstance(args[0], tuple) else ():  # the positional arguments first: the usual place
+        if isinstance(a, PstarParameter) and a._pstar is slot:
+            return a
     for a in _flatten(args):
         if isinstance(a, PstarParameter) and a._pstar is slot:
             return a
