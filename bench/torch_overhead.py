@@ -90,7 +90,7 @@ class PstarRun:
         self.pm = ptorch.attach(self.model, device="emulated", compute_dtype=dtype, chunk_elems=args.chunk_elems,
                                 device_capacity_bytes=4 * compute_bytes + (64 << 20), lr=args.lr,
                                 beta1=args.beta1, beta2=args.beta2, eps=args.eps, weight_decay=args.weight_decay,
-                                adamw=1)
+                                adamw=1, threads=args.engine_threads)
 
     def step(self, x):
         t0 = time.perf_counter()
@@ -208,6 +208,8 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=30, help="timed steps of each run")
     ap.add_argument("--warmup", type=int, default=3, help="steps not timed, before them")
     ap.add_argument("--chunk-elems", type=int, default=0, help="0: the engine's default")
+    ap.add_argument("--engine-threads", type=int, default=0,
+                    help="the engine's CPU update threads (options.threads; 0: one per hardware thread)")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--beta1", type=float, default=0.9)
     ap.add_argument("--beta2", type=float, default=0.999)
