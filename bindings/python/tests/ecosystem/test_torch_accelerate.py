@@ -13,6 +13,7 @@ from accelerate.state import AcceleratorState, GradientState  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 import pstar.torch as ptorch  # noqa: E402
+from common import same, schedule, weights  # noqa: E402
 
 transformers.logging.set_verbosity_error()
 LR, WD, CLIP, ACCUMULATION = 1e-2, 0.1, 0.05, 2
@@ -42,16 +43,7 @@ def loader():
     return DataLoader(dataset(), batch_size=2, shuffle=False)
 
 
-def weights(pm):
-    return {n: v.clone() for n, v in pm.state_dict().items()}
 
-
-def same(a, b):
-    return all(torch.equal(a[n], b[n]) for n in a)
-
-
-def schedule(step):
-    return 1.0 / (1 + step)
 
 
 @pytest.fixture(autouse=True)

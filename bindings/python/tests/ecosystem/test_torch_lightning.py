@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 import pstar  # noqa: E402
 import pstar.torch as ptorch  # noqa: E402
+from common import same, schedule, weights  # noqa: E402
 
 transformers.logging.set_verbosity_error()
 LR, WD, CLIP = 1e-2, 0.1, 0.05
@@ -42,16 +43,7 @@ def loader():
                       shuffle=False)
 
 
-def weights(pm):
-    return {n: v.clone() for n, v in pm.state_dict().items()}
 
-
-def same(a, b):
-    return all(torch.equal(a[n], b[n]) for n in a)
-
-
-def schedule(step):
-    return 1.0 / (1 + step)
 
 
 class GPT2Module(pl.LightningModule):

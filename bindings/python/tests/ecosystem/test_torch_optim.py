@@ -11,6 +11,7 @@ transformers = pytest.importorskip("transformers")
 import pstar  # noqa: E402
 import pstar.torch as ptorch  # noqa: E402
 from pstar import _torch_optim  # noqa: E402
+from common import batch, same, schedule, weights  # noqa: E402
 
 transformers.logging.set_verbosity_error()
 LR, WD = 1e-2, 0.1
@@ -29,22 +30,8 @@ def attach(model, dtype="bf16", **kw):
     return ptorch.attach(model, **fields)
 
 
-def batch(step=0):
-    g = torch.Generator().manual_seed(step)
-    ids = torch.randint(1, 64, (2, 12), generator=g)
-    return dict(input_ids=ids, labels=ids.clone())
 
 
-def weights(pm):
-    return {n: v.clone() for n, v in pm.state_dict().items()}
-
-
-def same(a, b):
-    return all(torch.equal(a[n], b[n]) for n in a)
-
-
-def schedule(step):
-    return 1.0 / (1 + step)
 
 
 def run_optimizer(steps=4, clip=0.05, sched=True, dtype="bf16"):

@@ -18,6 +18,7 @@ peft = pytest.importorskip("peft")
 from peft import LoraConfig, PeftModel, get_peft_model  # noqa: E402
 
 import pstar.torch as ptorch  # noqa: E402
+from common import batch, same, schedule, weights  # noqa: E402
 
 transformers.logging.set_verbosity_error()
 # transformers' own deprecation, raised through PEFT.
@@ -60,26 +61,12 @@ def attach(model, dtype="bf16", **kw):
     return ptorch.attach(model, **fields)
 
 
-def batch(step):
-    g = torch.Generator().manual_seed(step)
-    ids = torch.randint(1, 64, (2, 12), generator=g)
-    return dict(input_ids=ids, labels=ids.clone())
 
-
-def weights(pm):
-    return {n: v.clone() for n, v in pm.state_dict().items()}
-
-
-def same(a, b):
-    return all(torch.equal(a[n], b[n]) for n in a)
 
 
 def adapters(names):
     return [n for n in names if "lora_" in n]
 
-
-def schedule(step):
-    return 1.0 / (1 + step)
 
 
 def run_optimizer(dtype="bf16", clip=CLIP):

@@ -16,6 +16,7 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")  # Trainer needs it
 import pstar  # noqa: E402
 import pstar.torch as ptorch  # noqa: E402
+from common import same, weights  # noqa: E402
 
 transformers.logging.set_verbosity_error()
 LR, WD, CLIP = 1e-2, 0.1, 0.5
@@ -115,12 +116,6 @@ def train_with_engine(order, steps=STEPS, accum=ACCUM, clip=CLIP, schedule=True)
     return pm, losses, norms
 
 
-def weights(pm):
-    return {n: v.clone() for n, v in pm.state_dict().items()}
-
-
-def same(a, b):
-    return all(torch.equal(a[n], b[n]) for n in a)
 
 
 def test_trainer_is_the_engine_loop_bit_for_bit(tmp_path):
