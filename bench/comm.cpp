@@ -43,7 +43,7 @@
 #include <vector>
 
 #include "bench_util.h"
-#include "dist/comm/gloo_communicator.h"
+#include "distributed/comm/gloo_communicator.h"
 
 namespace pstar::bench {
 namespace {
@@ -110,11 +110,11 @@ Result measure(const std::string& op, int n, uint64_t full_bytes, int reps) {
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
       try {
-        dist::GlooConfig cfg;
+        distributed::GlooConfig cfg;
         cfg.rank = r;
         cfg.size = n;
         cfg.prefix = "bench/pstar";
-        auto comm = dist::make_gloo_communicator(cfg, store);
+        auto comm = distributed::make_gloo_communicator(cfg, store);
         // Gloo's own context: the same transport and algorithms, no libpstar.
         gloo::transport::tcp::attr attr;
         attr.hostname = "127.0.0.1";

@@ -22,11 +22,11 @@ using chunk::TensorState;
 
 Engine::Engine(const EngineOptions& options) : Engine(options, nullptr) {}
 
-Engine::Engine(const EngineOptions& options, std::unique_ptr<dist::Communicator> group)
+Engine::Engine(const EngineOptions& options, std::unique_ptr<distributed::Communicator> group)
     : options_(options),
       optimizer_(options_.adam, options_.clip_norm, options_.loss_scale, options_.threads),
       reduce_(&group_,
-              dist::ReduceScatter::Actions{
+              distributed::ReduceScatter::Actions{
                   [this](uint32_t k, float* data, uint64_t elems) { return step_->lay_out_gradients(k, data, elems); },
                   [this](uint32_t k, const std::vector<uint32_t>& params, float* avg) {
                     step_->apply_reduced(k, params, avg);
@@ -88,19 +88,20 @@ Engine::Engine(const EngineOptions& options, std::unique_ptr<dist::Communicator>
                       &params_, &chunks_, &group_, &reduce_, &gathering_, &drop_rule_},
       step::StepOptions{options_.compute_dtype, options_.grad_accumulation, options_.prefetch, payloads_,
                         options_.virtual_clock});
-  group_.set_device_scratch(dist::ProcessGroup::DeviceScratch{
+  group_.set_device_scratch(distributed::ProcessGroup::DeviceScratch{
       [this](uint64_t bytes) { return placement_->alloc_staging(bytes, "all-gather scratch"); },
       [this](void* p, uint64_t bytes) { placement_->free_staging(p, bytes); },
       [this](void* dst, const void* src, size_t bytes, bool to_device) {
         copy_sync(dst, src, bytes, to_device ? memory::CopyKind::kHostToDevice : memory::CopyKind::kDeviceToHost);
       }});
-  gathering_.attach(device_.get(), placement_.get(), this,
-                    dist::ChunkGathering::Shards{[this](uint32_t k) -> const void* {
-                                                   step_->before_acquire(k);  // its overlapped update
-                                                   return chunks_[k].shard;
-                                                 },
-                                                 [this](uint32_t k) { return chunks_[k].shard_elems * elem_bytes(); },
-                                                 [this](uint32_t k) { return hybrid_->shard_on_device(k); }});
+  gathering_.attach(
+      device_.get(), placement_.get(), this,
+      distributed::ChunkGathering::Shards{[this](uint32_t k) -> const void* {
+                                            step_->before_acquire(k);  // its overlapped update
+                                            return chunks_[k].shard;
+                                          },
+                                          [this](uint32_t k) { return chunks_[k].shard_elems * elem_bytes(); },
+                                          [this](uint32_t k) { return hybrid_->shard_on_device(k); }});
   placement_->set_release_staging([this] { return reduce_.release_oldest_stage(); });
   connect_group();
   log::debug("engine created on " + device_->name());
@@ -643,11 +644,11 @@ void Engine::release(uint32_t id, void* stream) {
   params_.apply(id, ev);
   if (--c.compute_refs == 0) placement_->unhold(place.chunk);
   if (finalized && c.grads_to_come > 0 && --c.grads_to_come == 0) gradients_leave(place.chunk);
-  // world > 1: the drop rule (dist/drop_rule.h).
+  // world > 1: the drop rule (distributed/drop_rule.h).
   switch (drop_rule_.after_release(id, place.chunk, p.acquired_stage, c.compute_refs)) {
-    case dist::DropRule::Action::kReduceThenDrop: reduce_chunk(place.chunk); [[fallthrough]];
-    case dist::DropRule::Action::kDrop: gathering_.drop(place.chunk, true); break;
-    case dist::DropRule::Action::kKeep: break;
+    case distributed::DropRule::Action::kReduceThenDrop: reduce_chunk(place.chunk); [[fallthrough]];
+    case distributed::DropRule::Action::kDrop: gathering_.drop(place.chunk, true); break;
+    case distributed::DropRule::Action::kKeep: break;
   }
   step_->poll_speculation();  // chunks whose copy to the host completed go to the update thread
 }

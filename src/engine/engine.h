@@ -12,7 +12,7 @@
 // thread runs all-gathers into gather slots and reduce-scatters from
 // reduce-scatter buffers, each untouched by the engine until its ticket is
 // waited for, and the communicator only while the engine's thread does not
-// use it (dist/collective_queue.h).  With the overlapped step the update
+// use it (distributed/collective_queue.h).  With the overlapped step the update
 // thread runs the CPU updates of the last step on chunks marked
 // awaiting_update, which the engine neither moves nor reads until it has
 // taken them (step/update_worker.h).
@@ -28,10 +28,10 @@
 #include "chunk/chunk.h"
 #include "chunk/layout.h"
 #include "chunk/param_table.h"
-#include "dist/chunk_gathering.h"
-#include "dist/drop_rule.h"
-#include "dist/process_group.h"
-#include "dist/reduce_scatter.h"
+#include "distributed/chunk_gathering.h"
+#include "distributed/drop_rule.h"
+#include "distributed/process_group.h"
+#include "distributed/reduce_scatter.h"
 #include "engine/options.h"
 #include "chunk/tensor_state.h"
 #include "memory/device.h"
@@ -65,7 +65,7 @@ class Engine : private placement::HybridTable {
   // sharded over `group`, formed by the caller, whatever its size (one rank
   // included: the sharded code paths with a group of one).  The options'
   // rank and world_size are ignored; the group's are used.
-  Engine(const EngineOptions& options, std::unique_ptr<dist::Communicator> group);
+  Engine(const EngineOptions& options, std::unique_ptr<distributed::Communicator> group);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -256,15 +256,15 @@ class Engine : private placement::HybridTable {
 
   // Data parallelism: the group (one process: no communicator), its
   // failure state and collective hash, the collective queue
-  // (dist/process_group.h); the gradients' reduce-scatters, their buffers
-  // and those in flight (dist/reduce_scatter.h).
-  dist::ProcessGroup group_;
-  dist::ReduceScatter reduce_;
+  // (distributed/process_group.h); the gradients' reduce-scatters, their buffers
+  // and those in flight (distributed/reduce_scatter.h).
+  distributed::ProcessGroup group_;
+  distributed::ReduceScatter reduce_;
 
   // world > 1: the gathered chunks, gathering ahead along the schedule
-  // into its device slots, and dropping (dist/chunk_gathering.h).
-  dist::ChunkGathering gathering_;
-  dist::DropRule drop_rule_;  // when gathered chunks go (world > 1)
+  // into its device slots, and dropping (distributed/chunk_gathering.h).
+  distributed::ChunkGathering gathering_;
+  distributed::DropRule drop_rule_;  // when gathered chunks go (world > 1)
 
   // NVMe tier: its options (set before build), the data file, the staging
   // buffers, which chunks' lists live on the drive, and the failure that

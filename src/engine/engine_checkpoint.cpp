@@ -40,7 +40,7 @@ class Engine::CheckpointState final : public checkpoint::EngineState {
     return {s.a - e_.layout_->param(id).offset_elems, s.b - s.a};
   }
   void all_gather(const void* mine, void* all, size_t bytes) override {
-    e_.group_.all_gather_host("checkpoint: all-gather", dist::CollectiveKind::kCheckpoint, 0, mine, all, bytes);
+    e_.group_.all_gather_host("checkpoint: all-gather", distributed::CollectiveKind::kCheckpoint, 0, mine, all, bytes);
   }
 
   void read_list(uint32_t id, int list, float* out) override {

@@ -13,9 +13,9 @@
 #include <chrono>
 #include <string>
 
-#include "dist/group.h"
-#include "dist/layout_agreement.h"
-#include "dist/launch_env.h"
+#include "distributed/group.h"
+#include "distributed/layout_agreement.h"
+#include "distributed/launch_env.h"
 #include "engine/engine.h"
 #include "step/optimizer_step.h"
 #include "util/error.h"
@@ -27,16 +27,16 @@ namespace pstar::engine {
 // environment, else one process.  Runs before the device is made, so that
 // what a sharded engine cannot do is refused first.
 void Engine::resolve_world() {
-  dist::LaunchRequest request;
+  distributed::LaunchRequest request;
   if (options_.world_size > 0) {
     request.rank = options_.rank;
     request.world_size = options_.world_size;
   }
-  const dist::LaunchInfo launch = dist::resolve_launch(request);
+  const distributed::LaunchInfo launch = distributed::resolve_launch(request);
   group_.set_launch(launch);
   if (launch.world_size == 1) return;
   if (options_.device == PSTAR_DEVICE_CUDA) {
-    require(dist::cuda_groups_available(), PSTAR_ERR_UNSUPPORTED,
+    require(distributed::cuda_groups_available(), PSTAR_ERR_UNSUPPORTED,
             "options: data parallelism on CUDA devices needs NCCL and libuv, and this libpstar was built without "
             "one or both (install the CUDA toolkit with NCCL and libuv1-dev, then rebuild)");
     // One GPU per rank: the node-local rank picks it unless the caller chose
@@ -45,12 +45,12 @@ void Engine::resolve_world() {
   }
   require(!options_.dry_run, PSTAR_ERR_UNSUPPORTED,
           "options: a dry run has no payloads to exchange; it models one rank (set world_size to 1)");
-  require(options_.device == PSTAR_DEVICE_CUDA || dist::cpu_groups_available(), PSTAR_ERR_UNSUPPORTED,
+  require(options_.device == PSTAR_DEVICE_CUDA || distributed::cpu_groups_available(), PSTAR_ERR_UNSUPPORTED,
           "options: data parallelism on the emulated device needs Gloo and libuv, and this libpstar was built "
           "without them (install libgloo-dev and libuv1-dev and rebuild)");
 }
 
-// With more than one rank, forms the group (dist/group.h): NCCL for CUDA
+// With more than one rank, forms the group (distributed/group.h): NCCL for CUDA
 // ranks, Gloo for emulated ones.
 void Engine::connect_group() {
   group_.connect(options_.device == PSTAR_DEVICE_CUDA ? static_cast<int>(options_.device_ordinal) : -1,
@@ -64,7 +64,7 @@ void Engine::connect_group() {
 // options that shape the layout: a hash of all that, the parameter count and
 // the element count are all-gathered and compared.
 void Engine::check_layout_agrees(uint64_t chunk_elems) {
-  dist::LayoutHash h;
+  distributed::LayoutHash h;
   h.add(chunk_elems);
   h.add(static_cast<uint64_t>(options_.compute_dtype));
   h.add(options_.grad_accumulation != 0);
@@ -72,15 +72,15 @@ void Engine::check_layout_agrees(uint64_t chunk_elems) {
   for (const Param& p : params_) h.add_param(p.name, p.shape, p.flags, p.numel);
   // Whether this rank's device can hold the gather-ahead slots: exchanged
   // so that every rank fails the build, not the one short of room.
-  dist::SlotNeed slots;
+  distributed::SlotNeed slots;
   slots.depth = gathering_.depth();
   slots.slot_bytes = chunk_elems * elem_bytes();
   const uint64_t slot_total = slots.depth * slots.slot_bytes;
   slots.fits = slot_total == 0 || placement_->tier().fits(slot_total);
-  dist::check_layout_agrees(group_, h, slots);
+  distributed::check_layout_agrees(group_, h, slots);
 }
 
-// Reduce-scatters the pending gradients of chunk k (dist/reduce_scatter.h):
+// Reduce-scatters the pending gradients of chunk k (distributed/reduce_scatter.h):
 // their fp32 buffers are laid out as the chunk (zero elsewhere), summed over
 // the ranks, and this rank's shard of the average is applied.  Without
 // gradient accumulation the average, rounded to the compute dtype, goes to
@@ -99,7 +99,7 @@ void Engine::reduce_chunk(uint32_t k) {
 
 // ---------------------------------------------------------------------------
 // Gathering ahead (pstar_x_engine_set_gather_ahead; docs/distributed.md): the
-// schedule decides (dist/gather_ahead.h); the engine gathers.
+// schedule decides (distributed/gather_ahead.h); the engine gathers.
 
 void Engine::set_gather_ahead(uint32_t chunks) {
   require(!built(), PSTAR_ERR_INVALID_STATE, "set_gather_ahead: the engine is built; set the depth before");
@@ -144,7 +144,7 @@ void Engine::fill_step_stats(pstar_x_step_stats* out) const {
 }
 
 void Engine::fill_gather_stats(pstar_x_gather_stats* out) const {
-  const dist::GatherAhead& g = gathering_.schedule();
+  const distributed::GatherAhead& g = gathering_.schedule();
   pstar_x_gather_stats s{};
   s.size = out->size;
   s.version = out->version;

@@ -7,7 +7,7 @@
 //             overflow known at once).  With gradient accumulation it is
 //             folded into the fp32 gradient list here (fold_gradient).  With
 //             world > 1 it waits for its chunk's reduce-scatter, whose
-//             actions (dist/reduce_scatter.h) lay the chunk's gradients out
+//             actions (distributed/reduce_scatter.h) lay the chunk's gradients out
 //             and apply this rank's shard of the average (lay_out_gradients,
 //             apply_reduced).
 //   step      run(): the squared norm and the overflow flag (agreed across
@@ -32,10 +32,10 @@
 #include "chunk/chunk.h"
 #include "chunk/layout.h"
 #include "chunk/param_table.h"
-#include "dist/chunk_gathering.h"
-#include "dist/drop_rule.h"
-#include "dist/process_group.h"
-#include "dist/reduce_scatter.h"
+#include "distributed/chunk_gathering.h"
+#include "distributed/drop_rule.h"
+#include "distributed/process_group.h"
+#include "distributed/reduce_scatter.h"
 #include "memory/device.h"
 #include "memory/host_pool.h"
 #include "memory/nvme_tier.h"
@@ -59,10 +59,10 @@ struct StepParts {
   values::ParamValues* values = nullptr;
   chunk::ParamTable* params = nullptr;
   std::vector<chunk::ChunkState>* chunks = nullptr;
-  dist::ProcessGroup* group = nullptr;
-  dist::ReduceScatter* reduce = nullptr;
-  dist::ChunkGathering* gathering = nullptr;
-  dist::DropRule* drop_rule = nullptr;
+  distributed::ProcessGroup* group = nullptr;
+  distributed::ReduceScatter* reduce = nullptr;
+  distributed::ChunkGathering* gathering = nullptr;
+  distributed::DropRule* drop_rule = nullptr;
 };
 
 struct StepOptions {
@@ -287,10 +287,10 @@ class OptimizerStep {
   values::ParamValues& values_;
   chunk::ParamTable& params_;
   std::vector<chunk::ChunkState>& chunks_;
-  dist::ProcessGroup& group_;
-  dist::ReduceScatter& reduce_;
-  dist::ChunkGathering& gathering_;
-  dist::DropRule& drop_rule_;
+  distributed::ProcessGroup& group_;
+  distributed::ReduceScatter& reduce_;
+  distributed::ChunkGathering& gathering_;
+  distributed::DropRule& drop_rule_;
   const StepOptions options_;
   const chunk::ChunkLayout* layout_ = nullptr;  // null until attach
   StepCounters counters_;

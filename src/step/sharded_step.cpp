@@ -157,11 +157,11 @@ void OptimizerStep::run_sharded(pstar_step_result& r) {
   // rank's own decision, taken from the same calls, is confirmed here
   // before any rank acts on it: one rank recording anew makes all do so).
   gathering_.iteration_end(static_cast<uint32_t>(chunks_.size()));
-  dist::ProcessGroup::StepVote mine;
+  distributed::ProcessGroup::StepVote mine;
   mine.sumsq = sumsq_local;
   mine.overflow = overflow_local;
   mine.schedule_ready = gathering_.schedule_ready();
-  const dist::ProcessGroup::StepVote agreed = group_.agree_on_step(mine);
+  const distributed::ProcessGroup::StepVote agreed = group_.agree_on_step(mine);
   if (!agreed.schedule_ready) gathering_.invalidate_schedule();
   const double sumsq = agreed.sumsq;
   const bool overflow = agreed.overflow;

@@ -156,7 +156,7 @@ void ParamValues::read_sharded(uint32_t id, void* dst, pstar_dtype dtype) {
   parts_.group->require_ok("param_read");
   const auto& place = layout_->param(id);
   const chunk::ChunkState& c = (*parts_.chunks)[place.chunk];
-  constexpr auto kRead = dist::CollectiveKind::kRead;
+  constexpr auto kRead = distributed::CollectiveKind::kRead;
   if (!(*parts_.params)[id].frozen()) {
     parts_.nvme->access(place.chunk, false);
     const HostLists lists(*parts_.hybrid, place.chunk, HostLists::kMaster);

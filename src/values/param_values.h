@@ -25,8 +25,8 @@
 #include "chunk/chunk.h"
 #include "chunk/layout.h"
 #include "chunk/param_table.h"
-#include "dist/process_group.h"
-#include "dist/reduce_scatter.h"
+#include "distributed/process_group.h"
+#include "distributed/reduce_scatter.h"
 #include "memory/device.h"
 #include "memory/nvme_tier.h"
 #include "placement/hybrid.h"
@@ -42,8 +42,8 @@ struct ValueParts {
   placement::Runtime* placement = nullptr;
   placement::HybridPlacement* hybrid = nullptr;
   memory::NvmeTier* nvme = nullptr;
-  dist::ProcessGroup* group = nullptr;
-  dist::ReduceScatter* reduce = nullptr;
+  distributed::ProcessGroup* group = nullptr;
+  distributed::ReduceScatter* reduce = nullptr;
   const chunk::ParamTable* params = nullptr;
   std::vector<chunk::ChunkState>* chunks = nullptr;
 };

@@ -8,11 +8,11 @@
 #include <cstdlib>
 #include <string>
 
-#include "dist/store/store_server.h"
-#include "dist/store/tcpstore_client.h"
+#include "distributed/store/store_server.h"
+#include "distributed/store/tcpstore_client.h"
 #include "util/error.h"
 
-using namespace pstar::dist;
+using namespace pstar::distributed;
 using namespace std::chrono_literals;
 
 namespace {

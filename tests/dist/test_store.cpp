@@ -1,4 +1,4 @@
-// The rendezvous store (src/dist/store): every operation through the client,
+// The rendezvous store (src/distributed/store): every operation through the client,
 // concurrent clients, parked requests, the limits, timeouts, and peers that
 // break the protocol (written here as raw sockets), which must be dropped
 // without disturbing anyone else.  Every server binds port 0 on loopback.
@@ -22,14 +22,14 @@
 #include <thread>
 #include <vector>
 
-#include "dist/store/store_client.h"
-#include "dist/store/store_protocol.h"
-#include "dist/store/store_server.h"
+#include "distributed/store/store_client.h"
+#include "distributed/store/store_protocol.h"
+#include "distributed/store/store_server.h"
 #include "util/error.h"
 #include "util/log.h"
 
 using namespace pstar;
-using namespace pstar::dist;
+using namespace pstar::distributed;
 using namespace std::chrono_literals;
 using Bytes = std::vector<std::uint8_t>;
 

@@ -14,11 +14,11 @@
 #include <thread>
 #include <vector>
 
-#include "dist/comm/gloo_communicator.h"
+#include "distributed/comm/gloo_communicator.h"
 #include "util/error.h"
 
 using namespace pstar;
-using namespace pstar::dist;
+using namespace pstar::distributed;
 
 namespace {
 

@@ -1447,7 +1447,7 @@ static void expect_failure_reported(int world, int die_rank, int stall, uint32_t
                  pstar_status_name(out[r].status), out[r].msg, g_status[r]);
     cr_assert(strstr(out[r].msg, "rank") != NULL, "rank %d: the message names the ranks: %s", r, out[r].msg);
     /* The peer is named whatever the world and whoever died: by the
-     * heartbeats (dist/liveness.h), a silent one as alive but behind. */
+     * heartbeats (distributed/liveness.h), a silent one as alive but behind. */
     char peer[96];
     if (die_rank == 0 && !stall)
       snprintf(peer, sizeof peer, "rank 0, which serves it, is gone");

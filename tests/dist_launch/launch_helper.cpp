@@ -15,7 +15,7 @@
 #include <cstring>
 #include <string>
 
-#include "dist/launch_env.h"
+#include "distributed/launch_env.h"
 #include "util/error.h"
 
 namespace {
@@ -27,9 +27,9 @@ bool applies(const char* who, int rank) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  pstar::dist::LaunchInfo info;
+  pstar::distributed::LaunchInfo info;
   try {
-    info = pstar::dist::resolve_launch();
+    info = pstar::distributed::resolve_launch();
   } catch (const pstar::Error& e) {
     std::fprintf(stderr, "launch error: %s\n", e.what());
     return 3;

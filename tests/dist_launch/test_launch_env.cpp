@@ -10,13 +10,13 @@
 #include <string>
 #include <vector>
 
-#include "dist/launch_env.h"
+#include "distributed/launch_env.h"
 #include "util/error.h"
 
-using pstar::dist::EnvLookup;
-using pstar::dist::LaunchInfo;
-using pstar::dist::LaunchRequest;
-using pstar::dist::resolve_launch;
+using pstar::distributed::EnvLookup;
+using pstar::distributed::LaunchInfo;
+using pstar::distributed::LaunchRequest;
+using pstar::distributed::resolve_launch;
 
 namespace {
 
@@ -381,14 +381,14 @@ Test(launch_env, explicit_values_are_validated) {
 // ---- the real environment and the log line ---------------------------------
 
 Test(launch_env, process_environment_reads_getenv) {
-  const EnvLookup env = pstar::dist::process_environment();
+  const EnvLookup env = pstar::distributed::process_environment();
   const char* path = std::getenv("PATH");
   if (path != nullptr) cr_expect_eq(env("PATH"), std::optional<std::string>(path));
   cr_expect(!env("PSTAR_TEST_SURELY_UNSET_VARIABLE_4711").has_value());
 }
 
 Test(launch_env, describe_names_everything) {
-  const std::string d = pstar::dist::describe(resolve(kTorchrun));
+  const std::string d = pstar::distributed::describe(resolve(kTorchrun));
   cr_expect_eq(d, std::string("rank 3 of 8 (local 1 of 2) via torchrun, master node0:29500"), "%s",
                d.c_str());
 }
@@ -403,7 +403,7 @@ Test(launch_env, torchrun_agent_store_is_joined) {
   LaunchInfo i = resolve(env);
   cr_expect(i.torch_agent_store);
   cr_expect_eq(i.store_key_prefix, std::string("libpstar/attempt_3/"), "prefix '%s'", i.store_key_prefix.c_str());
-  cr_expect(pstar::dist::describe(i).find("torchrun's store") != std::string::npos);
+  cr_expect(pstar::distributed::describe(i).find("torchrun's store") != std::string::npos);
 
   env.erase("TORCHELASTIC_RESTART_COUNT");
   i = resolve(env);

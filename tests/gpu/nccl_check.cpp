@@ -14,11 +14,11 @@
 #include <string>
 #include <vector>
 
-#include "dist/comm/nccl_communicator.h"
+#include "distributed/comm/nccl_communicator.h"
 #include "util/error.h"
 
 using namespace pstar;
-using namespace pstar::dist;
+using namespace pstar::distributed;
 
 namespace {
 

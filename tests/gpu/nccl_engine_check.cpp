@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "dist/comm/nccl_communicator.h"
+#include "distributed/comm/nccl_communicator.h"
 #include "engine/engine.h"
 #include "options.h"
 #include "memory/cuda_device.h"
@@ -63,13 +63,13 @@ Run train(bool grouped, uint64_t capacity, pstar_dtype dtype, uint32_t ahead = 0
   o.chunk_elems = 4096;
   o.compute_dtype = dtype;
   o.lr = 1e-2f;
-  std::unique_ptr<dist::Communicator> group;
+  std::unique_ptr<distributed::Communicator> group;
   if (grouped) {
-    dist::NcclConfig nc;
+    distributed::NcclConfig nc;
     nc.rank = 0;
     nc.size = 1;
     nc.device = 0;
-    group = dist::make_nccl_communicator(nc, nullptr);
+    group = distributed::make_nccl_communicator(nc, nullptr);
   }
   engine::Engine e(pstar::capi::engine_options(o), std::move(group));
   e.set_gather_ahead(ahead);

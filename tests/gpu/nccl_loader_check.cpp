@@ -1,4 +1,4 @@
-// Check of NCCL's loading at run time (src/dist/comm/nccl_loader.h), a plain
+// Check of NCCL's loading at run time (src/distributed/comm/nccl_loader.h), a plain
 // C++ program (the GPU machine has no Criterion).  Needs no GPU: dlopen and
 // ncclGetVersion work without one.  Modes:
 //   nccl_loader_check              no NCCL mapped at start (the program links
@@ -28,12 +28,12 @@
 #include <thread>
 #include <vector>
 
-#include "dist/comm/nccl_communicator.h"
-#include "dist/comm/nccl_loader.h"
+#include "distributed/comm/nccl_communicator.h"
+#include "distributed/comm/nccl_loader.h"
 #include "util/error.h"
 
 using namespace pstar;
-using namespace pstar::dist;
+using namespace pstar::distributed;
 
 namespace {
 

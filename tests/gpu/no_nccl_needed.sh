@@ -1,7 +1,7 @@
 #!/bin/sh
 # libpstar.so must not link NCCL: no libnccl in its DT_NEEDED and no nccl*
 # symbol left for the dynamic linker to bind.  NCCL is loaded with dlopen
-# when the first CUDA group forms (src/dist/comm/nccl_loader.h), so that
+# when the first CUDA group forms (src/distributed/comm/nccl_loader.h), so that
 # `import pstar` before `import torch` leaves torch its own libnccl.so.2.
 # Usage: no_nccl_needed.sh LIBPSTAR_SO     exit 77 (skipped) without binutils.
 set -u

@@ -1,4 +1,4 @@
-// Stand-ins shared by the unit tests of src/dist and src/placement: a
+// Stand-ins shared by the unit tests of src/distributed and src/placement: a
 // communicator whose collectives run what the test scripts, and a chunk
 // table over a vector.
 #pragma once
@@ -9,14 +9,14 @@
 #include <vector>
 
 #include "chunk/chunk.h"
-#include "dist/comm/communicator.h"
+#include "distributed/comm/communicator.h"
 #include "placement/runtime.h"
 
 namespace pstar::testing {
 
 // Rank `rank` of `size`; each collective calls the test's function, if
 // set, and does nothing otherwise.
-class ScriptedComm final : public dist::Communicator {
+class ScriptedComm final : public distributed::Communicator {
  public:
   ScriptedComm(int rank, int size, bool device_buffers = false)
       : rank_(rank), size_(size), device_buffers_(device_buffers) {}

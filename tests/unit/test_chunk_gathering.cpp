@@ -1,4 +1,4 @@
-// Gathered chunks (src/dist/chunk_gathering.h) on their own: the emulated
+// Gathered chunks (src/distributed/chunk_gathering.h) on their own: the emulated
 // device in strict mode, the placement runtime, and a scripted communicator
 // standing for rank 1 of 2 whose peer's shard of chunk k is all bytes
 // 0xA0 + k.  Covered: a gather at the acquire that needs it (own block from
@@ -13,7 +13,7 @@
 #include <memory>
 #include <vector>
 
-#include "dist/chunk_gathering.h"
+#include "distributed/chunk_gathering.h"
 #include "fakes.h"
 #include "memory/emulated_device.h"
 #include "memory/host_pool.h"
@@ -21,9 +21,9 @@
 
 using pstar::Error;
 using pstar::chunk::Tier;
-using pstar::dist::ChunkGathering;
-using pstar::dist::ProcessGroup;
-using pstar::dist::ReduceScatter;
+using pstar::distributed::ChunkGathering;
+using pstar::distributed::ProcessGroup;
+using pstar::distributed::ReduceScatter;
 using pstar::memory::DeviceTier;
 
 namespace {

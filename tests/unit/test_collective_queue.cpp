@@ -1,4 +1,4 @@
-// The collective queue (src/dist/collective_queue.h): operations run in
+// The collective queue (src/distributed/collective_queue.h): operations run in
 // submission order on one thread other than the caller's; wait() rethrows
 // an operation's failure; after one failure every later operation fails
 // without running; drain() waits for everything and rethrows the failure;
@@ -12,9 +12,9 @@
 #include <thread>
 #include <vector>
 
-#include "dist/collective_queue.h"
+#include "distributed/collective_queue.h"
 
-using pstar::dist::CollectiveQueue;
+using pstar::distributed::CollectiveQueue;
 
 Test(collective_queue, runs_in_order_on_another_thread) {
   CollectiveQueue q;

@@ -1,4 +1,4 @@
-// The drop rule (src/dist/drop_rule.h) on its own: FORWARD drops a chunk
+// The drop rule (src/distributed/drop_rule.h) on its own: FORWARD drops a chunk
 // once every parameter of it was released in FORWARD and none is
 // acquired; RECOMPUTE keeps its own marks; a second release of the same
 // parameter counts once; BACKWARD waits for every open backward to close,
@@ -9,9 +9,9 @@
 
 #include <vector>
 
-#include "dist/drop_rule.h"
+#include "distributed/drop_rule.h"
 
-using pstar::dist::DropRule;
+using pstar::distributed::DropRule;
 using Action = DropRule::Action;
 
 Test(drop_rule, forward_drops_once_every_parameter_was_released) {

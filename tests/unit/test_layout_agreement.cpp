@@ -1,4 +1,4 @@
-// The build's layout agreement (src/dist/layout_agreement.h) over a
+// The build's layout agreement (src/distributed/layout_agreement.h) over a
 // scripted communicator standing for rank 1 of 2, whose peer (rank 0)
 // answers what the test scripts: the same layout passes; another order of
 // the same parameters, or another setting, is a different hash; a peer
@@ -10,14 +10,14 @@
 #include <memory>
 #include <string>
 
-#include "dist/layout_agreement.h"
+#include "distributed/layout_agreement.h"
 #include "fakes.h"
 #include "util/error.h"
 
 using pstar::Error;
-using pstar::dist::LayoutHash;
-using pstar::dist::ProcessGroup;
-using pstar::dist::SlotNeed;
+using pstar::distributed::LayoutHash;
+using pstar::distributed::ProcessGroup;
+using pstar::distributed::SlotNeed;
 
 namespace {
 
@@ -53,7 +53,7 @@ std::unique_ptr<ProcessGroup> peer_says(const LayoutHash& peer, bool peer_fits) 
 
 pstar_status check(ProcessGroup& g, const LayoutHash& mine, const SlotNeed& slots, std::string* msg) {
   try {
-    pstar::dist::check_layout_agrees(g, mine, slots);
+    pstar::distributed::check_layout_agrees(g, mine, slots);
   } catch (const Error& e) {
     *msg = e.what();
     return e.status();

@@ -1,4 +1,4 @@
-// The process group (src/dist/process_group.h) on its own, over a scripted
+// The process group (src/distributed/process_group.h) on its own, over a scripted
 // communicator: one process has no communicator; a collective's
 // PSTAR_ERR_COMM (or a foreign exception) fails the group for good and
 // every later collective is refused with the first failure; other pstar
@@ -17,13 +17,13 @@
 #include <thread>
 #include <vector>
 
-#include "dist/process_group.h"
+#include "distributed/process_group.h"
 #include "fakes.h"
 #include "util/error.h"
 
 using pstar::Error;
-using pstar::dist::CollectiveKind;
-using pstar::dist::ProcessGroup;
+using pstar::distributed::CollectiveKind;
+using pstar::distributed::ProcessGroup;
 
 namespace {
 

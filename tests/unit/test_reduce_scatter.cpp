@@ -1,4 +1,4 @@
-// The gradient reduce-scatter (src/dist/reduce_scatter.h) on its own, over
+// The gradient reduce-scatter (src/distributed/reduce_scatter.h) on its own, over
 // a scripted communicator standing for rank 1 of 3 whose peers hold the same
 // gradients: the sum is three times this rank's block, so the average handed
 // to apply() is the block itself.  Covered: the average, inline and queued
@@ -15,15 +15,15 @@
 #include <string>
 #include <vector>
 
-#include "dist/reduce_scatter.h"
+#include "distributed/reduce_scatter.h"
 #include "fakes.h"
 #include "memory/emulated_device.h"
 #include "memory/host_pool.h"
 #include "util/error.h"
 
 using pstar::Error;
-using pstar::dist::ProcessGroup;
-using pstar::dist::ReduceScatter;
+using pstar::distributed::ProcessGroup;
+using pstar::distributed::ReduceScatter;
 
 namespace {
 

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "dist/comm/communicator.h"
+#include "distributed/comm/communicator.h"
 #include "engine/engine.h"
 #include "options.h"
 #include "util/error.h"
@@ -25,7 +25,7 @@ using namespace pstar;
 namespace {
 
 // A group of one: every collective is a copy or nothing.
-class OneRank final : public dist::Communicator {
+class OneRank final : public distributed::Communicator {
  public:
   explicit OneRank(bool device_buffers) : device_buffers_(device_buffers) {}
   int rank() const override { return 0; }
@@ -64,7 +64,7 @@ std::vector<float> train(int group, uint64_t capacity, pstar_dtype dtype, pstar_
   o.chunk_elems = 4096;
   o.compute_dtype = dtype;
   o.lr = 1e-2f;
-  std::unique_ptr<dist::Communicator> comm;
+  std::unique_ptr<distributed::Communicator> comm;
   if (group != 0) comm = std::make_unique<OneRank>(group == 2);
   engine::Engine e(pstar::capi::engine_options(o), std::move(comm));
   e.set_gather_ahead(ahead);

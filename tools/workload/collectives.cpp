@@ -19,7 +19,7 @@ CollectiveBytes predict_collectives(const Workload& w, uint64_t chunk_elems, uin
   const uint64_t dtype = w.shape.dtype_bytes;
   std::vector<std::vector<uint32_t>> params_of(chunks);
   for (uint32_t p = 0; p < w.params.size(); ++p) params_of[chunk_of[p]].push_back(p);
-  // The drop rule's counts (dist/drop_rule.h), from an iteration's start.
+  // The drop rule's counts (distributed/drop_rule.h), from an iteration's start.
   std::vector<bool> gathered(chunks, false);
   std::vector<uint32_t> refs(chunks, 0), open_backward(chunks, 0);
   std::vector<uint32_t> unreleased_fwd(params_in), unreleased_rec(params_in);

@@ -1,7 +1,7 @@
 // The collectives a ZeRO-sharded rank issues in one TRAIN iteration of a
 // workload, predicted from the engine's rules without running it (a
 // sharded engine has no dry run): the chunk layout of N ranks
-// (chunk_packing.h) and the drop rule (dist/drop_rule.h: a chunk is
+// (chunk_packing.h) and the drop rule (distributed/drop_rule.h: a chunk is
 // all-gathered at a use that finds it dropped, dropped once every one of its
 // parameters was released in that FORWARD or RECOMPUTE stage, or in
 // BACKWARD once all its gradients are final, which also reduce-scatters
