@@ -783,13 +783,8 @@ pstar_step_result Engine::step() {
 // ---------------------------------------------------------------------------
 // Hyperparameters and statistics
 
-// Inside a TRAIN iteration a setting is for this iteration's step (a
-// schedule applied at optimizer.step(), after backward).  Nothing else
-// reads Adam's settings before the step: the previous step's updates and
-// the speculative ones carry the constants they were given, and the step
-// keeps a speculative result only when its constants are the step's.  So
-// no wait there.  The loss scale is the exception: this iteration's
-// gradients were scaled by the current one.
+// Inside a TRAIN iteration: for this iteration's step, without a wait (the
+// updates in flight carry their constants: step/speculation.cpp).
 void Engine::hparam_set(pstar_hparam which, double v) {
   const bool in_train = iteration_active_ && iteration_kind_ == PSTAR_ITERATION_TRAIN;
   require(!(in_train && which == PSTAR_HPARAM_LOSS_SCALE), PSTAR_ERR_INVALID_STATE,

@@ -27,6 +27,11 @@
 //    the bits are those the update in place would have written, since the
 //    kernel is the same function of the same inputs (the kernel tests check
 //    out of place against in place).
+//  - A hyperparameter set after the hand-over (pstar_hparam_set is legal
+//    inside a TRAIN iteration until its step, and waits for nothing there)
+//    changes the step's constants, so that chunk is updated again in place:
+//    the bits of the value set before the iteration.  Nothing but the
+//    caller's thread reads the optimizer's settings; the jobs carry theirs.
 //  - Nothing else touches a handed chunk: it is on the host and
 //    awaiting_update (placement neither fetches nor prefetches it); an
 //    acquire of it, or any call that reads or writes values or state

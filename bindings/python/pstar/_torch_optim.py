@@ -33,9 +33,8 @@ Gradient clipping: ``torch.nn.utils.clip_grad_norm_`` and Accelerate's
 ``Accelerator.clip_grad_norm_`` over an attached model's parameters ask the
 engine to clip this iteration's step at ``max_norm`` and return the
 engine's global norm (pstar_grad_norm, the bits the step uses), as torch
-returns its total norm.  Both are wrapped when pstar.torch is imported (and
-Accelerate's when an attached model's optimizer is made, if it is imported
-then).  A caller that reads ``p.grad`` of a PstarParameter inside a
+returns its total norm.  Both are wrapped when pstar.torch is imported (Accelerate's
+then, or when it is imported later: a meta path hook).  A caller that reads ``p.grad`` of a PstarParameter inside a
 function named like ``clip_grad...`` (an unwrapped copy of torch's
 function, another library's clipping) gets an error, never a norm of 0.
 
@@ -71,12 +70,13 @@ class PstarOptimizer(torch.optim.Optimizer):
     def __init__(self, pm):
         self._pm_ref = weakref.ref(pm)  # the parameters hold pm; no cycle through pm
         engine = pm.engine
-        params = [p for p in _trainable(pm)]
+        # One group of the trainable parameters (a tied one has one slot).
+        params = [s.param_ref() for s in pm.slots if not s.frozen_at_attach]
         defaults = dict(lr=engine.hparam("lr"), betas=(engine.hparam("beta1"), engine.hparam("beta2")),
                         eps=engine.hparam("eps"), weight_decay=engine.hparam("weight_decay"))
-        self._building = True
+        self._building = True  # torch's __init__ adds the group through add_param_group
         try:
-            super().__init__([{"params": params}] if params else [{"params": []}], defaults)
+            super().__init__([{"params": params}], defaults)
         finally:
             self._building = False
         self.last_result = None  # the StepResult of the last step()
@@ -90,7 +90,7 @@ class PstarOptimizer(torch.optim.Optimizer):
 
     def add_param_group(self, param_group):
         if getattr(self, "_building", False):
-            return _TORCH_ADD_PARAM_GROUP(self, param_group)
+            return super().add_param_group(param_group)
         raise _unsupported("pm.optimizer.add_param_group: the engine's parameters are fixed when the model is "
                            "attached; freeze or unfreeze them with requires_grad between iterations, and scale a "
                            "parameter's learning rate with pm.engine.set_lr_scale(param, scale)")
@@ -200,17 +200,6 @@ def _refuse_sharded(pm, what):
                            "load_checkpoint(dir) on a directory every rank sees (loads at another world size too)")
 
 
-def _trainable(pm):
-    seen = set()
-    for s in pm.slots:
-        if s.frozen_at_attach:
-            continue
-        p = s.param_ref()
-        if p is not None and id(p) not in seen:
-            seen.add(id(p))
-            yield p
-
-
 def _as_float32(value: float) -> float:
     # The engine stores settings as floats (pstar_hparam_set rounds).
     import struct
@@ -265,6 +254,13 @@ _TORCH_ADD_PARAM_GROUP = None
 _ACCELERATE_CLIP = None
 
 
+def _pstar_params(parameters):
+    """clip_grad_norm_'s `parameters` as a list, and whether any is a
+    PstarParameter (the call is then the engine's)."""
+    params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+    return params, any(isinstance(p, PstarParameter) for p in params)
+
+
 def _wrap_torch_clip():
     global _TORCH_CLIP
     if _TORCH_CLIP is not None:
@@ -274,8 +270,8 @@ def _wrap_torch_clip():
 
     @functools.wraps(original)
     def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=False, foreach=None):
-        params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
-        if any(isinstance(p, PstarParameter) for p in params):
+        params, ours = _pstar_params(parameters)
+        if ours:
             return clip_pstar(params, max_norm, norm_type, error_if_nonfinite)
         return original(params, max_norm, norm_type=norm_type, error_if_nonfinite=error_if_nonfinite,
                         foreach=foreach)
@@ -336,8 +332,8 @@ def _wrap_accelerate():
 
     @functools.wraps(original)
     def clip_grad_norm_(self, parameters, max_norm, norm_type=2):
-        params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
-        if any(isinstance(p, PstarParameter) for p in params):
+        params, ours = _pstar_params(parameters)
+        if ours:
             return clip_pstar(params, max_norm, norm_type)
         return original(self, params, max_norm, norm_type)
 
@@ -351,7 +347,6 @@ class _AccelerateImportHook:
     def find_spec(self, name, path=None, target=None):
         if name != "accelerate" or _ACCELERATE_CLIP is not None:
             return None
-        import importlib.machinery
         import importlib.util
         sys.meta_path.remove(self)  # the real finder, then this one again
         try:
