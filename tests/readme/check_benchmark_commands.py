@@ -37,10 +37,10 @@ import sys
 TOOLS = ("pstar-bench", "pstar-plan")
 
 
-def table_rows(md_path):
+def table_rows(md_path, heading="## Current figures"):
     lines = open(md_path, encoding="utf-8").read().splitlines()
     try:
-        start = lines.index("## Current figures")
+        start = lines.index(heading)
     except ValueError:
         return None
     rows = []
