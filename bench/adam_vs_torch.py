@@ -24,7 +24,7 @@ warm-up step per round).  The last line is
 same ratio against plain Adam(foreach=False).
 
 Run it with the project's virtual environment:
-  .venv/bin/python bench/adam_vs_torch.py --build-dir build
+  .venv/bin/python bench/adam_vs_torch.py --build-dir build/default
 """
 
 import argparse
@@ -111,7 +111,7 @@ class TorchUpdate:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--build-dir", default="build", help="the CMake build folder (pstar-bench in <dir>/bin)")
+    ap.add_argument("--build-dir", default="build/default", help="the CMake build folder (pstar-bench in <dir>/bin)")
     ap.add_argument("--elements", default="50M", help="elements (suffixes k, M, G)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=5, help="measured steps per round, libpstar and torch AdamW")

@@ -64,7 +64,7 @@ struct Chunk {
 // placement (placement/hybrid.h) in the chunk's opt_device buffer for good.
 // Adam's moments (exp_avg, exp_avg_sq) are null until the chunk's first
 // update, a checkpoint load or its placement on the device, and read as
-// zeros until then (step::ensure_moments allocates them): the host holds
+// zeros until then (values::ensure_moments allocates them): the host holds
 // the payload and the master only while warm-up records the trace, and a
 // chunk placed on the device at the first step never has them on the host.
 // A struct of its own so that hybrid placement can be handed the lists of a

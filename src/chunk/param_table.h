@@ -46,14 +46,14 @@ struct Param {
   memory::EventPtr grad_ready;
   // The fp32 accumulator of this iteration's backward uses: on the device
   // (grad_acc), or, when the device has no room for it, on the host
-  // (grad_host; engine/engine_grad.cpp).  At most one holds the running
+  // (grad_host; step/backward_gradients.h).  At most one holds the running
   // sum: grad_acc when it is set (a pstar_grad_slot_acquire() use of a
   // host-accumulated parameter borrows a device buffer for that use),
   // grad_host otherwise.
   float* grad_acc = nullptr;
   float* grad_host = nullptr;
   // grad_acc holds the sum of no contribution yet and has not been zeroed:
-  // zeroing waits for the first reader (engine/engine_grad.cpp), so a
+  // zeroing waits for the first reader (step/backward_gradients.h), so a
   // parameter whose last use comes with no gradient costs no pass over a
   // 4 B/element buffer.
   bool grad_zero_pending = false;

@@ -12,6 +12,7 @@
 #include "util/struct_check.h"
 #include "util/log.h"
 #include "util/settings.h"
+#include "step/backward_gradients.h"
 #include "step/optimizer_step.h"
 #include "values/param_values.h"
 
@@ -80,14 +81,15 @@ Engine::Engine(const EngineOptions& options, std::unique_ptr<distributed::Commun
   ho.grad_accumulation = options_.grad_accumulation;
   ho.elem_bytes = static_cast<uint32_t>(dtype_size(options_.compute_dtype));
   hybrid_ = std::make_unique<placement::HybridPlacement>(device_.get(), placement_.get(), ho);
-  values_ = std::make_unique<values::ParamValues>(
-      values::ValueParts{device_.get(), placement_.get(), hybrid_.get(), &nvme_, &group_, &reduce_, &params_, &chunks_},
-      options_.compute_dtype, payloads_);
+  values_ = std::make_unique<values::ParamValues>(value_parts(), options_.compute_dtype, payloads_);
   step_ = std::make_unique<step::OptimizerStep>(
       step::StepParts{device_.get(), host_.get(), placement_.get(), hybrid_.get(), &nvme_, &optimizer_, values_.get(),
                       &params_, &chunks_, &group_, &reduce_, &gathering_, &drop_rule_},
       step::StepOptions{options_.compute_dtype, options_.grad_accumulation, options_.prefetch, payloads_,
                         options_.virtual_clock});
+  grads_ = std::make_unique<step::BackwardGradients>(
+      step::GradientParts{device_.get(), host_.get(), placement_.get(), &params_, &chunks_, &group_},
+      options_.compute_dtype, options_.grad_accumulation, payloads_);
   group_.set_device_scratch(distributed::ProcessGroup::DeviceScratch{
       [this](uint64_t bytes) { return placement_->alloc_staging(bytes, "all-gather scratch"); },
       [this](void* p, uint64_t bytes) { placement_->free_staging(p, bytes); },
@@ -117,10 +119,7 @@ Engine::~Engine() {
   device_->synchronize(device_->h2d_stream());
   device_->synchronize(device_->d2h_stream());
   placement_->drain();
-  for (auto& p : params_) {
-    if (p.grad_acc != nullptr) device_->deallocate(p.grad_acc, p.numel * sizeof(float));
-    free_host_accumulator(p);
-  }
+  grads_->release_all();
   if (layout_) {
     nvme_.release();
     for (size_t i = 0; i < chunks_.size(); ++i) {
@@ -150,6 +149,10 @@ void Engine::release_optimizer_buffers(ChunkState& c, uint64_t fp32_bytes) {
     host_->release(*b, fp32_bytes);
     *b = nullptr;
   }
+}
+
+values::ValueParts Engine::value_parts() {
+  return {device_.get(), placement_.get(), hybrid_.get(), &nvme_, &group_, &reduce_, &params_, &chunks_};
 }
 
 size_t Engine::elem_bytes() const { return dtype_size(options_.compute_dtype); }
@@ -246,6 +249,7 @@ void Engine::build() {
   hybrid_->attach(this, layout_.get(), sharded());
   values_->attach(layout_.get());
   step_->attach(layout_.get());
+  grads_->attach(layout_.get());
   uint64_t largest_grad = 0;
   for (const Param& p : params_) {
     if (!p.frozen()) largest_grad = std::max(largest_grad, p.numel * sizeof(float));
@@ -467,25 +471,16 @@ void Engine::iteration_abort() {
   }
   const memory::EventPtr done = device_->record(s);
   for (uint32_t id = 0; id < params_.size(); ++id) {
-    Param& p = params_[id];
     const auto& place = layout_->param(id);
     ChunkState& c = chunks_[place.chunk];
-    if (p.state == TensorState::kCompute) {
+    if (params_[id].state == TensorState::kCompute) {
       // Released here, as by pstar_param_release on the default stream,
       // without its gradient work.
       c.last_use = done;
       if (--c.compute_refs == 0) placement_->unhold(place.chunk);
     }
-    if (p.grad_acc != nullptr) {
-      placement_->defer_free_device(done, p.grad_acc, p.numel * sizeof(float), Use::kGradients);
-      p.grad_acc = nullptr;
-      p.grad_zero_pending = false;
-    }
-    if (p.grad_host != nullptr) {
-      placement_->defer_free_host(done, p.grad_host, p.numel * sizeof(float));
-      p.grad_host = nullptr;
-    }
   }
+  grads_->discard(done);
   // The micro-batches' gradients folded so far are discarded, as a step
   // consumes them.
   reset_iteration_state(TensorEvent::kAbort);
@@ -545,7 +540,7 @@ void* Engine::acquire(uint32_t id, pstar_stage stage, void* stream) {
   }
   c.prefetched = false;
   if (ev == TensorEvent::kAcquireBackward && !p.frozen() && p.grad_acc == nullptr && p.grad_host == nullptr)
-    open_accumulator(id);
+    grads_->open(id);
   device_->stream_wait(s, c.ready);
   if (device_->host_accessible()) {
     // The caller's compute runs on the host: the data must be there now.
@@ -599,45 +594,20 @@ void Engine::release(uint32_t id, void* stream) {
   const auto& place = layout_->param(id);
   ChunkState& c = chunks_[place.chunk];
   bool finalized = false;
-  if (p.grad_acc != nullptr && p.grad_host != nullptr)
-    return_borrowed_accumulator(p, ev == TensorEvent::kReleaseBackwardLast, s);
+  grads_->end_use(p, ev == TensorEvent::kReleaseBackwardLast, s);
   if (ev == TensorEvent::kReleaseBackwardLast && !p.frozen() && sharded()) {
     // world > 1: the gradient stays in its fp32 buffer until the chunk's
     // reduce-scatter (the drop rule below), the slot keeps the weight.
     if (!p.grad_pending) drop_rule_.note_gradient_pending(place.chunk);
-    zero_pending_accumulator(p, s);
+    grads_->zero_pending(p, s);
     p.grad_pending = true;
     p.grad_ready = device_->record(s);
   } else if (ev == TensorEvent::kReleaseBackwardLast && !p.frozen() && options_.grad_accumulation) {
-    zero_pending_accumulator(p, s);
+    grads_->zero_pending(p, s);
     step_->fold_gradient(id, s);
-  } else if (ev == TensorEvent::kReleaseBackwardLast && !p.frozen() && p.grad_host != nullptr) {
-    void* slot = static_cast<char*>(c.device) + place.offset_elems * elem_bytes();
-    c.ready = finalize_on_host(p, slot, s);
-    p.slot_is_grad = true;
-    p.has_grad = true;
-    finalized = true;
   } else if (ev == TensorEvent::kReleaseBackwardLast && !p.frozen()) {
-    // The gradient replaces the weight in the slot; overflow and norm are
-    // known from here on, before the step begins.
-    void* slot = static_cast<char*>(c.device) + place.offset_elems * elem_bytes();
-    if (p.grad_zero_pending) {
-      // No contribution came: the finalize of a +0 sum is +0 in every
-      // dtype (all bits clear), a squared sum of +0 and no non-finite
-      // value, written without a pass over the buffer.
-      p.grad_zero_pending = false;
-      device_->memset_async(s, slot, 0, p.numel * elem_bytes());
-      p.grad_sumsq = 0.0;
-      p.grad_nonfinite = 0;
-    } else {
-      device_->grad_finalize(s, p.grad_acc, slot, options_.compute_dtype, p.numel, &p.grad_sumsq, &p.grad_nonfinite);
-    }
-    memory::EventPtr done = device_->record(s);
-    placement_->defer_free_device(done, p.grad_acc, p.numel * sizeof(float), Use::kGradients);
-    p.grad_acc = nullptr;
-    p.slot_is_grad = true;
-    p.has_grad = true;
-    c.ready = done;  // the payload is valid once the slot is written
+    // The gradient replaces the weight in the slot (backward_gradients.h).
+    c.ready = grads_->finalize_into_slot(id, s);
     finalized = true;
   }
   c.last_use = device_->record(s);
@@ -651,6 +621,30 @@ void Engine::release(uint32_t id, void* stream) {
     case distributed::DropRule::Action::kKeep: break;
   }
   step_->poll_speculation();  // chunks whose copy to the host completed go to the update thread
+}
+
+// pstar_grad_write and pstar_grad_slot_acquire: the checks here, the
+// gradient's sum in step/backward_gradients.h.
+void Engine::grad_write(uint32_t id, const void* grad, uint64_t count, pstar_dtype dtype, pstar_mem_space space,
+                        void* stream) {
+  Param& p = backward_param("grad_write", id);
+  group_.require_ok("grad_write");
+  require(dtype_valid(dtype), PSTAR_ERR_INVALID_ARGUMENT, "grad_write: unknown dtype");
+  require(space == PSTAR_MEM_HOST || space == PSTAR_MEM_DEVICE, PSTAR_ERR_INVALID_ARGUMENT,
+          "grad_write: unknown memory space");
+  require(count == p.numel, PSTAR_ERR_INVALID_ARGUMENT, [&] {
+    return "grad_write: count " + std::to_string(count) + " differs from the element count " + std::to_string(p.numel) +
+           " of '" + p.name + "'";
+  });
+  require(grad != nullptr || count == 0 || !payloads_, PSTAR_ERR_INVALID_ARGUMENT, "grad_write: grad is NULL");
+  if (payloads_) device_->check_caller_buffer(grad, count * dtype_size(dtype), space, "grad_write");
+  grads_->write(id, grad, count, dtype, space, device_->caller_stream(stream));
+}
+
+float* Engine::grad_slot_acquire(uint32_t id, void* stream) {
+  backward_param("grad_slot_acquire", id);
+  require(payloads_, PSTAR_ERR_UNSUPPORTED, "grad_slot_acquire: a dry run has no gradient buffers to write");
+  return grads_->slot_acquire(id, device_->caller_stream(stream));
 }
 
 // Chunk k's backward is over: every trainable parameter's gradient is in

@@ -45,11 +45,14 @@
 #include "util/error.h"
 
 namespace pstar::values {
+class CheckpointLists;
 class ParamValues;
-}
+struct ValueParts;
+}  // namespace pstar::values
 namespace pstar::step {
+class BackwardGradients;
 class OptimizerStep;
-}
+}  // namespace pstar::step
 
 namespace pstar::engine {
 
@@ -171,19 +174,13 @@ class Engine : private placement::HybridTable {
   void require_built(const char* what) const;
   void require_file_call(const char* what, const char* path) const;
   void require_load_complete(const char* what) const;
-  // checkpoint::EngineState over this engine (engine_checkpoint.cpp).
-  class CheckpointState;
+  // checkpoint::EngineState over this engine's chunks, for one save, load
+  // or export (values/checkpoint_lists.h).
+  values::CheckpointLists checkpoint_lists();
+  // The modules values are read from and written into.
+  values::ValueParts value_parts();
   Param& value_access(const char* what, uint32_t id, const void* buf, uint64_t count, pstar_dtype dtype);
   Param& backward_param(const char* what, uint32_t id);
-  // The gradient accumulators (engine_grad.cpp).
-  bool host_accumulation_allowed(uint32_t chunk) const;
-  void open_accumulator(uint32_t id);
-  void alloc_device_accumulator(uint32_t id);
-  void zero_pending_accumulator(Param& p, memory::Stream* s);
-  void accumulate_on_host(Param& p, const void* grad, pstar_dtype dtype, pstar_mem_space space, memory::Stream* s);
-  void return_borrowed_accumulator(Param& p, bool last_use, memory::Stream* s);
-  memory::EventPtr finalize_on_host(Param& p, void* slot, memory::Stream* s);
-  void free_host_accumulator(Param& p);
   size_t elem_bytes() const;
 
   // placement::HybridTable: the chunks, as the placement runtime (a
@@ -212,10 +209,6 @@ class Engine : private placement::HybridTable {
   // Reduce-scatters chunk k's pending gradients (engine_dist.cpp).
   void reduce_chunk(uint32_t k);
 
-  // Host waits until the fp32 lists of `chunk`, on the device with hybrid
-  // placement, may be read or written by host code (emulated device) or
-  // copied (CUDA).
-  void sync_optimizer(uint32_t chunk) { hybrid_->sync(chunk); }
   // Copies between host memory and device memory on the compute stream and
   // waits for the copy (memory::Device::copy_sync).
   void copy_sync(void* dst, const void* src, size_t bytes, memory::CopyKind kind) {
@@ -224,7 +217,6 @@ class Engine : private placement::HybridTable {
 
   EngineOptions options_;  // the ordinal resolved for a rank (resolve_world)
   std::unique_ptr<memory::Device> device_;
-  bool host_gradient_logged_ = false;  // the first host-accumulated gradient is logged, once
   std::unique_ptr<memory::HostPool> host_;
   chunk::ParamTable params_;
   std::unique_ptr<chunk::ChunkLayout> layout_;
@@ -243,6 +235,9 @@ class Engine : private placement::HybridTable {
   // The gradients from backward to the update, and the step's sequence
   // (step/optimizer_step.h).
   std::unique_ptr<step::OptimizerStep> step_;
+  // Each parameter's gradient during its backward, on the device or the
+  // host (step/backward_gradients.h).
+  std::unique_ptr<step::BackwardGradients> grads_;
 
   bool iteration_active_ = false;
   pstar_iteration_kind iteration_kind_ = PSTAR_ITERATION_TRAIN;

@@ -35,15 +35,6 @@ OptimizerStep::OptimizerStep(const StepParts& parts, const StepOptions& options)
       drop_rule_(*parts.drop_rule),
       options_(options) {}
 
-void ensure_moments(memory::HostPool& host, ChunkState& c, bool zero_fill) {
-  const uint64_t fp32_bytes = c.shard_elems * sizeof(float);
-  for (float** b : {&c.exp_avg, &c.exp_avg_sq}) {
-    if (*b != nullptr) continue;
-    *b = static_cast<float*>(host.acquire(fp32_bytes));
-    if (zero_fill) std::memset(*b, 0, fp32_bytes);
-  }
-}
-
 size_t OptimizerStep::elem_bytes() const { return dtype_size(options_.compute_dtype); }
 
 void OptimizerStep::attach(const chunk::ChunkLayout* layout) {
@@ -169,7 +160,7 @@ void OptimizerStep::fold_gradient(uint32_t id, memory::Stream* s) {
   const size_t bytes = p.numel * sizeof(float);
   ChunkState& c = chunks_[place.chunk];
   if (p.grad_host != nullptr) {
-    // Accumulated on the host (engine/engine_grad.cpp): added from there,
+    // Accumulated on the host (step/backward_gradients.h): added from there,
     // as the staged copy below would be.
     float* dst = c.grad32 + place.offset_elems;
     if (options_.payloads) {
@@ -390,7 +381,7 @@ void OptimizerStep::run_local(pstar_step_result& r) {
           kept_any = true;
           continue;
         }
-        if (lazy_moments(nvme_, *host_)) ensure_moments(*host_, c, options_.payloads);
+        if (lazy_moments(nvme_, *host_)) values::ensure_moments(*host_, c, options_.payloads);
         jobs.push_back(UpdateWorker::Job{k, layout_->chunks()[k].used_elems, segments.segments(),
                                          lists_of(c, placement_->host_view(k)), options_.grad_accumulation});
         c.awaiting_update = true;
@@ -417,7 +408,7 @@ void OptimizerStep::run_local(pstar_step_result& r) {
         nvme_.update_chunks(host_chunks, [&](uint32_t k) {
           ChunkState& c = chunks_[k];
           if (segments_of(k)) {
-            if (lazy_moments(nvme_, *host_)) ensure_moments(*host_, c, options_.payloads);
+            if (lazy_moments(nvme_, *host_)) values::ensure_moments(*host_, c, options_.payloads);
             void* payload = modelled ? placement_->host_view_modelled(k) : placement_->host_view(k);
             const uint64_t elems = layout_->chunks()[k].used_elems;
             if (options_.payloads) {  // a dry run places chunks; it computes nothing

@@ -86,10 +86,6 @@ struct StepOptions {
 inline bool lazy_moments(const memory::NvmeTier& nvme, const memory::HostPool& host) {
   return !nvme.requested() && host.capacity() == 0;
 }
-// Adam's moments of chunk `c` (its shard with world > 1) on the host, zeros
-// where they did not exist yet; a no-op where they do.  `zero_fill` false:
-// a dry run, whose buffers hold nothing.
-void ensure_moments(memory::HostPool& host, chunk::ChunkState& c, bool zero_fill);
 
 // What the steps did (pstar_stats' steps, skipped_steps and
 // bytes_reduce_scattered).

@@ -1,11 +1,21 @@
 #include "values/param_values.h"
 
+#include <cstring>
 #include <vector>
 
 #include "util/dtype.h"
 #include "util/error.h"
 
 namespace pstar::values {
+
+void ensure_moments(memory::HostPool& host, chunk::ChunkState& c, bool zero_fill) {
+  const uint64_t fp32_bytes = c.shard_elems * sizeof(float);
+  for (float** b : {&c.exp_avg, &c.exp_avg_sq}) {
+    if (*b != nullptr) continue;
+    *b = static_cast<float*>(host.acquire(fp32_bytes));
+    if (zero_fill) std::memset(*b, 0, fp32_bytes);
+  }
+}
 
 using chunk::Tier;
 using HostLists = placement::HybridPlacement::HostLists;

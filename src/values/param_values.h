@@ -28,12 +28,19 @@
 #include "distributed/process_group.h"
 #include "distributed/reduce_scatter.h"
 #include "memory/device.h"
+#include "memory/host_pool.h"
 #include "memory/nvme_tier.h"
 #include "placement/hybrid.h"
 #include "placement/runtime.h"
 #include "pstar/pstar.h"
 
 namespace pstar::values {
+
+// Adam's moments of chunk `c` (its shard with world > 1) on the host, zeros
+// where they did not exist yet; a no-op where they do (chunk::Fp32Lists:
+// they come with a chunk's first update or load).  `zero_fill` false: a
+// dry run, whose buffers hold nothing.
+void ensure_moments(memory::HostPool& host, chunk::ChunkState& c, bool zero_fill);
 
 // The engine's modules values are read from and written into; every
 // pointer outlives the ParamValues.
