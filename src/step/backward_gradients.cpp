@@ -93,8 +93,8 @@ void BackwardGradients::alloc_device(uint32_t id) {
 // once `s` gets here.  A device gradient is staged through a host buffer on
 // every device (the emulated one too, so that the path CUDA takes is the
 // one tested, and the modelled clock charges its copy).
-void BackwardGradients::accumulate_on_host(chunk::Param& p, const void* grad, pstar_dtype dtype,
-                                           pstar_mem_space space, memory::Stream* s) {
+void BackwardGradients::accumulate_on_host(chunk::Param& p, const void* grad, pstar_dtype dtype, pstar_mem_space space,
+                                           memory::Stream* s) {
   const size_t esize = dtype_size(dtype);
   if (p.numel == 0) return;
   if (space == PSTAR_MEM_HOST) {
@@ -119,8 +119,8 @@ void BackwardGradients::accumulate_on_host(chunk::Param& p, const void* grad, ps
   host_->release(staging, piece * esize);
 }
 
-void BackwardGradients::write(uint32_t id, const void* grad, uint64_t count, pstar_dtype dtype,
-                              pstar_mem_space space, memory::Stream* s) {
+void BackwardGradients::write(uint32_t id, const void* grad, uint64_t count, pstar_dtype dtype, pstar_mem_space space,
+                              memory::Stream* s) {
   chunk::Param& p = params_[id];
   if (p.grad_acc == nullptr) {
     accumulate_on_host(p, grad, dtype, space, s);

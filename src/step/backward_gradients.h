@@ -113,9 +113,9 @@ class BackwardGradients {
   const distributed::ProcessGroup& group_;
   const pstar_dtype compute_dtype_;
   const bool grad_accumulation_;
-  const bool payloads_;  // false in a dry run: buffers are address space only
+  const bool payloads_;                         // false in a dry run: buffers are address space only
   const chunk::ChunkLayout* layout_ = nullptr;  // null until attach
-  bool host_logged_ = false;  // the first host-accumulated gradient is logged, once
+  bool host_logged_ = false;                    // the first host-accumulated gradient is logged, once
 };
 
 }  // namespace pstar::step
