@@ -1,0 +1,435 @@
+// The AVX-512 paths of the bf16 and int8 state formats (optim/adam_states.h):
+// AVX-512 F, BW and VL (plus FMA and F16C), with AVX512-BF16's
+// VCVTNEPS2BF16 for the bf16 emits where the CPU has it.
+//
+// As in adam_avx512.cpp, the extensions are enabled per function, never for
+// the file, and each kernel body is a macro instantiated twice (integer bf16
+// rounding, and the instruction), because a target attribute cannot depend
+// on a template parameter.
+//
+// Arithmetic: adam_element()'s operations in its order, one rounding each;
+// conversions as util/dtype.h; the int8 quantizer as adam_states_int8.h
+// (decade by octave, then the linear offset, the scalar search for the rare
+// lane within kAmbiguity of a threshold).  Same bits as the scalar path.
+#include "optim/adam_states.h"
+#include "optim/adam_states_int8.h"
+#include "util/dtype.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+// GCC 12's AVX-512 headers start unmasked operations from a self-initialized
+// "undefined" vector, which -Wmaybe-uninitialized reports once inlined
+// (GCC bug 105593).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#include <immintrin.h>
+
+#include <algorithm>
+
+#define PSTAR_S512_ISA "avx512f,avx512bw,avx512vl,avx2,fma,f16c"
+#define PSTAR_S512BF16_ISA "avx512f,avx512bw,avx512vl,avx2,fma,f16c,avx512bf16"
+#define PSTAR_S512 __attribute__((target(PSTAR_S512_ISA), always_inline)) inline
+#define PSTAR_S512BF16 __attribute__((target(PSTAR_S512BF16_ISA), always_inline)) inline
+
+namespace pstar::optim {
+
+void adam_states_bf16_avx512(const AdamStepConstants& c, const AdamStateRange& r, bool native_bf16);
+void adam_states_int8_avx512(const AdamStepConstants& c, const AdamStateRange& r, bool native_bf16);
+void int8_encode_avx512(bool is_signed, const float* x, size_t n, uint8_t* codes, float* absmax);
+
+namespace {
+
+struct Consts {
+  __m512 grad_mul, l2, beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, decay_mul, neg_step;
+};
+
+PSTAR_S512 Consts make_consts(const AdamStepConstants& c) {
+  Consts k;
+  k.grad_mul = _mm512_set1_ps(c.grad_mul);
+  k.l2 = _mm512_set1_ps(c.l2);
+  k.beta1 = _mm512_set1_ps(c.beta1);
+  k.omb1 = _mm512_set1_ps(c.one_minus_beta1);
+  k.beta2 = _mm512_set1_ps(c.beta2);
+  k.omb2 = _mm512_set1_ps(c.one_minus_beta2);
+  k.inv_sqrt_bc2 = _mm512_set1_ps(c.inv_sqrt_bc2);
+  k.eps = _mm512_set1_ps(c.eps);
+  k.decay_mul = _mm512_set1_ps(c.decay_mul);
+  k.neg_step = _mm512_set1_ps(-c.step_size);
+  return k;
+}
+
+// adam_element() on sixteen lanes.
+PSTAR_S512 void adam16(const Consts& k, __m512 g, __m512& p, __m512& m, __m512& v) {
+  g = _mm512_mul_ps(g, k.grad_mul);
+  g = _mm512_fmadd_ps(k.l2, p, g);
+  m = _mm512_fmadd_ps(k.beta1, m, _mm512_mul_ps(k.omb1, g));
+  v = _mm512_fmadd_ps(k.beta2, v, _mm512_mul_ps(_mm512_mul_ps(k.omb2, g), g));
+  const __m512 denom = _mm512_fmadd_ps(_mm512_sqrt_ps(v), k.inv_sqrt_bc2, k.eps);
+  p = _mm512_mul_ps(p, k.decay_mul);
+  p = _mm512_fmadd_ps(k.neg_step, _mm512_div_ps(m, denom), p);
+}
+
+// f32_to_bf16() on sixteen lanes in integer arithmetic.
+PSTAR_S512 __m256i bf16_int16(__m512 f) {
+  const __m512i x = _mm512_castps_si512(f);
+  const __m512i abs = _mm512_and_si512(x, _mm512_set1_epi32(0x7fffffff));
+  const __mmask16 is_nan = _mm512_cmpgt_epi32_mask(abs, _mm512_set1_epi32(0x7f800000));
+  const __mmask16 is_sub = _mm512_testn_epi32_mask(x, _mm512_set1_epi32(0x7f800000));
+  const __m512i xz = _mm512_mask_and_epi32(x, is_sub, x, _mm512_set1_epi32(static_cast<int>(0x80000000u)));
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(xz, 16), _mm512_set1_epi32(1));
+  __m512i res = _mm512_add_epi32(_mm512_add_epi32(xz, _mm512_set1_epi32(0x7fff)), lsb);
+  res = _mm512_mask_or_epi32(res, is_nan, x, _mm512_set1_epi32(0x00400000));
+  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(res, 16));
+}
+
+PSTAR_S512BF16 __m256i bf16_native16(__m512 f) { return (__m256i)_mm512_cvtneps_pbh(f); }
+
+PSTAR_S512 __m512 widen_bf16(__m256i h) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); }
+
+template <pstar_dtype D, bool kGradF32>
+PSTAR_S512 __m512 load_grad(const float* g32, const void* slot, size_t i, __mmask16 mask) {
+  if (kGradF32) return _mm512_maskz_loadu_ps(mask, g32 + i);
+  if (D == PSTAR_DTYPE_F32) return _mm512_maskz_loadu_ps(mask, static_cast<const float*>(slot) + i);
+  const __m256i h = _mm256_maskz_loadu_epi16(mask, static_cast<const uint16_t*>(slot) + i);
+  if (D == PSTAR_DTYPE_F16) return _mm512_cvtph_ps(h);
+  return widen_bf16(h);
+}
+
+template <pstar_dtype D, bool kGradF32>
+PSTAR_S512 __m512 load_grad_full(const float* g32, const void* slot, size_t i) {
+  if (kGradF32) return _mm512_loadu_ps(g32 + i);
+  if (D == PSTAR_DTYPE_F32) return _mm512_loadu_ps(static_cast<const float*>(slot) + i);
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(slot) + i));
+  if (D == PSTAR_DTYPE_F16) return _mm512_cvtph_ps(h);
+  return widen_bf16(h);
+}
+
+inline __mmask16 tail_mask16(size_t left) {
+  return left >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << left) - 1u);
+}
+
+// ---- int8: tables in registers ------------------------------------------------
+
+// The quantizer's tables of one map (adam_states_int8.h).
+struct QTab {
+  __m512i oct_dec_lo, oct_dec_hi;
+  __m512 oct_cross_lo, oct_cross_hi;
+  __m512 dec_s, dec_o;
+  __m512i dec_bl;
+};
+
+PSTAR_S512 QTab load_qtab(const int8::Map& m) {
+  QTab q;
+  q.oct_dec_lo = _mm512_loadu_si512(m.oct_dec);
+  q.oct_dec_hi = _mm512_loadu_si512(m.oct_dec + 16);
+  q.oct_cross_lo = _mm512_loadu_ps(m.oct_cross);
+  q.oct_cross_hi = _mm512_loadu_ps(m.oct_cross + 16);
+  q.dec_s = _mm512_loadu_ps(m.dec_s);
+  q.dec_o = _mm512_loadu_ps(m.dec_o);
+  q.dec_bl = _mm512_loadu_si512(m.dec_base_last);
+  return q;
+}
+
+// The codes of sixteen normalized values y, as 32-bit lanes; `amb` gets the
+// lanes that must take the scalar search instead.
+template <bool kSigned>
+PSTAR_S512 __m512i quant16(const QTab& q, __m512 y, __mmask16& amb) {
+  const __m512i yb = _mm512_castps_si512(y);
+  __m512 a = kSigned ? _mm512_castsi512_ps(_mm512_and_si512(yb, _mm512_set1_epi32(0x7fffffff))) : y;
+  a = _mm512_max_ps(a, _mm512_setzero_ps());  // NaN and (unsigned) negatives: 0
+  const __m512i slot = _mm512_max_epi32(
+      _mm512_sub_epi32(_mm512_srli_epi32(_mm512_castps_si512(a), 23), _mm512_set1_epi32(int8::kOctaveBias)),
+      _mm512_setzero_si512());
+  __m512i dec = _mm512_permutex2var_epi32(q.oct_dec_lo, slot, q.oct_dec_hi);
+  const __m512 cross = _mm512_permutex2var_ps(q.oct_cross_lo, slot, q.oct_cross_hi);
+  dec = _mm512_mask_add_epi32(dec, _mm512_cmp_ps_mask(a, cross, _CMP_GE_OQ), dec, _mm512_set1_epi32(1));
+  const __m512 s = _mm512_permutexvar_ps(dec, q.dec_s);
+  const __m512 o = _mm512_permutexvar_ps(dec, q.dec_o);
+  const __m512i bl = _mm512_permutexvar_epi32(dec, q.dec_bl);
+  const __m512 u = _mm512_fmadd_ps(a, s, o);
+  const __m512i j = _mm512_cvttps_epi32(u);
+  __m512i k =
+      _mm512_min_epi32(_mm512_add_epi32(_mm512_and_si512(bl, _mm512_set1_epi32(0xffff)), j), _mm512_srli_epi32(bl, 16));
+  const __m512 fr = _mm512_sub_ps(u, _mm512_roundscale_ps(u, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  amb = _mm512_cmp_ps_mask(_mm512_abs_ps(fr), _mm512_set1_ps(int8::kAmbiguity), _CMP_LT_OQ);
+  if (kSigned) {
+    const __m512i c127 = _mm512_set1_epi32(127);
+    const __mmask16 neg = _mm512_test_epi32_mask(yb, _mm512_set1_epi32(static_cast<int>(0x80000000u)));
+    k = _mm512_mask_sub_epi32(_mm512_add_epi32(k, c127), neg, c127, _mm512_min_epi32(k, c127));
+  }
+  return k;
+}
+
+// Quantizes nb (<= 256) values of one block, x * r, into codes.
+template <bool kSigned>
+PSTAR_S512 void quant_block(const QTab& q, const float* x, size_t nb, float r, uint8_t* codes) {
+  const __m512 vr = _mm512_set1_ps(r);
+  for (size_t i = 0; i < nb; i += 16) {
+    const __mmask16 mask = tail_mask16(nb - i);
+    __mmask16 amb;
+    const __m512i k = quant16<kSigned>(q, _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, x + i), vr), amb);
+    _mm512_mask_cvtepi32_storeu_epi8(codes + i, mask, k);
+    amb &= mask;
+    if (amb != 0) int8::fix_lanes(kSigned, x + i, r, amb, codes + i);
+  }
+}
+
+// Dequantization tables of one map: its 16-bit halves, 64 entries per pair
+// of registers.
+struct DTab {
+  const __m512i* hi;  // 8 vectors of 32 halves
+  const __m512i* lo;
+};
+
+// The word order that makes VPUNPCKLWD / VPUNPCKHWD (which work within
+// 128-bit lanes) produce elements 0..15 and 16..31 in order.
+alignas(64) const uint16_t kUnpackOrder[32] = {0, 1, 2,  3,  16, 17, 18, 19, 4,  5,  6,  7,  20, 21, 22, 23,
+                                               8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31};
+
+PSTAR_S512 __m512i lookup_half(const __m512i* t, __m512i w, __mmask32 b6, __mmask32 b7) {
+  const __m512i r0 = _mm512_permutex2var_epi16(_mm512_load_si512(t + 0), w, _mm512_load_si512(t + 1));
+  const __m512i r1 = _mm512_permutex2var_epi16(_mm512_load_si512(t + 2), w, _mm512_load_si512(t + 3));
+  const __m512i r2 = _mm512_permutex2var_epi16(_mm512_load_si512(t + 4), w, _mm512_load_si512(t + 5));
+  const __m512i r3 = _mm512_permutex2var_epi16(_mm512_load_si512(t + 6), w, _mm512_load_si512(t + 7));
+  return _mm512_mask_blend_epi16(b7, _mm512_mask_blend_epi16(b6, r0, r1), _mm512_mask_blend_epi16(b6, r2, r3));
+}
+
+// map[code] for 32 codes: elements 0..15 in f0, 16..31 in f1.
+PSTAR_S512 void dequant32(const DTab& t, __m256i codes, __m512& f0, __m512& f1) {
+  __m512i w = _mm512_cvtepu8_epi16(codes);
+  w = _mm512_permutexvar_epi16(_mm512_load_si512(kUnpackOrder), w);
+  const __mmask32 b6 = _mm512_test_epi16_mask(w, _mm512_set1_epi16(64));
+  const __mmask32 b7 = _mm512_test_epi16_mask(w, _mm512_set1_epi16(128));
+  const __m512i h = lookup_half(t.hi, w, b6, b7);
+  const __m512i l = lookup_half(t.lo, w, b6, b7);
+  f0 = _mm512_castsi512_ps(_mm512_unpacklo_epi16(l, h));
+  f1 = _mm512_castsi512_ps(_mm512_unpackhi_epi16(l, h));
+}
+
+// ---- kernel bodies -----------------------------------------------------------
+
+// The weight's store into the slot, for the lanes of `mask` from element e.
+#define PSTAR_S512_EMIT_W(BF16_EMIT, e, mask, p)                                          \
+  do {                                                                                    \
+    if (D == PSTAR_DTYPE_F32) {                                                           \
+      _mm512_mask_storeu_ps(static_cast<float*>(slot) + (e), (mask), (p));                \
+    } else if (D == PSTAR_DTYPE_F16) {                                                    \
+      _mm256_mask_storeu_epi16(static_cast<uint16_t*>(slot) + (e), (mask),                \
+                               _mm512_cvtps_ph((p), _MM_FROUND_TO_NEAREST_INT));          \
+    } else {                                                                              \
+      _mm256_mask_storeu_epi16(static_cast<uint16_t*>(slot) + (e), (mask), BF16_EMIT(p)); \
+    }                                                                                     \
+  } while (0)
+
+#define PSTAR_S512_BF16_BODY(BF16_EMIT)                                                                        \
+  const Consts k = make_consts(c);                                                                             \
+  const bool oop = r.master_in != nullptr;                                                                     \
+  float* const master = r.master;                                                                              \
+  const float* const pi = oop ? r.master_in : master;                                                          \
+  const uint16_t* const mi = static_cast<const uint16_t*>(oop ? r.exp_avg_in.values : r.exp_avg.values);       \
+  const uint16_t* const vi = static_cast<const uint16_t*>(oop ? r.exp_avg_sq_in.values : r.exp_avg_sq.values); \
+  uint16_t* const mo = static_cast<uint16_t*>(r.exp_avg.values);                                               \
+  uint16_t* const vo = static_cast<uint16_t*>(r.exp_avg_sq.values);                                            \
+  void* const slot = r.slot;                                                                                   \
+  const float* const g32 = r.grad_f32;                                                                         \
+  const size_t n = r.n;                                                                                        \
+  size_t i = 0;                                                                                                \
+  for (; i + 32 <= n; i += 32) {                                                                               \
+    const __m512 g0 = load_grad_full<D, kGradF32>(g32, slot, i);                                               \
+    const __m512 g1 = load_grad_full<D, kGradF32>(g32, slot, i + 16);                                          \
+    __m512 p0 = _mm512_loadu_ps(pi + i), p1 = _mm512_loadu_ps(pi + i + 16);                                    \
+    __m512 m0 = widen_bf16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(mi + i)));                      \
+    __m512 m1 = widen_bf16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(mi + i + 16)));                 \
+    __m512 v0 = widen_bf16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(vi + i)));                      \
+    __m512 v1 = widen_bf16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(vi + i + 16)));                 \
+    adam16(k, g0, p0, m0, v0);                                                                                 \
+    adam16(k, g1, p1, m1, v1);                                                                                 \
+    _mm512_storeu_ps(master + i, p0);                                                                          \
+    _mm512_storeu_ps(master + i + 16, p1);                                                                     \
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(mo + i), BF16_EMIT(m0));                                    \
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(mo + i + 16), BF16_EMIT(m1));                               \
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(vo + i), BF16_EMIT(v0));                                    \
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(vo + i + 16), BF16_EMIT(v1));                               \
+    PSTAR_S512_EMIT_W(BF16_EMIT, i, static_cast<__mmask16>(0xffff), p0);                                       \
+    PSTAR_S512_EMIT_W(BF16_EMIT, i + 16, static_cast<__mmask16>(0xffff), p1);                                  \
+  }                                                                                                            \
+  for (; i < n; i += 16) {                                                                                     \
+    const __mmask16 mask = tail_mask16(n - i);                                                                 \
+    const __m512 g = load_grad<D, kGradF32>(g32, slot, i, mask);                                               \
+    __m512 p = _mm512_maskz_loadu_ps(mask, pi + i);                                                            \
+    __m512 m = widen_bf16(_mm256_maskz_loadu_epi16(mask, mi + i));                                             \
+    __m512 v = widen_bf16(_mm256_maskz_loadu_epi16(mask, vi + i));                                             \
+    adam16(k, g, p, m, v);                                                                                     \
+    _mm512_mask_storeu_ps(master + i, mask, p);                                                                \
+    _mm256_mask_storeu_epi16(mo + i, mask, BF16_EMIT(m));                                                      \
+    _mm256_mask_storeu_epi16(vo + i, mask, BF16_EMIT(v));                                                      \
+    PSTAR_S512_EMIT_W(BF16_EMIT, i, mask, p);                                                                  \
+  }
+
+// int8, block by block: pass 1 dequantizes 32 elements at a time, updates
+// them, keeps the new fp32 m and v and their absmax; pass 2 quantizes.
+#define PSTAR_S512_INT8_BODY(BF16_EMIT)                                                                       \
+  const Consts k = make_consts(c);                                                                            \
+  const bool oop = r.master_in != nullptr;                                                                    \
+  float* const master = r.master;                                                                             \
+  const float* const pi = oop ? r.master_in : master;                                                         \
+  const uint8_t* const mci = static_cast<const uint8_t*>(oop ? r.exp_avg_in.values : r.exp_avg.values);       \
+  const uint8_t* const vci = static_cast<const uint8_t*>(oop ? r.exp_avg_sq_in.values : r.exp_avg_sq.values); \
+  const float* const mai = oop ? r.exp_avg_in.absmax : r.exp_avg.absmax;                                      \
+  const float* const vai = oop ? r.exp_avg_sq_in.absmax : r.exp_avg_sq.absmax;                                \
+  uint8_t* const mco = static_cast<uint8_t*>(r.exp_avg.values);                                               \
+  uint8_t* const vco = static_cast<uint8_t*>(r.exp_avg_sq.values);                                            \
+  float* const mao = r.exp_avg.absmax;                                                                        \
+  float* const vao = r.exp_avg_sq.absmax;                                                                     \
+  void* const slot = r.slot;                                                                                  \
+  const float* const g32 = r.grad_f32;                                                                        \
+  const size_t n = r.n;                                                                                       \
+  const int8::Map& smap = int8::signed_map();                                                                 \
+  const int8::Map& umap = int8::unsigned_map();                                                               \
+  const DTab sd{reinterpret_cast<const __m512i*>(smap.hi), reinterpret_cast<const __m512i*>(smap.lo)};        \
+  const DTab ud{reinterpret_cast<const __m512i*>(umap.hi), reinterpret_cast<const __m512i*>(umap.lo)};        \
+  const QTab sq = load_qtab(smap);                                                                            \
+  const QTab uq = load_qtab(umap);                                                                            \
+  alignas(64) float mf[kInt8BlockElems];                                                                      \
+  alignas(64) float vf[kInt8BlockElems];                                                                      \
+  for (size_t b = 0; b * kInt8BlockElems < n; ++b) {                                                          \
+    const size_t off = b * kInt8BlockElems;                                                                   \
+    const size_t nb = std::min(kInt8BlockElems, n - off);                                                     \
+    const __m512 am_in = _mm512_set1_ps(mai[b]);                                                              \
+    const __m512 av_in = _mm512_set1_ps(vai[b]);                                                              \
+    __m512 accm = _mm512_setzero_ps(), accv = _mm512_setzero_ps();                                            \
+    for (size_t i = 0; i < nb; i += 32) {                                                                     \
+      const size_t e = off + i;                                                                               \
+      const size_t left = nb - i;                                                                             \
+      const __mmask32 k32 =                                                                                   \
+          left >= 32 ? static_cast<__mmask32>(0xffffffffu) : static_cast<__mmask32>((1u << left) - 1u);       \
+      const __mmask16 k0 = static_cast<__mmask16>(k32), k1 = static_cast<__mmask16>(k32 >> 16);               \
+      __m512 m0, m1, v0, v1;                                                                                  \
+      dequant32(sd, _mm256_maskz_loadu_epi8(k32, mci + e), m0, m1);                                           \
+      dequant32(ud, _mm256_maskz_loadu_epi8(k32, vci + e), v0, v1);                                           \
+      m0 = _mm512_mul_ps(m0, am_in);                                                                          \
+      m1 = _mm512_mul_ps(m1, am_in);                                                                          \
+      v0 = _mm512_mul_ps(v0, av_in);                                                                          \
+      v1 = _mm512_mul_ps(v1, av_in);                                                                          \
+      __m512 p0, p1, g0, g1;                                                                                  \
+      if (left >= 32) {                                                                                       \
+        g0 = load_grad_full<D, kGradF32>(g32, slot, e);                                                       \
+        g1 = load_grad_full<D, kGradF32>(g32, slot, e + 16);                                                  \
+        p0 = _mm512_loadu_ps(pi + e);                                                                         \
+        p1 = _mm512_loadu_ps(pi + e + 16);                                                                    \
+      } else {                                                                                                \
+        g0 = load_grad<D, kGradF32>(g32, slot, e, k0);                                                        \
+        g1 = load_grad<D, kGradF32>(g32, slot, e + 16, k1);                                                   \
+        p0 = _mm512_maskz_loadu_ps(k0, pi + e);                                                               \
+        p1 = _mm512_maskz_loadu_ps(k1, pi + e + 16);                                                          \
+      }                                                                                                       \
+      adam16(k, g0, p0, m0, v0);                                                                              \
+      adam16(k, g1, p1, m1, v1);                                                                              \
+      _mm512_mask_storeu_ps(master + e, k0, p0);                                                              \
+      _mm512_mask_storeu_ps(master + e + 16, k1, p1);                                                         \
+      PSTAR_S512_EMIT_W(BF16_EMIT, e, k0, p0);                                                                \
+      PSTAR_S512_EMIT_W(BF16_EMIT, e + 16, k1, p1);                                                           \
+      _mm512_store_ps(mf + i, m0);                                                                            \
+      _mm512_store_ps(mf + i + 16, m1);                                                                       \
+      _mm512_store_ps(vf + i, v0);                                                                            \
+      _mm512_store_ps(vf + i + 16, v1);                                                                       \
+      accm = _mm512_mask_max_ps(accm, k0, _mm512_abs_ps(m0), accm);                                           \
+      accm = _mm512_mask_max_ps(accm, k1, _mm512_abs_ps(m1), accm);                                           \
+      accv = _mm512_mask_max_ps(accv, k0, _mm512_abs_ps(v0), accv);                                           \
+      accv = _mm512_mask_max_ps(accv, k1, _mm512_abs_ps(v1), accv);                                           \
+    }                                                                                                         \
+    const float am = _mm512_reduce_max_ps(accm), av = _mm512_reduce_max_ps(accv);                             \
+    mao[b] = am;                                                                                              \
+    vao[b] = av;                                                                                              \
+    quant_block<true>(sq, mf, nb, int8::inv_scale(am), mco + off);                                            \
+    quant_block<false>(uq, vf, nb, int8::inv_scale(av), vco + off);                                           \
+  }
+
+template <pstar_dtype D, bool kGradF32>
+__attribute__((target(PSTAR_S512_ISA))) void bf16_int(const AdamStepConstants& c, const AdamStateRange& r) {
+  PSTAR_S512_BF16_BODY(bf16_int16)
+}
+
+template <pstar_dtype D, bool kGradF32>
+__attribute__((target(PSTAR_S512BF16_ISA))) void bf16_native(const AdamStepConstants& c, const AdamStateRange& r) {
+  PSTAR_S512_BF16_BODY(bf16_native16)
+}
+
+template <pstar_dtype D, bool kGradF32>
+__attribute__((target(PSTAR_S512_ISA))) void int8_int(const AdamStepConstants& c, const AdamStateRange& r) {
+  PSTAR_S512_INT8_BODY(bf16_int16)
+}
+
+template <pstar_dtype D, bool kGradF32>
+__attribute__((target(PSTAR_S512BF16_ISA))) void int8_native(const AdamStepConstants& c, const AdamStateRange& r) {
+  PSTAR_S512_INT8_BODY(bf16_native16)
+}
+
+#undef PSTAR_S512_BF16_BODY
+#undef PSTAR_S512_INT8_BODY
+#undef PSTAR_S512_EMIT_W
+
+template <bool kSigned>
+__attribute__((target(PSTAR_S512_ISA))) void encode(const float* x, size_t n, uint8_t* codes, float* absmax) {
+  const QTab q = load_qtab(int8::map_of(kSigned));
+  for (size_t b = 0; b * kInt8BlockElems < n; ++b) {
+    const size_t off = b * kInt8BlockElems;
+    const size_t nb = std::min(kInt8BlockElems, n - off);
+    __m512 acc = _mm512_setzero_ps();
+    for (size_t i = 0; i < nb; i += 16) {
+      const __mmask16 mask = tail_mask16(nb - i);
+      acc = _mm512_mask_max_ps(acc, mask, _mm512_abs_ps(_mm512_maskz_loadu_ps(mask, x + off + i)), acc);
+    }
+    const float a = _mm512_reduce_max_ps(acc);
+    absmax[b] = a;
+    quant_block<kSigned>(q, x + off, nb, int8::inv_scale(a), codes + off);
+  }
+}
+
+// Instantiates FN<D, kGradF32> for the range's dtype and gradient source.
+#define PSTAR_S512_DISPATCH(FN)                                                                             \
+  void FN##_dispatch(const AdamStepConstants& c, const AdamStateRange& r) {                                 \
+    const bool g = r.grad_f32 != nullptr;                                                                   \
+    switch (r.dtype) {                                                                                      \
+      case PSTAR_DTYPE_F16: g ? FN<PSTAR_DTYPE_F16, true>(c, r) : FN<PSTAR_DTYPE_F16, false>(c, r); return; \
+      case PSTAR_DTYPE_F32: g ? FN<PSTAR_DTYPE_F32, true>(c, r) : FN<PSTAR_DTYPE_F32, false>(c, r); return; \
+      default: g ? FN<PSTAR_DTYPE_BF16, true>(c, r) : FN<PSTAR_DTYPE_BF16, false>(c, r); return;            \
+    }                                                                                                       \
+  }
+PSTAR_S512_DISPATCH(bf16_int)
+PSTAR_S512_DISPATCH(bf16_native)
+PSTAR_S512_DISPATCH(int8_int)
+PSTAR_S512_DISPATCH(int8_native)
+#undef PSTAR_S512_DISPATCH
+
+}  // namespace
+
+void adam_states_bf16_avx512(const AdamStepConstants& c, const AdamStateRange& r, bool native_bf16) {
+  // Only the bf16 emits differ between the two bodies: fp32 and fp16 slots
+  // with bf16 moments still emit m and v as bf16.
+  native_bf16 ? bf16_native_dispatch(c, r) : bf16_int_dispatch(c, r);
+}
+
+void adam_states_int8_avx512(const AdamStepConstants& c, const AdamStateRange& r, bool native_bf16) {
+  if (native_bf16 && r.dtype == PSTAR_DTYPE_BF16) {
+    int8_native_dispatch(c, r);
+  } else {
+    int8_int_dispatch(c, r);
+  }
+}
+
+void int8_encode_avx512(bool is_signed, const float* x, size_t n, uint8_t* codes, float* absmax) {
+  is_signed ? encode<true>(x, n, codes, absmax) : encode<false>(x, n, codes, absmax);
+}
+
+}  // namespace pstar::optim
+
+#else  // not x86: never selected (adam_isa_supported says no)
+
+namespace pstar::optim {
+void adam_states_bf16_avx512(const AdamStepConstants&, const AdamStateRange&, bool) {}
+void adam_states_int8_avx512(const AdamStepConstants&, const AdamStateRange&, bool) {}
+void int8_encode_avx512(bool, const float*, size_t, uint8_t*, float*) {}
+}  // namespace pstar::optim
+
+#endif

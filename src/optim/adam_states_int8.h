@@ -1,0 +1,93 @@
+// Internal to the int8 state format (optim/adam_states.h): the dynamic maps
+// and the tables of the vector quantizers, shared by adam_states.cpp (the
+// scalar reference) and the per-ISA files.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "util/dtype.h"
+
+namespace pstar::optim::int8 {
+
+// Octave slot of a magnitude a in [0, 2): max(biased exponent - kOctaveBias,
+// 0).  Slot 0 holds every a below 2^-22 (under the lowest decision
+// threshold's octave of both maps), slot 23 holds [1, 2).
+constexpr int kOctaveBias = 104;
+constexpr int kOctaveSlots = 32;
+// Decades: 0 = the code of zero, 1..7 = the map's decades 10^-6 .. 10^0,
+// 8 = the code of 1.0.
+constexpr int kDecades = 9;
+// Lanes whose u lies within this distance of an integer take the scalar
+// search (the analysis in adam_states.cpp bounds the error of u by 7e-5).
+constexpr float kAmbiguity = 1.0f / 4096.0f;
+
+struct alignas(64) Map {
+  float values[256];  // the map, ascending
+  // The map's bits split in 16-bit halves (AVX-512 lookups with VPERMI2W).
+  uint16_t hi[256];
+  uint16_t lo[256];
+  // Magnitude thresholds: a is above threshold k when a >= thr[k] (the
+  // smallest float greater than the exact midpoint).  Unsigned map: the 255
+  // thresholds between codes k and k + 1.  Signed map: the 128 between the
+  // codes of 0, 5.5e-7, ..., 0.99297, 1.0 (the positive side; the negative
+  // side mirrors the first 127).  +inf beyond.
+  float thr[256];
+  int n_thr;
+  // The fast path.  Per octave slot: the decade of the slot's smallest
+  // member and the one decade boundary inside the slot (+inf if none).
+  int32_t oct_dec[kOctaveSlots];
+  float oct_cross[kOctaveSlots];
+  // Per decade: u = a * dec_s + dec_o is the offset of a's code in its
+  // decade, up to kAmbiguity; the count of thresholds below a is
+  // min(base + floor(u), last), with dec_base_last = base | last << 16.
+  float dec_s[16];
+  float dec_o[16];
+  int32_t dec_base_last[16];
+};
+
+// Built once (thread-safe static initialization on first use).
+const Map& signed_map();
+const Map& unsigned_map();
+inline const Map& map_of(bool is_signed) { return is_signed ? signed_map() : unsigned_map(); }
+
+// The magnitude a the quantizer searches: |y| for the signed map, y for the
+// unsigned one, with NaN and negatives (unsigned) as 0.
+inline float magnitude(bool is_signed, float y) {
+  const float a = is_signed ? f32_from_bits(f32_bits(y) & 0x7fffffffu) : y;
+  return a > 0.0f ? a : 0.0f;
+}
+
+// Number of thresholds at or below a (a >= thr[k]): binary search.
+inline int count_below(const Map& m, float a) {
+  int lo = 0, hi = m.n_thr;  // invariant: thr[k] <= a for k < lo, > a for k >= hi
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (a >= m.thr[mid]) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+
+// The code of a normalized value, from the magnitude's count.
+inline uint8_t code_from_count(bool is_signed, float y, int k) {
+  if (!is_signed) return static_cast<uint8_t>(k);
+  if ((f32_bits(y) & 0x80000000u) != 0) return static_cast<uint8_t>(127 - (k < 127 ? k : 127));
+  return static_cast<uint8_t>(127 + k);
+}
+
+inline uint8_t code_ref(bool is_signed, float y) {
+  return code_from_count(is_signed, y, count_below(map_of(is_signed), magnitude(is_signed, y)));
+}
+
+// The block's reciprocal scale: 1 / absmax, or 0 for a block of zeros.
+inline float inv_scale(float absmax) { return absmax > 0.0f ? 1.0f / absmax : 0.0f; }
+
+// Out-of-line fix-up of the lanes a vector quantizer flagged: codes[l] for
+// every set bit l of `lanes`, from x[l] * r.
+void fix_lanes(bool is_signed, const float* x, float r, uint32_t lanes, uint8_t* codes);
+
+}  // namespace pstar::optim::int8
