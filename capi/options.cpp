@@ -64,6 +64,7 @@ engine::EngineOptions converted(const pstar_engine_options& o) {
   e.rank = o.rank;
   e.world_size = o.world_size;
   e.comm_timeout_ms = o.comm_timeout_ms;
+  e.state_format = o.state_format;
   return e;
 }
 }  // namespace
@@ -76,6 +77,7 @@ engine::EngineOptions engine_options(const pstar_engine_options& in) {
       offsetof(pstar_engine_options, grad_accumulation) + sizeof(int32_t),
       offsetof(pstar_engine_options, prefetch) + sizeof(int32_t),
       offsetof(pstar_engine_options, comm_timeout_ms) + sizeof(uint32_t),
+      offsetof(pstar_engine_options, state_format) + sizeof(pstar_state_format),
   };
   require_versioned_struct(&in, in.size, in.version, PSTAR_ENGINE_OPTIONS_VERSION, covered_by_version,
                            sizeof(pstar_engine_options), "options");
@@ -123,6 +125,18 @@ engine::EngineOptions engine_options(const pstar_engine_options& in) {
     return "options: chunk_elems (" + std::to_string(o.chunk_elems) + ") must be a multiple of " +
            std::to_string(chunk::kAlignElems);
   });
+  require(
+      o.state_format == PSTAR_STATE_FP32 || o.state_format == PSTAR_STATE_BF16 || o.state_format == PSTAR_STATE_INT8,
+      PSTAR_ERR_INVALID_ARGUMENT,
+      [&] { return "options: unknown state format " + std::to_string(static_cast<int>(o.state_format)); });
+  require(o.state_format != PSTAR_STATE_INT8 || o.chunk_elems % PSTAR_STATE_INT8_BLOCK == 0, PSTAR_ERR_INVALID_ARGUMENT,
+          [&] {
+            return "options: chunk_elems (" + std::to_string(o.chunk_elems) + ") must be a multiple of " +
+                   std::to_string(PSTAR_STATE_INT8_BLOCK) + " with the int8 state format (its block)";
+          });
+  require(o.state_format == PSTAR_STATE_FP32 || !o.hybrid_optimizer, PSTAR_ERR_UNSUPPORTED,
+          "options: hybrid_optimizer keeps fp32 optimizer state only for now (set state_format to "
+          "PSTAR_STATE_FP32, or hybrid_optimizer to 0)");
   require(o.chunk_elems <= chunk::kMaxNumel, PSTAR_ERR_INVALID_ARGUMENT, "options: chunk_elems is too large");
   require(o.placement_policy == PSTAR_POLICY_OPT || o.placement_policy == PSTAR_POLICY_LRU ||
               o.placement_policy == PSTAR_POLICY_STATIC,

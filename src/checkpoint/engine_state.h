@@ -79,6 +79,8 @@ class EngineState {
   virtual optim::Optimizer& optimizer() = 0;
   virtual pstar_dtype compute_dtype() const = 0;
   virtual uint64_t chunk_elems() const = 0;
+  // Adam's moments' format: "fp32", "bf16" or "int8" (Settings).
+  virtual const char* state_format() const = 0;
 
  protected:
   ~EngineState() = default;

@@ -102,6 +102,15 @@ void load(EngineState& s, const std::string& dir, std::string& incomplete) {
     // parameter's values lie (the pieces must tile each parameter, and each
     // rank's files, exactly: no read can fall outside a file).
     st = check_settings(m, manifest_path);
+    // The moments' format is fixed for an engine's life: a checkpoint of
+    // another format is refused, not converted (a conversion would change
+    // the optimizer's numbers silently).
+    if (st.state_format != s.state_format()) {
+      throw Error(PSTAR_ERR_INVALID_ARGUMENT, "checkpoint_load: '" + manifest_path +
+                                                  "' holds Adam states saved in the " + st.state_format +
+                                                  " format; this engine's state_format is " + s.state_format() +
+                                                  " (create the engine with the checkpoint's)");
+    }
     pieces = check_layout(m, st, manifest_path);
     // Every data file whole and unchanged; kept open for the reads below.
     for (uint32_t r = 0; r < st.world_size; ++r) {

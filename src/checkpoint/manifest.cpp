@@ -157,6 +157,7 @@ std::string manifest_text(const Manifest& m) {
   o << "library " << s.library << '\n';
   o << "compute_dtype " << s.compute_dtype << '\n';
   o << "chunk_elems " << s.chunk_elems << '\n';
+  if (s.state_format != "fp32") o << "state_format " << s.state_format << '\n';
   o << "world_size " << s.world_size << '\n';
   if (s.sharded) o << "sharded 1\n";
   o << "step " << s.step << '\n';
@@ -240,6 +241,7 @@ Manifest parse_manifest_text(const std::string& text, const std::string& path) {
   static const char* const kScalars[] = {"library",
                                          "compute_dtype",
                                          "chunk_elems",
+                                         "state_format",
                                          "world_size",
                                          "sharded",
                                          "step",
@@ -373,6 +375,12 @@ Settings check_settings(const Manifest& m, const std::string& path) {
   if (dt != "f32" && dt != "f16" && dt != "bf16") bad("compute_dtype " + dt + " is not f32, f16 or bf16");
   s.chunk_elems = u64_of("chunk_elems");
   if (s.chunk_elems == 0) bad("chunk_elems 0");
+  if (m.values.count("state_format") != 0) {
+    s.state_format = scalar("state_format");
+    if (s.state_format != "bf16" && s.state_format != "int8") {
+      bad("state_format " + s.state_format + " is not bf16 or int8 (fp32 is written as no line)");
+    }
+  }
   s.sharded = m.values.count("sharded") != 0;
   if (s.sharded && !flag_of("sharded")) bad("sharded " + scalar("sharded") + " (only 'sharded 1' is written)");
   const uint64_t world64 = u64_of("world_size");

@@ -42,6 +42,12 @@ struct Settings {
   std::string library;        // the writer's version (may hold blanks)
   std::string compute_dtype;  // "f32", "f16" or "bf16"
   uint64_t chunk_elems = 0;
+  // Adam's moments' format in the engine that saved: "fp32", "bf16" or
+  // "int8".  Written only when not fp32, so an fp32 engine's manifest is
+  // the one it always was; absent reads as fp32.  The list files hold fp32
+  // values in every format (the moments dequantized: a load requantizes
+  // them to the same codes).
+  std::string state_format = "fp32";
   uint32_t world_size = 1;
   bool sharded = false;  // written as "sharded 1" (rank files and pieces)
   uint64_t step = 0;     // Adam's

@@ -141,6 +141,7 @@ std::string save(EngineState& s, const std::string& dir) {
       st.library = PSTAR_VERSION_STRING;
       st.compute_dtype = dtype_text(s.compute_dtype());
       st.chunk_elems = s.chunk_elems();
+      st.state_format = s.state_format();
       st.world_size = static_cast<uint32_t>(world);
       st.sharded = sharded;
       st.step = opt.step();

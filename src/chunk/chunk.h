@@ -69,6 +69,13 @@ struct Chunk {
 // chunk placed on the device at the first step never has them on the host.
 // A struct of its own so that hybrid placement can be handed the lists of a
 // chunk without the rest of the engine's record.
+//
+// Adam's moments are stored in the engine's state format
+// (optim/adam_states.h: fp32, bf16, or int8 codes with their block maxima),
+// optim::moment_list_bytes(format, elems) bytes each, addressed by these
+// float pointers whatever the format: only in the fp32 format (the NVMe
+// tier's and hybrid placement's, for now) do they point at floats, and
+// code reading them as floats must be in a path that format allows.
 struct Fp32Lists {
   float* master = nullptr;
   float* exp_avg = nullptr;

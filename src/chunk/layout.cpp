@@ -4,10 +4,13 @@
 
 namespace pstar::chunk {
 
-ChunkLayout::ChunkLayout(const std::vector<uint64_t>& numels, const std::vector<bool>& frozen, uint64_t chunk_elems)
-    : chunk_elems_(chunk_elems), params_(numels.size()) {
-  require(chunk_elems > 0 && chunk_elems % kAlignElems == 0, PSTAR_ERR_INVALID_ARGUMENT,
-          [&] { return "chunk_elems must be a positive multiple of " + std::to_string(kAlignElems); });
+ChunkLayout::ChunkLayout(const std::vector<uint64_t>& numels, const std::vector<bool>& frozen, uint64_t chunk_elems,
+                         uint64_t align_elems)
+    : chunk_elems_(chunk_elems), align_elems_(align_elems), params_(numels.size()) {
+  require(align_elems > 0 && align_elems % kAlignElems == 0, PSTAR_ERR_INTERNAL,
+          "layout: the alignment must be a multiple of kAlignElems");
+  require(chunk_elems > 0 && chunk_elems % align_elems == 0, PSTAR_ERR_INVALID_ARGUMENT,
+          [&] { return "chunk_elems must be a positive multiple of " + std::to_string(align_elems); });
   require(numels.size() == frozen.size(), PSTAR_ERR_INTERNAL, "layout: numels and frozen differ in size");
   // The chunk currently being filled, per kind (0 trainable, 1 frozen).
   int64_t open[2] = {-1, -1};
@@ -26,16 +29,16 @@ ChunkLayout::ChunkLayout(const std::vector<uint64_t>& numels, const std::vector<
     ParamPlacement& p = params_[id];
     p.numel = n;
     if (n > chunk_elems) {
-      p.chunk = new_chunk(frozen[id], align_up(n, kAlignElems), true);
+      p.chunk = new_chunk(frozen[id], align_up(n, align_elems), true);
       p.offset_elems = 0;
     } else {
       if (open[kind] >= 0) {
         const ChunkInfo& c = chunks_[open[kind]];
-        if (align_up(c.used_elems, kAlignElems) + n > c.capacity_elems) open[kind] = -1;
+        if (align_up(c.used_elems, align_elems) + n > c.capacity_elems) open[kind] = -1;
       }
       if (open[kind] < 0) open[kind] = new_chunk(frozen[id], chunk_elems, false);
       p.chunk = static_cast<uint32_t>(open[kind]);
-      p.offset_elems = align_up(chunks_[p.chunk].used_elems, kAlignElems);
+      p.offset_elems = align_up(chunks_[p.chunk].used_elems, align_elems);
     }
     ChunkInfo& c = chunks_[p.chunk];
     c.used_elems = p.offset_elems + n;

@@ -13,6 +13,10 @@
 //
 // A parameter larger than chunk_elems gets a "jumbo" chunk of its own,
 // rounded up to kAlignElems, instead of failing.
+//
+// A layout may align to a multiple of kAlignElems instead (align_elems):
+// the int8 optimizer state format quantizes each parameter in blocks from
+// its first element, so its parameters start on block boundaries.
 #pragma once
 
 #include <cstdint>
@@ -28,7 +32,7 @@ inline uint64_t align_up(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
 
 struct ParamPlacement {
   uint32_t chunk = 0;         // index into ChunkLayout::chunks()
-  uint64_t offset_elems = 0;  // multiple of kAlignElems
+  uint64_t offset_elems = 0;  // multiple of the layout's alignment
   uint64_t numel = 0;
 };
 
@@ -44,10 +48,13 @@ struct ChunkInfo {
 
 class ChunkLayout {
  public:
-  // numels[i] and frozen[i] describe parameter i; chunk_elems > 0.
-  ChunkLayout(const std::vector<uint64_t>& numels, const std::vector<bool>& frozen, uint64_t chunk_elems);
+  // numels[i] and frozen[i] describe parameter i; chunk_elems > 0, a
+  // multiple of align_elems, itself a multiple of kAlignElems.
+  ChunkLayout(const std::vector<uint64_t>& numels, const std::vector<bool>& frozen, uint64_t chunk_elems,
+              uint64_t align_elems = kAlignElems);
 
   uint64_t chunk_elems() const { return chunk_elems_; }
+  uint64_t align_elems() const { return align_elems_; }
   const std::vector<ChunkInfo>& chunks() const { return chunks_; }
   const ParamPlacement& param(uint32_t id) const { return params_[id]; }
   size_t param_count() const { return params_.size(); }
@@ -62,6 +69,7 @@ class ChunkLayout {
 
  private:
   uint64_t chunk_elems_;
+  uint64_t align_elems_;
   std::vector<ChunkInfo> chunks_;
   std::vector<ParamPlacement> params_;
   uint32_t optimizer_chunks_ = 0;

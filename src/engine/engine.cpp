@@ -86,7 +86,7 @@ Engine::Engine(const EngineOptions& options, std::unique_ptr<distributed::Commun
       step::StepParts{device_.get(), host_.get(), placement_.get(), hybrid_.get(), &nvme_, &optimizer_, values_.get(),
                       &params_, &chunks_, &group_, &reduce_, &gathering_, &drop_rule_},
       step::StepOptions{options_.compute_dtype, options_.grad_accumulation, options_.prefetch, payloads_,
-                        options_.virtual_clock});
+                        options_.virtual_clock, state_format()});
   grads_ = std::make_unique<step::BackwardGradients>(
       step::GradientParts{device_.get(), host_.get(), placement_.get(), &params_, &chunks_, &group_},
       options_.compute_dtype, options_.grad_accumulation, payloads_);
@@ -136,7 +136,7 @@ Engine::~Engine() {
       // buffer); the others are the host's.
       if (!hybrid_->shard_on_device(static_cast<uint32_t>(i))) host_->release(c.shard, c.shard_elems * elem_bytes());
       hybrid_->release(static_cast<uint32_t>(i));
-      release_optimizer_buffers(c, c.shard_elems * sizeof(float));
+      release_optimizer_buffers(c);
     }
   }
   reduce_.release();  // the queue is gone: nothing uses its buffers
@@ -144,11 +144,19 @@ Engine::~Engine() {
   host_.reset();
 }
 
-void Engine::release_optimizer_buffers(ChunkState& c, uint64_t fp32_bytes) {
-  for (float** b : {&c.master, &c.exp_avg, &c.exp_avg_sq, &c.grad32}) {
-    host_->release(*b, fp32_bytes);
+void Engine::release_optimizer_buffers(ChunkState& c) {
+  for (float** b : {&c.master, &c.grad32}) {
+    host_->release(*b, c.shard_elems * sizeof(float));
     *b = nullptr;
   }
+  for (float** b : {&c.exp_avg, &c.exp_avg_sq}) {
+    host_->release(*b, moment_bytes(c));
+    *b = nullptr;
+  }
+}
+
+uint64_t Engine::moment_bytes(const ChunkState& c) const {
+  return optim::moment_list_bytes(state_format(), c.shard_elems);
 }
 
 values::ValueParts Engine::value_parts() {
@@ -176,10 +184,13 @@ void Engine::build() {
   // With world > 1 every chunk is split into world equal shards whose
   // boundaries keep the 128-element alignment: capacities are padded to a
   // multiple of world * 128 elements.
-  const uint64_t shard_unit = chunk::kAlignElems * static_cast<uint64_t>(group_.world());
+  // The int8 state format quantizes each parameter in blocks from its
+  // first element: its parameters (and shards) start on block boundaries.
+  const uint64_t align = options_.state_format == PSTAR_STATE_INT8 ? PSTAR_STATE_INT8_BLOCK : chunk::kAlignElems;
+  const uint64_t shard_unit = align * static_cast<uint64_t>(group_.world());
   const uint64_t chunk_elems = sharded() ? chunk::align_up(options_.chunk_elems, shard_unit) : options_.chunk_elems;
   if (sharded()) check_layout_agrees(chunk_elems);
-  auto layout = std::make_unique<chunk::ChunkLayout>(numels, frozen, chunk_elems);
+  auto layout = std::make_unique<chunk::ChunkLayout>(numels, frozen, chunk_elems, align);
   std::vector<ChunkState> chunks(layout->chunks().size());
   uint64_t largest_trainable = 0;
   // Allocate every payload on the host, zero-filled (with world > 1 this
@@ -202,15 +213,17 @@ void Engine::build() {
       if (!info.frozen) {
         largest_trainable = std::max(largest_trainable, c.elems);
         const uint64_t fp32_bytes = c.shard_elems * sizeof(float);
-        for (float** b : {&c.master, &c.exp_avg, &c.exp_avg_sq, &c.grad32}) {
+        for (float** b : {&c.master, &c.grad32}) {
           if (b == &c.grad32 && !options_.grad_accumulation) continue;
-          if (b != &c.grad32 && nvme_.requested()) continue;  // placed below, host or drive
-          // Adam's moments come with the chunk's first update
-          // (chunk::Fp32Lists, step::lazy_moments).
-          if ((b == &c.exp_avg || b == &c.exp_avg_sq) && step::lazy_moments(nvme_, *host_)) continue;
+          if (b == &c.master && nvme_.requested()) continue;  // placed below, host or drive
           *b = static_cast<float*>(host_->acquire(fp32_bytes));
           if (payloads_) std::memset(*b, 0, fp32_bytes);
         }
+        // Adam's moments come with the chunk's first update
+        // (chunk::Fp32Lists, step::lazy_moments), or with the NVMe tier's
+        // placement below.
+        if (!nvme_.requested() && !step::lazy_moments(nvme_, *host_))
+          values::ensure_moments(*host_, c, moment_bytes(c), payloads_);
       }
     }
     if (sharded() && largest_trainable != 0) {
@@ -230,7 +243,7 @@ void Engine::build() {
       ChunkState& c = chunks[i];
       host_->release(c.host, c.bytes);
       host_->release(c.shard, c.shard_elems * elem_bytes());
-      release_optimizer_buffers(c, c.shard_elems * sizeof(float));
+      release_optimizer_buffers(c);
     }
     reduce_.release();
     layout_.reset();

@@ -195,7 +195,10 @@ class Engine : private placement::HybridTable {
   void count_gradients_to_come();
   void gradients_leave(uint32_t k);
 
-  void release_optimizer_buffers(ChunkState& c, uint64_t fp32_bytes);
+  void release_optimizer_buffers(ChunkState& c);
+  // Each moment list's bytes of chunk c (its shard), in the state format.
+  uint64_t moment_bytes(const ChunkState& c) const;
+  optim::StateFormat state_format() const { return optim::state_format_of(options_.state_format); }
 
   // Data parallelism (world > 1).
   void resolve_world();

@@ -11,6 +11,9 @@ void Engine::set_nvme(const pstar_x_nvme_options& in) {
   require(!built(), PSTAR_ERR_INVALID_STATE,
           "set_nvme: the engine is built; give it an NVMe tier before pstar_engine_build");
   nvme_.validate(in, payloads_);
+  require(options_.state_format == PSTAR_STATE_FP32, PSTAR_ERR_UNSUPPORTED,
+          "set_nvme: the NVMe tier keeps fp32 optimizer state only for now (the engine's state_format is not "
+          "PSTAR_STATE_FP32)");
   require(!options_.hybrid_optimizer, PSTAR_ERR_UNSUPPORTED, "set_nvme: not available with hybrid optimizer placement");
   nvme_.open(in, payloads_, device_.get(), host_.get(), [this](uint32_t k, float* m, float* a, float* v) {
     ChunkState& c = chunks_[k];

@@ -32,6 +32,7 @@ struct EngineOptions {
   float clip_norm = 0.0f;              // 0 = off
   optim::LossScalerConfig loss_scale;  // enabled for an f16 compute dtype
   bool grad_accumulation = false;
+  pstar_state_format state_format = PSTAR_STATE_FP32;  // Adam's m and v
   // Placement.
   pstar_policy placement_policy = PSTAR_POLICY_OPT;
   uint32_t warmup_iterations = 1;  // >= 1

@@ -9,16 +9,33 @@ namespace pstar::optim {
 AdamRange ChunkLists::range(uint64_t lo, uint64_t hi) const {
   AdamRange r;
   r.master = master + lo;
-  r.exp_avg = exp_avg + lo;
-  r.exp_avg_sq = exp_avg_sq + lo;
+  r.exp_avg = static_cast<float*>(exp_avg) + lo;
+  r.exp_avg_sq = static_cast<float*>(exp_avg_sq) + lo;
   r.slot = static_cast<char*>(slot) + lo * dtype_size(dtype);
   r.dtype = dtype;
   r.grad_f32 = grad_f32 != nullptr ? grad_f32 + lo : nullptr;
   r.n = hi - lo;
   if (master_in != nullptr) {
     r.master_in = master_in + lo;
-    r.exp_avg_in = exp_avg_in + lo;
-    r.exp_avg_sq_in = exp_avg_sq_in + lo;
+    r.exp_avg_in = static_cast<const float*>(exp_avg_in) + lo;
+    r.exp_avg_sq_in = static_cast<const float*>(exp_avg_sq_in) + lo;
+  }
+  return r;
+}
+
+AdamStateRange ChunkLists::state_range(uint64_t lo, uint64_t hi) const {
+  AdamStateRange r;
+  r.master = master + lo;
+  r.exp_avg = moment_list_at(format, exp_avg, elems, lo);
+  r.exp_avg_sq = moment_list_at(format, exp_avg_sq, elems, lo);
+  r.slot = static_cast<char*>(slot) + lo * dtype_size(dtype);
+  r.dtype = dtype;
+  r.grad_f32 = grad_f32 != nullptr ? grad_f32 + lo : nullptr;
+  r.n = hi - lo;
+  if (master_in != nullptr) {
+    r.master_in = master_in + lo;
+    r.exp_avg_in = moment_list_at(format, exp_avg_in, elems, lo);
+    r.exp_avg_sq_in = moment_list_at(format, exp_avg_sq_in, elems, lo);
   }
   return r;
 }
@@ -36,7 +53,11 @@ void update_chunk(ThreadPool& pool, AdamIsa isa, uint64_t elems, const std::vect
     for (const Segment& sg : segments) {
       const uint64_t lo = std::max<uint64_t>(b, sg.begin), hi = std::min<uint64_t>(e, sg.end);
       if (lo >= hi) continue;
-      adam_update(isa, sg.constants, lists.range(lo, hi));
+      if (lists.format == StateFormat::kFp32) {
+        adam_update(isa, sg.constants, lists.range(lo, hi));
+      } else {
+        adam_update_states(isa, lists.format, sg.constants, lists.state_range(lo, hi));
+      }
     }
   });
 }

@@ -16,10 +16,20 @@
 
 #include "optim/adam.h"
 #include "optim/adam_kernel.h"
+#include "optim/adam_states.h"
 #include "pstar/pstar.h"
 #include "util/thread_pool.h"
 
 namespace pstar::optim {
+
+// The C API's format as the kernels name it.
+inline StateFormat state_format_of(pstar_state_format f) {
+  switch (f) {
+    case PSTAR_STATE_BF16: return StateFormat::kBf16;
+    case PSTAR_STATE_INT8: return StateFormat::kInt8;
+    default: return StateFormat::kFp32;
+  }
+}
 
 // Elements per unit of the optimizer's split of a chunk across threads: a
 // multiple of every vector width and of the 128-element parameter alignment.
@@ -33,22 +43,32 @@ struct Segment {
 };
 
 // The buffers of one chunk's (or shard's) update, all indexed from the same
-// element 0: the fp32 lists and the compute-dtype payload.
+// element 0: the fp32 master (and gradient) lists, Adam's moments in the
+// engine's state format, and the compute-dtype payload.
 struct ChunkLists {
   float* master = nullptr;
-  float* exp_avg = nullptr;
-  float* exp_avg_sq = nullptr;
+  // The moment lists' storage in `format` (optim/adam_states.h:
+  // moment_list_bytes(format, elems) bytes each; fp32 floats in kFp32).
+  void* exp_avg = nullptr;
+  void* exp_avg_sq = nullptr;
   const float* grad_f32 = nullptr;  // separate fp32 gradient list, or null
   void* slot = nullptr;             // the compute-dtype payload
   pstar_dtype dtype = PSTAR_DTYPE_BF16;
-  // Out of place (AdamRange): the fp32 lists read, null to update master,
+  // Out of place (AdamRange): the lists read, null to update master,
   // exp_avg and exp_avg_sq in place.
   const float* master_in = nullptr;
-  const float* exp_avg_in = nullptr;
-  const float* exp_avg_sq_in = nullptr;
+  const void* exp_avg_in = nullptr;
+  const void* exp_avg_sq_in = nullptr;
+  StateFormat format = StateFormat::kFp32;
+  // Elements of each list (a chunk's or a shard's): where an int8 list's
+  // block maxima begin.  Needed by the formats other than kFp32.
+  uint64_t elems = 0;
 
-  // The kernel's range for elements [lo, hi).
+  // kFp32: the kernel's range for elements [lo, hi).
   AdamRange range(uint64_t lo, uint64_t hi) const;
+  // Any format: the range [lo, hi), lo on a block boundary
+  // (adam_states.h's contract).
+  AdamStateRange state_range(uint64_t lo, uint64_t hi) const;
 };
 
 // The segments of one chunk for one step: every parameter's constants come
@@ -75,8 +95,10 @@ class SegmentList {
 
 // Updates elements [0, elems) of `lists` where the segments cover them: one
 // parallel pass on `pool`, split into blocks of whole kAdamGrainElems
-// grains, each block running optim::adam_update with `isa` on the part of
-// every segment it overlaps.
+// grains, each block running the update of the lists' format with `isa`
+// on the part of every segment it overlaps.  A grain is a whole number of
+// int8 blocks, and the layout starts every parameter on a block boundary
+// in that format, so every range starts on one.
 void update_chunk(ThreadPool& pool, AdamIsa isa, uint64_t elems, const std::vector<Segment>& segments,
                   const ChunkLists& lists);
 

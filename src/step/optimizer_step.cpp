@@ -37,6 +37,13 @@ OptimizerStep::OptimizerStep(const StepParts& parts, const StepOptions& options)
 
 size_t OptimizerStep::elem_bytes() const { return dtype_size(options_.compute_dtype); }
 
+optim::ChunkLists OptimizerStep::host_lists(const ChunkState& c, void* payload) const {
+  optim::ChunkLists lists{c.master, c.exp_avg, c.exp_avg_sq, c.grad32, payload, options_.compute_dtype};
+  lists.format = options_.state_format;
+  lists.elems = c.shard_elems;
+  return lists;
+}
+
 void OptimizerStep::attach(const chunk::ChunkLayout* layout) {
   layout_ = layout;
   // With world > 1 a gather, ahead of use too, reads a shard on the
@@ -306,9 +313,7 @@ void OptimizerStep::run_local(pstar_step_result& r) {
       r.params_updated += segments.segments().size();
       return !segments.empty();
     };
-    auto lists_of = [&](const ChunkState& c, void* payload) {
-      return optim::ChunkLists{c.master, c.exp_avg, c.exp_avg_sq, c.grad32, payload, options_.compute_dtype};
-    };
+    auto lists_of = [&](const ChunkState& c, void* payload) { return host_lists(c, payload); };
     // Chunks whose optimizer state is on the device: the update is queued on
     // the compute stream (same kernel code, same constants, same bits), and
     // runs while the host updates the other chunks.
@@ -381,7 +386,7 @@ void OptimizerStep::run_local(pstar_step_result& r) {
           kept_any = true;
           continue;
         }
-        if (lazy_moments(nvme_, *host_)) values::ensure_moments(*host_, c, options_.payloads);
+        if (lazy_moments(nvme_, *host_)) values::ensure_moments(*host_, c, moment_bytes(c), options_.payloads);
         jobs.push_back(UpdateWorker::Job{k, layout_->chunks()[k].used_elems, segments.segments(),
                                          lists_of(c, placement_->host_view(k)), options_.grad_accumulation});
         c.awaiting_update = true;
@@ -408,7 +413,7 @@ void OptimizerStep::run_local(pstar_step_result& r) {
         nvme_.update_chunks(host_chunks, [&](uint32_t k) {
           ChunkState& c = chunks_[k];
           if (segments_of(k)) {
-            if (lazy_moments(nvme_, *host_)) values::ensure_moments(*host_, c, options_.payloads);
+            if (lazy_moments(nvme_, *host_)) values::ensure_moments(*host_, c, moment_bytes(c), options_.payloads);
             void* payload = modelled ? placement_->host_view_modelled(k) : placement_->host_view(k);
             const uint64_t elems = layout_->chunks()[k].used_elems;
             if (options_.payloads) {  // a dry run places chunks; it computes nothing

@@ -77,6 +77,9 @@ struct StepOptions {
   // synchronous, so that what placement does is a function of the calls
   // alone (an overlapped update's end would be the update thread's timing).
   bool virtual_clock = false;
+  // Adam's moments' format (optim/adam_states.h; fp32 only with the NVMe
+  // tier and hybrid placement).
+  optim::StateFormat state_format = optim::StateFormat::kFp32;
 };
 
 // Whether Adam's moments wait for a chunk's first update
@@ -234,10 +237,11 @@ class OptimizerStep {
     uint32_t chunk = 0;
     std::vector<optim::Segment> segments;
     float* master = nullptr;
-    float* exp_avg = nullptr;
+    float* exp_avg = nullptr;  // the moments in the state format (chunk::Fp32Lists)
     float* exp_avg_sq = nullptr;
     void* payload = nullptr;
   };
+  uint64_t result_bytes(const chunk::ChunkState& c) const;
   enum class SpecState : uint8_t { kNone, kPending, kHanded };
   bool speculates() const { return worker_ != nullptr && spec_budget_ > 0 && !options_.grad_accumulation; }
   void hand_over_speculation();
@@ -268,6 +272,13 @@ class OptimizerStep {
   // gradient gets its weight back from the master; the scaler backs off.
   void skip_step(pstar_step_result* r);
   size_t elem_bytes() const;
+  // Bytes of each of chunk c's moment lists (its shard's with world > 1).
+  uint64_t moment_bytes(const chunk::ChunkState& c) const {
+    return optim::moment_list_bytes(options_.state_format, c.shard_elems);
+  }
+  // Chunk c's lists on the host for its update, with `payload` the
+  // compute-dtype slot (the chunk's, or this rank's shard).
+  optim::ChunkLists host_lists(const chunk::ChunkState& c, void* payload) const;
   chunk::ShardSpan shard_span(uint32_t id) const {
     const auto& place = layout_->param(id);
     return chunk::shard_span(place, chunks_[place.chunk].shard_elems, group_.rank());

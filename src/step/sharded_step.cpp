@@ -192,8 +192,8 @@ void OptimizerStep::run_sharded(pstar_step_result& r) {
     // updated chunk has its moments (a shard of padding only too), so that
     // ranks hold the same host bytes.
     auto host_lists = [&](ChunkState& c) {
-      if (lazy_moments(nvme_, *host_)) values::ensure_moments(*host_, c, options_.payloads);
-      return optim::ChunkLists{c.master, c.exp_avg, c.exp_avg_sq, c.grad32, c.shard, options_.compute_dtype};
+      if (lazy_moments(nvme_, *host_)) values::ensure_moments(*host_, c, moment_bytes(c), options_.payloads);
+      return OptimizerStep::host_lists(c, c.shard);
     };
     // Shards whose optimizer state is on the device (hybrid placement) are
     // updated there first, queued, while the host updates the others.

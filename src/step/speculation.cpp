@@ -58,8 +58,13 @@ using Use = memory::DeviceTier::Use;
 namespace {
 // The host bytes of one chunk's speculative result: its three fp32 lists
 // and a payload.
-uint64_t result_bytes(const ChunkState& c) { return 3 * c.shard_elems * sizeof(float) + c.bytes; }
 }  // namespace
+
+// The bytes of chunk c's result buffers: a master, the two moment lists
+// and a payload.
+uint64_t OptimizerStep::result_bytes(const ChunkState& c) const {
+  return c.shard_elems * sizeof(float) + 2 * moment_bytes(c) + c.bytes;
+}
 
 void OptimizerStep::add_segments(uint32_t k, optim::SegmentList& list) const {
   for (uint32_t id : layout_->chunks()[k].params) {
@@ -87,7 +92,7 @@ void OptimizerStep::reserve_speculation() {
       if (layout_->chunks()[k].frozen || nvme_.on_drive(k)) continue;
       const uint64_t fp32_bytes = c.shard_elems * sizeof(float);
       if (result_bytes(c) > spec_budget_ - bytes) break;
-      for (uint64_t b : {fp32_bytes, fp32_bytes, fp32_bytes, c.bytes}) {
+      for (uint64_t b : {fp32_bytes, moment_bytes(c), moment_bytes(c), c.bytes}) {
         void* p = host_->acquire(b);
         taken.emplace_back(p, b);
         std::memset(p, 0, b);
@@ -135,14 +140,18 @@ void OptimizerStep::hand_over_speculation() {
     s.segments = list.segments();
     try {
       s.master = static_cast<float*>(host_->acquire(fp32_bytes));
-      s.exp_avg = static_cast<float*>(host_->acquire(fp32_bytes));
-      s.exp_avg_sq = static_cast<float*>(host_->acquire(fp32_bytes));
+      s.exp_avg = static_cast<float*>(host_->acquire(moment_bytes(c)));
+      s.exp_avg_sq = static_cast<float*>(host_->acquire(moment_bytes(c)));
       s.payload = host_->acquire(c.bytes);
     } catch (const Error&) {
       release_speculated(s);
       continue;
     }
-    optim::ChunkLists lists{s.master, s.exp_avg, s.exp_avg_sq, nullptr, s.payload, options_.compute_dtype};
+    optim::ChunkLists lists = host_lists(c, s.payload);
+    lists.master = s.master;
+    lists.exp_avg = s.exp_avg;
+    lists.exp_avg_sq = s.exp_avg_sq;
+    lists.grad_f32 = nullptr;
     lists.master_in = c.master;
     lists.exp_avg_in = c.exp_avg;
     lists.exp_avg_sq_in = c.exp_avg_sq;
@@ -151,8 +160,8 @@ void OptimizerStep::hand_over_speculation() {
       // (chunk::Fp32Lists); the result's own buffers start as them and are
       // updated in place (element-wise, so reading and writing one buffer
       // is the out-of-place update's arithmetic).
-      std::memset(s.exp_avg, 0, fp32_bytes);
-      std::memset(s.exp_avg_sq, 0, fp32_bytes);
+      std::memset(s.exp_avg, 0, moment_bytes(c));
+      std::memset(s.exp_avg_sq, 0, moment_bytes(c));
       lists.exp_avg_in = s.exp_avg;
       lists.exp_avg_sq_in = s.exp_avg_sq;
     }
@@ -173,9 +182,10 @@ void OptimizerStep::hand_over_speculation() {
 
 void OptimizerStep::release_speculated(Speculated& s) noexcept {
   const ChunkState& c = chunks_[s.chunk];
-  const uint64_t fp32_bytes = c.shard_elems * sizeof(float);
-  for (float** b : {&s.master, &s.exp_avg, &s.exp_avg_sq}) {
-    if (*b != nullptr) host_->release(*b, fp32_bytes);
+  host_->release(s.master, c.shard_elems * sizeof(float));
+  s.master = nullptr;
+  for (float** b : {&s.exp_avg, &s.exp_avg_sq}) {
+    host_->release(*b, moment_bytes(c));
     *b = nullptr;
   }
   if (s.payload != nullptr) host_->release(s.payload, c.bytes);

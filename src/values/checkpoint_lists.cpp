@@ -1,6 +1,7 @@
 // checkpoint::EngineState over an engine's chunks (checkpoint_lists.h).
 #include "values/checkpoint_lists.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "util/dtype.h"
@@ -54,10 +55,50 @@ void CheckpointLists::read_list(uint32_t id, int list, float* out) {
   const chunk::ChunkState& c = (*parts_.chunks)[place.chunk];
   const auto [lo, a, b] = shard_span(id, rank());
   const float* src = list == 3 ? nullptr : list_base(c, list);
+  if (list != 0 && list != 3 && src != nullptr && state_format_ != optim::StateFormat::kFp32) {
+    if (a < b) moments_out(c, list, a - lo, b - a, out);
+    return;
+  }
   for (uint64_t i = a; i < b; ++i) {
     // Moments not allocated yet are zeros (chunk::Fp32Lists).
     out[i - a] = list == 3 ? load_as(c.shard, compute_dtype_, i - lo) : src ? src[i - lo] : 0.0f;
   }
+}
+
+void CheckpointLists::moments_out(const chunk::ChunkState& c, int list, uint64_t lo, uint64_t n, float* out) const {
+  optim::moments_to_f32(state_format_, list == 2, list_base(c, list), c.shard_elems, lo, n, out);
+  if (state_format_ != optim::StateFormat::kInt8 || list != 1) return;
+  // A checkpoint holds values that encode back to the same codes and block
+  // maxima, so that a resumed run has the same bits.  The decoded values
+  // are such values but for one case: a block of m whose largest magnitude
+  // was negative.  Its element took code 0, whose map value is -0.99297,
+  // not -1, so its decoded value is -0.99297 x absmax and the block's
+  // maximum would come back smaller.  That element is saved as -absmax
+  // (code 0 again, since -1 lies below -0.99297); every other element is
+  // its decoded value.  (lo is a block boundary: a parameter's or a
+  // shard's start.)
+  const optim::ConstMomentList m =
+      optim::moment_list_at(state_format_, static_cast<const void*>(list_base(c, list)), c.shard_elems, lo);
+  const uint8_t* codes = static_cast<const uint8_t*>(m.values);
+  for (uint64_t b = 0; b * optim::kInt8BlockElems < n; ++b) {
+    const float absmax = m.absmax[b];
+    const uint64_t first = b * optim::kInt8BlockElems;
+    const uint64_t end = std::min<uint64_t>(n, first + optim::kInt8BlockElems);
+    if (!(absmax > 0.0f)) continue;
+    bool exact = false;  // an element decodes to +absmax (code of 1.0)
+    for (uint64_t i = first; i < end && !exact; ++i) exact = out[i] == absmax;
+    if (exact) continue;
+    for (uint64_t i = first; i < end; ++i) {
+      if (codes[i] == 0) {
+        out[i] = -absmax;
+        break;
+      }
+    }
+  }
+}
+
+void CheckpointLists::moments_in(chunk::ChunkState& c, int list, uint64_t lo, uint64_t n, const float* in) const {
+  optim::moments_from_f32(state_format_, list == 2, list_base(c, list), c.shard_elems, lo, n, in);
 }
 
 // Straight to the values (not Engine::read/write, whose checks the callers
@@ -76,11 +117,15 @@ void CheckpointLists::write_list(uint32_t id, int list, const float* whole) {
     const auto& place = layout_.param(id);
     parts_.nvme->access(place.chunk, true);
     chunk::ChunkState& c = (*parts_.chunks)[place.chunk];
-    ensure_moments(host_, c, true);
+    ensure_moments(host_, c, moment_bytes(c), true);
     HostLists lists(*parts_.hybrid, place.chunk, HostLists::list_bit(list));  // a shard's state on the device
     float* dst = list_base(c, list);
     const auto [lo, a, b] = shard_span(id, rank());
-    for (uint64_t i = a; i < b; ++i) dst[i - lo] = whole[i - place.offset_elems];
+    if (state_format_ != optim::StateFormat::kFp32) {
+      if (a < b) moments_in(c, list, a - lo, b - a, whole + (a - place.offset_elems));
+    } else {
+      for (uint64_t i = a; i < b; ++i) dst[i - lo] = whole[i - place.offset_elems];
+    }
     lists.write_back();
   }
 }
@@ -103,7 +148,16 @@ void CheckpointLists::copy_list(uint32_t id, int list, bool into_engine, float* 
       std::memset(out, 0, bytes);
       return;
     }
-    ensure_moments(host_, c, true);
+    ensure_moments(host_, c, moment_bytes(c), true);
+  }
+  if (list != 0 && state_format_ != optim::StateFormat::kFp32) {
+    // Hybrid placement keeps fp32 state only: these lists are on the host.
+    if (into_engine) {
+      moments_in(c, list, place.offset_elems, params_[id].numel, in);
+    } else {
+      moments_out(c, list, place.offset_elems, params_[id].numel, out);
+    }
+    return;
   }
   float* at = list_base(c, list) + place.offset_elems;
   if (c.opt_device != nullptr) {

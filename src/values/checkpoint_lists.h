@@ -19,6 +19,7 @@
 #include "chunk/layout.h"
 #include "chunk/param_table.h"
 #include "memory/host_pool.h"
+#include "optim/adam_states.h"
 #include "optim/optimizer.h"
 #include "values/param_values.h"
 
@@ -28,10 +29,11 @@ class CheckpointLists final : public checkpoint::EngineState {
  public:
   // `parts` as the engine's ParamValues has them; `params` the same table,
   // writable (a load sets parameter groups); `chunk_elems` the options'
-  // (the compute layout a checkpoint records).
+  // (the compute layout a checkpoint records); `state_format` Adam's
+  // moments' (a checkpoint holds them as fp32 values in every format).
   CheckpointLists(const ValueParts& parts, chunk::ParamTable& params, memory::HostPool& host, ParamValues& values,
                   optim::Optimizer& optimizer, const chunk::ChunkLayout& layout, pstar_dtype compute_dtype,
-                  uint64_t chunk_elems)
+                  uint64_t chunk_elems, optim::StateFormat state_format)
       : parts_(parts),
         params_(params),
         host_(host),
@@ -39,7 +41,8 @@ class CheckpointLists final : public checkpoint::EngineState {
         optimizer_(optimizer),
         layout_(layout),
         compute_dtype_(compute_dtype),
-        chunk_elems_(chunk_elems) {}
+        chunk_elems_(chunk_elems),
+        state_format_(state_format) {}
 
   uint32_t param_count() const override { return params_.size(); }
   checkpoint::ParamView param(uint32_t id) const override;
@@ -59,12 +62,20 @@ class CheckpointLists final : public checkpoint::EngineState {
   optim::Optimizer& optimizer() override { return optimizer_; }
   pstar_dtype compute_dtype() const override { return compute_dtype_; }
   uint64_t chunk_elems() const override { return chunk_elems_; }
+  const char* state_format() const override { return optim::state_format_name(state_format_); }
 
  private:
   chunk::ShardSpan shard_span(uint32_t id, int rank) const;
   // One process: list `list` of a trainable parameter copied into the
   // engine (from `in`) or out of it (into `out`), wherever it lives.
   void copy_list(uint32_t id, int list, bool into_engine, float* out, const float* in);
+  // Moments of chunk c's list `list` (1 m, 2 v), elements [lo, lo + n) of
+  // its (shard's) list, as fp32 values, out of or into the format's storage.
+  void moments_out(const chunk::ChunkState& c, int list, uint64_t lo, uint64_t n, float* out) const;
+  void moments_in(chunk::ChunkState& c, int list, uint64_t lo, uint64_t n, const float* in) const;
+  uint64_t moment_bytes(const chunk::ChunkState& c) const {
+    return optim::moment_list_bytes(state_format_, c.shard_elems);
+  }
 
   const ValueParts parts_;
   chunk::ParamTable& params_;
@@ -74,6 +85,7 @@ class CheckpointLists final : public checkpoint::EngineState {
   const chunk::ChunkLayout& layout_;
   const pstar_dtype compute_dtype_;
   const uint64_t chunk_elems_;
+  const optim::StateFormat state_format_;
 };
 
 }  // namespace pstar::values

@@ -8,12 +8,11 @@
 
 namespace pstar::values {
 
-void ensure_moments(memory::HostPool& host, chunk::ChunkState& c, bool zero_fill) {
-  const uint64_t fp32_bytes = c.shard_elems * sizeof(float);
+void ensure_moments(memory::HostPool& host, chunk::ChunkState& c, uint64_t bytes, bool zero_fill) {
   for (float** b : {&c.exp_avg, &c.exp_avg_sq}) {
     if (*b != nullptr) continue;
-    *b = static_cast<float*>(host.acquire(fp32_bytes));
-    if (zero_fill) std::memset(*b, 0, fp32_bytes);
+    *b = static_cast<float*>(host.acquire(bytes));
+    if (zero_fill) std::memset(*b, 0, bytes);
   }
 }
 

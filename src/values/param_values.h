@@ -38,9 +38,10 @@ namespace pstar::values {
 
 // Adam's moments of chunk `c` (its shard with world > 1) on the host, zeros
 // where they did not exist yet; a no-op where they do (chunk::Fp32Lists:
-// they come with a chunk's first update or load).  `zero_fill` false: a
-// dry run, whose buffers hold nothing.
-void ensure_moments(memory::HostPool& host, chunk::ChunkState& c, bool zero_fill);
+// they come with a chunk's first update or load).  `bytes`: each list's
+// (optim::moment_list_bytes; all bits clear is zeros in every format).
+// `zero_fill` false: a dry run, whose buffers hold nothing.
+void ensure_moments(memory::HostPool& host, chunk::ChunkState& c, uint64_t bytes, bool zero_fill);
 
 // The engine's modules values are read from and written into; every
 // pointer outlives the ParamValues.

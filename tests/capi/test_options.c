@@ -66,6 +66,7 @@ Test(options, documented_defaults) {
   cr_assert_eq(o.loss_scale_growth_interval, 2000u);
   cr_assert_eq(o.loss_scale_hysteresis, 2u);
   cr_assert_eq(o.loss_scale_min, 1.0f);
+  cr_assert_eq(o.state_format, PSTAR_STATE_FP32);
 }
 
 Test(options, result_and_stats_init_match_their_macros) {
@@ -228,6 +229,13 @@ static void m_ls_backoff2(pstar_engine_options *o) { o->loss_scale_backoff_facto
 static void m_ls_interval(pstar_engine_options *o) { o->loss_scale_growth_interval = 0; }
 static void m_ls_hyst(pstar_engine_options *o) { o->loss_scale_hysteresis = 0; }
 static void m_ls_min(pstar_engine_options *o) { o->loss_scale_min = 0.0f; }
+static void m_state_unknown(pstar_engine_options *o) { o->state_format = (pstar_state_format)3; }
+static void m_state_negative(pstar_engine_options *o) { o->state_format = (pstar_state_format)-1; }
+/* A multiple of 128 elements but not of the int8 format's 256-element block. */
+static void m_state_int8_chunk(pstar_engine_options *o) {
+  o->state_format = PSTAR_STATE_INT8;
+  o->chunk_elems = 384;
+}
 static void m_strict_cuda(pstar_engine_options *o) {
   o->device = PSTAR_DEVICE_CUDA;
   o->strict = 1;
@@ -271,6 +279,9 @@ Test(options, invalid_values_are_rejected) {
       {"loss_scale_hysteresis 0", "loss_scale_hysteresis", m_ls_hyst},
       {"loss_scale_min 0", "loss_scale_min", m_ls_min},
       {"strict on CUDA", "strict", m_strict_cuda},
+      {"unknown state format", "state format", m_state_unknown},
+      {"negative state format", "state format", m_state_negative},
+      {"int8 with chunk_elems 384", "chunk_elems", m_state_int8_chunk},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
     pstar_engine_options o;
@@ -284,6 +295,27 @@ Test(options, invalid_values_are_rejected) {
     cr_assert(strstr(msg, cases[i].needle) != NULL, "%s: message \"%s\" does not mention %s", cases[i].what, msg,
               cases[i].needle);
     cr_assert_eq((uintptr_t)e, (uintptr_t)0x42, "%s: out_engine written on failure", cases[i].what);
+  }
+}
+
+/* Hybrid placement keeps fp32 state only for now: refused with a reason,
+ * not silently run in another format. */
+Test(options, a_state_format_other_than_fp32_refuses_hybrid_placement) {
+  const pstar_state_format formats[] = {PSTAR_STATE_BF16, PSTAR_STATE_INT8};
+  for (size_t i = 0; i < 2; ++i) {
+    pstar_engine_options o;
+    T_OK(pstar_engine_options_init(&o));
+    o.state_format = formats[i];
+    o.hybrid_optimizer = 1;
+    pstar_engine *e = NULL;
+    const pstar_status s = pstar_engine_create(&o, &e);
+    char msg[T_MSG_CAP];
+    t_copy_last_error(msg, sizeof msg);
+    cr_assert_eq(s, PSTAR_ERR_UNSUPPORTED, "format %d: got %s", (int)formats[i], pstar_status_name(s));
+    cr_assert(strstr(msg, "hybrid_optimizer") != NULL && strstr(msg, "state_format") != NULL, "message: %s", msg);
+    o.hybrid_optimizer = 0;
+    T_OK(pstar_engine_create(&o, &e));
+    pstar_engine_destroy(e);
   }
 }
 

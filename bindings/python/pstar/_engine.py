@@ -22,6 +22,7 @@ _STAGES = {
     "recompute": _c.PSTAR_STAGE_RECOMPUTE,
 }
 _POLICIES = {"opt": _c.PSTAR_POLICY_OPT, "lru": _c.PSTAR_POLICY_LRU, "static": _c.PSTAR_POLICY_STATIC}
+_STATE_FORMATS = {"fp32": _c.PSTAR_STATE_FP32, "bf16": _c.PSTAR_STATE_BF16, "int8": _c.PSTAR_STATE_INT8}
 _HPARAMS = {
     "lr": _c.PSTAR_HPARAM_LR,
     "beta1": _c.PSTAR_HPARAM_BETA1,
@@ -55,11 +56,16 @@ class Options:
     """pstar_engine_options with the library's defaults; fields by name.
 
     ``Options(device="emulated", device_capacity_bytes=1 << 20, compute_dtype="bf16")``;
-    enum fields take names ("cuda", "f16", "lru") or integers.  An unknown
+    enum fields take names ("cuda", "f16", "lru", state_format "int8") or integers.  An unknown
     field name raises TypeError.
     """
 
-    _ENUMS = {"device": _DEVICES, "compute_dtype": _DTYPES, "placement_policy": _POLICIES}
+    _ENUMS = {
+        "device": _DEVICES,
+        "compute_dtype": _DTYPES,
+        "placement_policy": _POLICIES,
+        "state_format": _STATE_FORMATS,
+    }
 
     def __init__(self, **fields):
         self._raw = _c.pstar_engine_options()

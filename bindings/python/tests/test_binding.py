@@ -120,7 +120,7 @@ def test_write_then_read_round_trips_through_the_compute_dtype(dtype):
 
 # -- training ----------------------------------------------------------------
 
-def train_regression(capacity, steps=60):
+def train_regression(capacity, steps=60, **options):
     """Least squares y = x @ W_true with AdamW in libpstar; returns losses and stats."""
     rng = np.random.default_rng(3)
     layers = [rng.standard_normal((16, 16)).astype(np.float32) * 0.3 for _ in range(6)]
@@ -128,7 +128,7 @@ def train_regression(capacity, steps=60):
     # A target the network can reach (its output is a tanh).
     y = np.tanh(x @ (rng.standard_normal((16, 16)).astype(np.float32) * 0.3))
     losses = []
-    with small_engine(chunk_elems=256, device_capacity_bytes=capacity, lr=1e-2, weight_decay=0.0) as e:
+    with small_engine(chunk_elems=256, device_capacity_bytes=capacity, lr=1e-2, weight_decay=0.0, **options) as e:
         ws = [e.register(f"w{i}", (16, 16)) for i in range(len(layers))]
         e.build()
         for w, v in zip(ws, layers):
@@ -166,6 +166,24 @@ def test_constrained_and_unlimited_runs_give_the_same_losses():
     tight, _ = train_regression(capacity=2 * 1024 + 2 * 1024 + 512, steps=15)
     free, _ = train_regression(capacity=0, steps=15)
     assert tight == free
+
+
+def test_state_formats_train_in_fewer_host_bytes():
+    # Adam's moments as bf16 or int8 codes: the loss still falls, constrained
+    # and unlimited runs agree, and the host holds fewer bytes than with fp32.
+    fp32_losses, fp32 = train_regression(capacity=0, steps=40)
+    for name, saved_per_elem in (("bf16", 4), ("int8", 6)):
+        losses, stats = train_regression(capacity=0, steps=40, state_format=name)
+        assert losses[-1] < 0.5 * losses[0], (name, losses[::10])
+        assert losses != fp32_losses  # the format is in effect
+        tight, _ = train_regression(capacity=2 * 1024 + 2 * 1024 + 512, steps=40, state_format=name)
+        assert tight == losses
+        # Six chunks of 256 trainable elements; int8 keeps 1 byte per element
+        # and list plus its block maxima (a float per 256, after the codes).
+        saved = fp32["host_bytes"] - stats["host_bytes"]
+        assert saved >= 6 * 256 * saved_per_elem - 6 * 2 * 64, (name, saved)
+    with pytest.raises(pstar.InvalidArgumentError, match="state_format"):
+        pstar.Options(state_format="fp8")
 
 
 # -- buffer protocol and DLPack -------------------------------------------------

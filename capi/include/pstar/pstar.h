@@ -209,6 +209,27 @@ typedef enum pstar_param_flags {
   PSTAR_PARAM_FORCE_32BIT_ = -0x7fffffff - 1
 } pstar_param_flags;
 
+/** The format of Adam's moments (m and v) in every tier
+ *  (pstar_engine_options.state_format; docs/design.md, "Optimizer state
+ *  formats").  The fp32 masters are the same in every format. */
+typedef enum pstar_state_format {
+  /** fp32 m and v: 4 bytes each per element (the default). */
+  PSTAR_STATE_FP32 = 0,
+  /** bf16 m and v (rounded to nearest even after each update): 2 bytes
+   *  each per element. */
+  PSTAR_STATE_BF16 = 1,
+  /** Blockwise 8-bit m and v (Dettmers et al., ICLR 2022): a code byte each
+   *  per element on the dynamic map (signed for m, unsigned for v) and an
+   *  fp32 absolute maximum per block of PSTAR_STATE_INT8_BLOCK elements of
+   *  a parameter. */
+  PSTAR_STATE_INT8 = 2,
+  PSTAR_STATE_FORCE_32BIT_ = -0x7fffffff - 1
+} pstar_state_format;
+
+/** Elements per block of PSTAR_STATE_INT8 (one absolute maximum each);
+ *  each parameter's blocks start at its first element. */
+#define PSTAR_STATE_INT8_BLOCK 256
+
 /** Eviction policy of the accelerator tier. */
 typedef enum pstar_policy {
   /** Belady's OPT from the warm-up trace: evict the chunk used furthest in
@@ -267,7 +288,7 @@ PSTAR_API void pstar_free(void *ptr);
 /* ------------------------------------------------------------------------ */
 
 /** Current version of pstar_engine_options. */
-#define PSTAR_ENGINE_OPTIONS_VERSION 4
+#define PSTAR_ENGINE_OPTIONS_VERSION 5
 
 /** Options for pstar_engine_create().  A field means what it says (a weight
  *  decay of zero is zero); only sizes and counts use 0 for "choose for me". */
@@ -427,6 +448,15 @@ typedef struct pstar_engine_options {
   /** Milliseconds the rendezvous and each collective wait for the other
    *  ranks before failing with PSTAR_ERR_COMM; 0 = 60000. */
   uint32_t comm_timeout_ms;
+  /* Version 5 */
+  /** The format of Adam's m and v (pstar_state_format; default
+   *  PSTAR_STATE_FP32, today's bits).  Fixed for the engine's life, and
+   *  part of its checkpoints: a load into an engine of another format is
+   *  refused.  With PSTAR_STATE_INT8 every parameter starts on a block
+   *  boundary (chunk_elems must then be a multiple of
+   *  PSTAR_STATE_INT8_BLOCK).  Not yet with the NVMe tier or
+   *  hybrid_optimizer (PSTAR_ERR_UNSUPPORTED). */
+  pstar_state_format state_format;
 } pstar_engine_options;
 
 /** Default modelled bandwidth of a host<->accelerator link: 12 GB/s, what a
@@ -442,7 +472,7 @@ typedef struct pstar_engine_options {
     sizeof(pstar_engine_options), PSTAR_ENGINE_OPTIONS_VERSION, PSTAR_DEVICE_EMULATED, \
         0, 0, 0, 0, 0, 0, 0, PSTAR_DTYPE_BF16, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, 1,    \
         0.0f, 65536.0f, 2.0f, 0.5f, 2000u, 2u, 1.0f, 0, PSTAR_POLICY_OPT, 0, 1, 0, 0,  \
-        0.0, 0.0, 0, 0, 0, 0, 0, 0                                                  \
+        0.0, 0.0, 0, 0, 0, 0, 0, 0, PSTAR_STATE_FP32                                \
   }
 
 /** Writes the library's defaults into *options (the same as

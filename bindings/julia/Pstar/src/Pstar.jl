@@ -62,6 +62,10 @@ const PSTAR_POLICY_OPT = Cint(0)
 const PSTAR_POLICY_LRU = Cint(1)
 const PSTAR_POLICY_STATIC = Cint(2)
 
+const PSTAR_STATE_FP32 = Cint(0)
+const PSTAR_STATE_BF16 = Cint(1)
+const PSTAR_STATE_INT8 = Cint(2)
+
 const PSTAR_LOG_DEBUG = Cint(0)
 const PSTAR_LOG_INFO = Cint(1)
 const PSTAR_LOG_WARN = Cint(2)
@@ -119,6 +123,7 @@ mutable struct EngineOptions
     rank::Int32
     world_size::Int32
     comm_timeout_ms::UInt32
+    state_format::Cint
     EngineOptions() = new()
 end
 

@@ -5,7 +5,8 @@ pub const PSTAR_VERSION_MINOR: u32 = 1;
 pub const PSTAR_VERSION_PATCH: u32 = 0;
 pub const PSTAR_VERSION_STRING: &[u8; 6usize] = b"0.1.0\0";
 pub const PSTAR_STRUCT_SIZE_MAX: u32 = 4096;
-pub const PSTAR_ENGINE_OPTIONS_VERSION: u32 = 4;
+pub const PSTAR_STATE_INT8_BLOCK: u32 = 256;
+pub const PSTAR_ENGINE_OPTIONS_VERSION: u32 = 5;
 pub const PSTAR_DEFAULT_LINK_BYTES_PER_S: f64 = 12000000000.0;
 pub const PSTAR_DEFAULT_CHUNK_ELEMS: u32 = 4194304;
 pub const PSTAR_STEP_RESULT_VERSION: u32 = 1;
@@ -129,6 +130,25 @@ pub const pstar_param_flags_PSTAR_PARAM_NO_WEIGHT_DECAY: pstar_param_flags = 2;
 pub const pstar_param_flags_PSTAR_PARAM_FORCE_32BIT_: pstar_param_flags = -2147483648;
 #[doc = " Parameter flags for pstar_param_register(), combined with `|`."]
 pub type pstar_param_flags = ::std::os::raw::c_int;
+#[doc = " fp32 m and v: 4 bytes each per element (the default)."]
+pub const pstar_state_format_PSTAR_STATE_FP32: pstar_state_format = 0;
+#[doc = " bf16 m and v (rounded to nearest even after each update): 2 bytes"]
+#[doc = "  each per element."]
+pub const pstar_state_format_PSTAR_STATE_BF16: pstar_state_format = 1;
+#[doc = " Blockwise 8-bit m and v (Dettmers et al., ICLR 2022): a code byte each"]
+#[doc = "  per element on the dynamic map (signed for m, unsigned for v) and an"]
+#[doc = "  fp32 absolute maximum per block of PSTAR_STATE_INT8_BLOCK elements of"]
+#[doc = "  a parameter."]
+pub const pstar_state_format_PSTAR_STATE_INT8: pstar_state_format = 2;
+#[doc = " Blockwise 8-bit m and v (Dettmers et al., ICLR 2022): a code byte each"]
+#[doc = "  per element on the dynamic map (signed for m, unsigned for v) and an"]
+#[doc = "  fp32 absolute maximum per block of PSTAR_STATE_INT8_BLOCK elements of"]
+#[doc = "  a parameter."]
+pub const pstar_state_format_PSTAR_STATE_FORCE_32BIT_: pstar_state_format = -2147483648;
+#[doc = " The format of Adam's moments (m and v) in every tier"]
+#[doc = "  (pstar_engine_options.state_format; docs/design.md, \"Optimizer state"]
+#[doc = "  formats\").  The fp32 masters are the same in every format."]
+pub type pstar_state_format = ::std::os::raw::c_int;
 #[doc = " Belady's OPT from the warm-up trace: evict the chunk used furthest in"]
 #[doc = "  the future; LRU during warm-up and after the access order diverges"]
 #[doc = "  from the trace (which is then recorded anew)."]
@@ -343,6 +363,14 @@ pub struct pstar_engine_options {
     #[doc = " Milliseconds the rendezvous and each collective wait for the other"]
     #[doc = "  ranks before failing with PSTAR_ERR_COMM; 0 = 60000."]
     pub comm_timeout_ms: u32,
+    #[doc = " The format of Adam's m and v (pstar_state_format; default"]
+    #[doc = "  PSTAR_STATE_FP32, today's bits).  Fixed for the engine's life, and"]
+    #[doc = "  part of its checkpoints: a load into an engine of another format is"]
+    #[doc = "  refused.  With PSTAR_STATE_INT8 every parameter starts on a block"]
+    #[doc = "  boundary (chunk_elems must then be a multiple of"]
+    #[doc = "  PSTAR_STATE_INT8_BLOCK).  Not yet with the NVMe tier or"]
+    #[doc = "  hybrid_optimizer (PSTAR_ERR_UNSUPPORTED)."]
+    pub state_format: pstar_state_format,
 }
 #[test]
 fn bindgen_test_layout_pstar_engine_options() {
@@ -1002,6 +1030,23 @@ fn bindgen_test_layout_pstar_engine_options() {
         );
     }
     test_field_comm_timeout_ms();
+    fn test_field_state_format() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<pstar_engine_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).state_format) as usize - ptr as usize
+            },
+            180usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(pstar_engine_options),
+                "::",
+                stringify!(state_format)
+            )
+        );
+    }
+    test_field_state_format();
 }
 extern "C" {
     #[doc = " Writes the library's defaults into *options (the same as"]

@@ -121,6 +121,25 @@ impl Dtype {
     }
 }
 
+/// The format of Adam's moments (pstar_state_format): fp32 (the default),
+/// bf16, or blockwise 8-bit codes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StateFormat {
+    Fp32,
+    Bf16,
+    Int8,
+}
+
+impl StateFormat {
+    fn raw(self) -> sys::pstar_state_format {
+        match self {
+            StateFormat::Fp32 => sys::pstar_state_format_PSTAR_STATE_FP32,
+            StateFormat::Bf16 => sys::pstar_state_format_PSTAR_STATE_BF16,
+            StateFormat::Int8 => sys::pstar_state_format_PSTAR_STATE_INT8,
+        }
+    }
+}
+
 /// The accelerator tier.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Device {
@@ -198,6 +217,11 @@ impl Options {
     }
     pub fn weight_decay(mut self, wd: f32) -> Self {
         self.raw.weight_decay = wd;
+        self
+    }
+    /// The format of Adam's moments, fixed for the engine's life.
+    pub fn state_format(mut self, format: StateFormat) -> Self {
+        self.raw.state_format = format.raw();
         self
     }
     /// Every field of pstar_engine_options.

@@ -56,4 +56,11 @@ public final class Options {
     raw.setWeight_decay(wd);
     return this;
   }
+
+  /** The format of Adam's moments, fixed for the engine's life:
+   *  PstarC.PSTAR_STATE_FP32 (the default), _BF16 or _INT8. */
+  public Options stateFormat(int format) {
+    raw.setState_format(format);
+    return this;
+  }
 }

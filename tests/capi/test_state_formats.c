@@ -1,0 +1,268 @@
+/*
+ * Adam's moments in fewer bytes (pstar_engine_options.state_format): the
+ * bf16 and int8 formats through the whole engine.
+ *
+ * For each format the same small model (a tied parameter, a frozen one, odd
+ * sizes so that int8 blocks end part way) is trained in several ways that
+ * must give the same bits: an unlimited device and a quarter of the compute
+ * list in strict mode (evictions, refetches, poisoned copies), the
+ * synchronous, the overlapped and the speculative step, and a run resumed
+ * from a checkpoint.  The format must be in effect: the host holds fewer
+ * bytes by exactly the moments' difference, and the masters differ from the
+ * fp32 format's (quantized moments) while staying close to them.
+ */
+#define PSTAR_EXPERIMENTAL_API 1
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "capi_test_util.h"
+
+enum { CHUNK_ELEMS = 2048, NPARAMS = 8, TIED = 0, FROZEN = 5, ITERS = 6 };
+
+static const int64_t k_numel[NPARAMS] = {384, 1000, 130, 900, 1700, 700, 2500, 257};
+
+typedef struct run_config {
+  pstar_state_format format;
+  uint64_t capacity; /* device bytes; 0 = unlimited */
+  int strict;
+  int overlap;        /* pstar_x_engine_set_overlap_step */
+  uint64_t speculate; /* pstar_x_engine_set_speculative_update */
+  int save_at;        /* save a checkpoint after this many steps, then go on in a new engine (-1: no) */
+} run_config;
+
+typedef struct run_result {
+  float *params[NPARAMS];
+  pstar_stats stats;
+} run_result;
+
+static void free_result(run_result *r) {
+  for (int i = 0; i < NPARAMS; ++i) free(r->params[i]);
+}
+
+static uint32_t flags_of(int k) {
+  return k == FROZEN ? PSTAR_PARAM_FROZEN : (k == 3 ? PSTAR_PARAM_NO_WEIGHT_DECAY : 0);
+}
+
+static pstar_engine *make_engine(const run_config *c, uint32_t *ids) {
+  pstar_engine_options o = t_options(PSTAR_DTYPE_BF16, CHUNK_ELEMS);
+  o.device_capacity_bytes = c->capacity;
+  o.strict = c->strict;
+  o.strict_seed = 7;
+  o.lr = 1e-2f;
+  o.weight_decay = 0.01f;
+  o.state_format = c->format;
+  pstar_engine *e = t_create(&o);
+  T_OK(pstar_x_engine_set_overlap_step(e, c->overlap));
+  T_OK(pstar_x_engine_set_speculative_update(e, c->speculate));
+  for (int i = 0; i < NPARAMS; ++i) {
+    char name[32];
+    snprintf(name, sizeof name, "layer%d.weight", i);
+    ids[i] = t_register(e, name, k_numel[i], flags_of(i));
+  }
+  T_OK(pstar_engine_build(e));
+  return e;
+}
+
+/* One TRAIN iteration: forward 0..N-1 then the tied one again, backward in
+ * reverse; gradients depend on the weights seen. */
+static void iterate(pstar_engine *e, const uint32_t *ids, int it) {
+  void *stream = NULL;
+  T_OK(pstar_engine_compute_stream(e, &stream));
+  float *g = t_alloc_f(4096);
+  T_OK(pstar_iteration_begin(e, PSTAR_ITERATION_TRAIN));
+  for (int s = 0; s <= NPARAMS; ++s) {
+    const int k = s == NPARAMS ? TIED : s;
+    void *w = NULL;
+    T_OK(pstar_param_acquire(e, ids[k], PSTAR_STAGE_FORWARD, stream, &w));
+    T_OK(pstar_param_release(e, ids[k], stream));
+  }
+  for (int s = NPARAMS; s >= 0; --s) {
+    const int k = s == NPARAMS ? TIED : s;
+    void *w = NULL;
+    T_OK(pstar_param_acquire(e, ids[k], PSTAR_STAGE_BACKWARD, stream, &w));
+    if (k != FROZEN) {
+      for (int64_t j = 0; j < k_numel[k]; ++j) {
+        const float wj = t_bf16_to_f32(((const uint16_t *)w)[j]);
+        /* Magnitudes over several decades, so that the int8 map's decades
+         * are all used. */
+        const float noise = (float)((int)((j * 7 + it * 3 + k * 5) % 11) - 5) * (j % 5 == 0 ? 1e-1f : 1e-3f);
+        g[j] = 0.1f * wj + noise;
+      }
+      T_OK(pstar_grad_write(e, ids[k], g, (uint64_t)k_numel[k], PSTAR_DTYPE_F32, PSTAR_MEM_HOST, stream));
+    }
+    T_OK(pstar_param_release(e, ids[k], stream));
+  }
+  pstar_step_result r;
+  T_OK(pstar_step_result_init(&r));
+  T_OK(pstar_step(e, &r));
+  cr_assert_eq(r.skipped, 0);
+  cr_assert_eq(r.params_updated, NPARAMS - 1);
+  free(g);
+}
+
+static void run(const run_config *c, const char *dir, run_result *out) {
+  memset(out, 0, sizeof *out);
+  uint32_t ids[NPARAMS];
+  pstar_engine *e = make_engine(c, ids);
+  for (int i = 0; i < NPARAMS; ++i) {
+    float *init = t_alloc_f((size_t)k_numel[i]);
+    t_fill(init, (size_t)k_numel[i], (uint32_t)(100 + i), 0.5f);
+    t_write_f32(e, ids[i], init, (uint64_t)k_numel[i]);
+    free(init);
+  }
+  for (int it = 0; it < ITERS; ++it) {
+    if (it == c->save_at) {
+      T_OK(pstar_checkpoint_save(e, dir));
+      T_OK(pstar_engine_destroy(e));
+      e = make_engine(c, ids);
+      T_OK(pstar_checkpoint_load(e, dir));
+    }
+    iterate(e, ids, it);
+  }
+  for (int i = 0; i < NPARAMS; ++i) {
+    out->params[i] = t_alloc_f((size_t)k_numel[i]);
+    t_read_f32(e, ids[i], out->params[i], (uint64_t)k_numel[i]);
+  }
+  out->stats = t_stats(e);
+  T_OK(pstar_engine_destroy(e));
+}
+
+static void assert_same_bits(const run_result *a, const run_result *b, const char *what) {
+  for (int i = 0; i < NPARAMS; ++i) {
+    for (int64_t j = 0; j < k_numel[i]; ++j) {
+      cr_assert_eq(t_f32_bits(a->params[i][j]), t_f32_bits(b->params[i][j]), "%s: param %d elem %lld: %a vs %a", what,
+                   i, (long long)j, (double)a->params[i][j], (double)b->params[i][j]);
+    }
+  }
+}
+
+static char *test_dir(const char *name) {
+  static char buf[512];
+  snprintf(buf, sizeof buf, "%s/state_formats_%s_%d", PSTAR_TEST_TMP_DIR, name, (int)getpid());
+  mkdir(buf, 0755);
+  return buf;
+}
+
+static const run_config k_base = {PSTAR_STATE_FP32, 0, 0, 0, 0, -1};
+
+static void check_format(pstar_state_format f) {
+  run_config c = k_base;
+  c.format = f;
+  run_result ref, other;
+  run(&c, NULL, &ref);
+
+  /* A quarter of the compute list, strict mode: the same bits. */
+  c.capacity = 2 * CHUNK_ELEMS * 2 + 4 * 4096;
+  c.strict = 1;
+  run(&c, NULL, &other);
+  assert_same_bits(&ref, &other, "quarter budget, strict");
+  free_result(&other);
+
+  /* The overlapped and the speculative step: the same bits. */
+  c = k_base;
+  c.format = f;
+  c.overlap = 1;
+  run(&c, NULL, &other);
+  assert_same_bits(&ref, &other, "overlapped step");
+  free_result(&other);
+  c.speculate = 1u << 24;
+  run(&c, NULL, &other);
+  assert_same_bits(&ref, &other, "speculative step");
+  free_result(&other);
+
+  /* Saved after 3 steps and resumed in a new engine: the same bits. */
+  c = k_base;
+  c.format = f;
+  c.save_at = 3;
+  run(&c, test_dir(f == PSTAR_STATE_INT8 ? "int8" : "bf16"), &other);
+  assert_same_bits(&ref, &other, "resumed from a checkpoint");
+  free_result(&other);
+
+  /* In effect: close to the fp32 format's masters but not the same. */
+  run(&k_base, NULL, &other);
+  size_t differ = 0, total = 0;
+  double worst = 0.0;
+  for (int i = 0; i < NPARAMS; ++i) {
+    for (int64_t j = 0; j < k_numel[i]; ++j) {
+      const float a = ref.params[i][j], b = other.params[i][j];
+      differ += t_f32_bits(a) != t_f32_bits(b);
+      ++total;
+      const double d = fabs((double)a - (double)b);
+      if (d > worst) worst = d;
+    }
+  }
+  cr_assert(differ > 0, "format %d gave the fp32 format's bits: not in effect", (int)f);
+  /* lr 1e-2 for 6 steps moves a weight by at most about 0.06; moments in
+   * fewer bits change the steps by a small fraction of that. */
+  cr_assert(worst < 1e-2, "format %d: largest difference from fp32 %g", (int)f, worst);
+  /* Fewer host bytes: the moments' storage is smaller. */
+  cr_assert_lt(ref.stats.peak_host_bytes, other.stats.peak_host_bytes, "format %d: peak host bytes %llu vs fp32's %llu",
+               (int)f, (unsigned long long)ref.stats.peak_host_bytes, (unsigned long long)other.stats.peak_host_bytes);
+  free_result(&other);
+  free_result(&ref);
+}
+
+Test(state_formats, bf16_moments_agree_across_placements_steps_and_resume, .timeout = 120) {
+  check_format(PSTAR_STATE_BF16);
+}
+
+Test(state_formats, int8_moments_agree_across_placements_steps_and_resume, .timeout = 120) {
+  check_format(PSTAR_STATE_INT8);
+}
+
+/* The host's bytes are the fp32 format's less exactly the moments' savings:
+ * per trainable chunk of E elements, 2 x (4E - the format's list bytes). */
+Test(state_formats, host_bytes_shrink_by_the_moments_difference, .timeout = 60) {
+  run_result r[3];
+  const pstar_state_format formats[3] = {PSTAR_STATE_FP32, PSTAR_STATE_BF16, PSTAR_STATE_INT8};
+  for (int i = 0; i < 3; ++i) {
+    run_config c = k_base;
+    c.format = formats[i];
+    run(&c, NULL, &r[i]);
+  }
+  /* The layout of this model in both alignments (128 and the int8 block of
+   * 256): trainable chunks of CHUNK_ELEMS elements, and the jumbo parameter
+   * 6 (2500 elements: 2560 rounded to 128 and to 256 alike). */
+  const uint32_t chunks = r[0].stats.optimizer_chunks;
+  cr_assert_eq(r[1].stats.optimizer_chunks, chunks);
+  cr_assert_eq(r[2].stats.optimizer_chunks, chunks);
+  const uint64_t elems = r[0].stats.optimizer_list_bytes / 4; /* every trainable chunk's capacity */
+  cr_assert_eq(r[2].stats.optimizer_list_bytes / 4, elems, "int8 packs this model into the same capacity");
+  const uint64_t fp32 = r[0].stats.host_bytes, bf16 = r[1].stats.host_bytes, int8 = r[2].stats.host_bytes;
+  cr_assert_eq(fp32 - bf16, 2 * 2 * elems, "bf16 saves 2 x 2 bytes per element: %llu vs %llu", (unsigned long long)fp32,
+               (unsigned long long)bf16);
+  /* int8: per list, 3 bytes per element less the block maxima (a float per
+   * 256 elements after the codes, at a 64-byte boundary) per chunk. */
+  cr_assert_lt(int8, bf16);
+  cr_assert_geq(fp32 - int8, 2 * (3 * elems - (elems / 256) * 4 - 64 * chunks));
+  for (int i = 0; i < 3; ++i) free_result(&r[i]);
+}
+
+Test(state_formats, a_checkpoint_of_another_format_is_refused, .timeout = 60) {
+  run_config c = k_base;
+  c.format = PSTAR_STATE_INT8;
+  char *dir = test_dir("refused");
+  uint32_t ids[NPARAMS];
+  pstar_engine *a = make_engine(&c, ids);
+  iterate(a, ids, 0);
+  T_OK(pstar_checkpoint_save(a, dir));
+  T_OK(pstar_engine_destroy(a));
+  const pstar_state_format others[2] = {PSTAR_STATE_FP32, PSTAR_STATE_BF16};
+  for (int i = 0; i < 2; ++i) {
+    c.format = others[i];
+    pstar_engine *b = make_engine(&c, ids);
+    T_FAIL(pstar_checkpoint_load(b, dir), PSTAR_ERR_INVALID_ARGUMENT, "int8 format");
+    T_OK(pstar_engine_destroy(b));
+  }
+}
+
+Test(state_formats, the_nvme_tier_keeps_fp32_state_only, .timeout = 60) {
+  pstar_engine_options o = t_options(PSTAR_DTYPE_BF16, CHUNK_ELEMS);
+  o.state_format = PSTAR_STATE_INT8;
+  pstar_engine *e = t_create(&o);
+  pstar_x_nvme_options n;
+  T_OK(pstar_x_nvme_options_init(&n));
+  n.dir = PSTAR_TEST_TMP_DIR;
+  T_FAIL(pstar_x_engine_set_nvme(e, &n), PSTAR_ERR_UNSUPPORTED, "fp32");
+  T_OK(pstar_engine_destroy(e));
+}
