@@ -58,6 +58,7 @@ typedef struct scenario {
   int crash_point;
   char ckpt_dir[512];
   uint32_t gather_ahead;    /* pstar_x_engine_set_gather_ahead on every process; 0 none */
+  pstar_state_format state_format; /* Adam's moments' format on every process (the reference too) */
   int gather_mismatch_rank; /* this rank asks for one chunk more; -1 none */
   uint64_t slot_short_capacity; /* with gather_ahead: rank 1's device capacity; 0 unlimited */
   uint64_t nvme_host_capacity;  /* ranks (not the reference) get an NVMe tier in a directory of their
@@ -294,6 +295,7 @@ static int run_one(const scenario *sc, int ref, int rank, rank_out *out) {
   o.strict_seed = 7 + (uint64_t)rank;
   o.comm_timeout_ms = sc->comm_timeout_ms;
   o.virtual_clock = sc->virtual_clock;
+  o.state_format = sc->state_format;
   if (ref) {
     o.world_size = 1;
   } else if (sc->from_env) {
@@ -1285,6 +1287,38 @@ Test(dist_engine, sharded_checkpoints_resume_exactly_at_other_world_sizes) {
     run_resuming(&b, world == 2 ? uninterrupted : NULL);
   }
   remove_checkpoints(&a);
+}
+
+/* Adam's moments in bf16 and int8 (pstar_engine_options.state_format):
+ * sharded ranks update their shards with the same kernels as one process,
+ * and with int8 every shard boundary is a block boundary (the layout aligns
+ * to 256 elements), so the ranks match one process bit for bit; a
+ * checkpoint saved by two ranks resumes exactly at two and at three ranks
+ * and in one process. */
+Test(dist_engine, state_formats_sharded_bit_identical_and_resumed_at_other_world_sizes) {
+  const pstar_state_format formats[2] = {PSTAR_STATE_BF16, PSTAR_STATE_INT8};
+  for (int i = 0; i < 2; ++i) {
+    for (int world = 2; world <= 3; ++world) {
+      scenario sc = base(world, PSTAR_DTYPE_BF16);
+      sc.state_format = formats[i];
+      sc.strict = world == 2;
+      expect_equal_to_reference(&sc, run_scenario(&sc, 1), 0);
+    }
+    static float uninterrupted[TOTAL_ELEMS];
+    scenario a = base(2, PSTAR_DTYPE_BF16);
+    a.state_format = formats[i];
+    a.steps = 5;
+    a.save_step = 2;
+    run_saving(&a, i == 0 ? "dist-ckpt-bf16" : "dist-ckpt-int8", uninterrupted);
+    for (int world = 2; world <= 3; ++world) {
+      scenario b = a;
+      b.world = world;
+      b.save_step = 0;
+      b.resume_step = 2;
+      run_resuming(&b, world == 2 ? uninterrupted : NULL);
+    }
+    remove_checkpoints(&a);
+  }
 }
 
 /* A load that fails on one rank of a group fails on every rank: refused
