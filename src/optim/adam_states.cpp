@@ -174,14 +174,20 @@ Map build_map(bool is_signed) {
   // 0.1..1) has n_i codes, linear in value: the j-th is close to
   // 10^(i-6) * (0.1 + 0.9 * (j + 0.5) / n_i), so the threshold between the
   // j-th and the (j+1)-th is close to u = j + 1 where
-  //   u(a) = (a / 10^(i-6) - 0.1) * n_i / 0.9 = a * s_i + o_i.
-  // Bound on |u - the exact offset| for an interior threshold: the map's
-  // values carry at most 4 float roundings of 2^-24 relative (linspace,
-  // midpoint, power of ten, product), the threshold float 2^-23 more, and
-  // s_i, o_i and the FMA one rounding each; with u <= n_i + 1 <= 129 and
-  // |a * s_i| <= 144 that is below 7e-5 (< kAmbiguity = 2.4e-4): checked
-  // below for every threshold, in double.
+  //   u(a) = (a / 10^(i-6) - 0.1) * n_i / 0.9 = a * s_i + o_i,
+  // and the count of thresholds at or below a is base_i + floor(u).  The
+  // kernels compute u_lo = fma(a, s_i, o_i + base_i - kAmbiguity) and the
+  // same with + kAmbiguity; equal floors (both truncations) give the count.
+  // Bound on |u_lo - (u + base_i - kAmbiguity)|: s_i rounded (2^-24 of
+  // a * s_i <= 144), dec_olo rounded (2^-17 of a value below 256) and the
+  // FMA (the same): below 4e-5.  Bound on |u(threshold) - integer|: the
+  // map's values carry at most 4 float roundings of 2^-24 relative
+  // (linspace, midpoint, power of ten, product) and the threshold float
+  // 2^-23 more: below 7e-5, checked below for every threshold (in double,
+  // against kAmbiguity / 3 = 8.1e-5).  So equal floors are at least
+  // kAmbiguity - 4e-5 - 8.1e-5 > 0 away from any threshold: exact.
   int base[kDecades], last[kDecades];
+  double o_exact[kDecades];
   base[0] = last[0] = 0;
   for (int i = 0; i < 7; ++i) {
     const int n_i = is_signed ? 1 << i : 1 << (i + 1);
@@ -189,34 +195,31 @@ Map build_map(bool is_signed) {
     last[i + 1] = base[i + 1] + n_i - 1;
     const double scale = std::pow(10.0, i - 6);
     m.dec_s[i + 1] = static_cast<float>(n_i / (0.9 * scale));
-    m.dec_o[i + 1] = static_cast<float>(-n_i / 9.0);
+    o_exact[i + 1] = -n_i / 9.0;
     for (int j = 1; j < n_i; ++j) {  // interior thresholds of the decade
       const int k = base[i + 1] + j - 1;
-      const double u =
-          static_cast<double>(m.thr[k]) * static_cast<double>(m.dec_s[i + 1]) + static_cast<double>(m.dec_o[i + 1]);
+      const double u = static_cast<double>(m.thr[k]) * static_cast<double>(m.dec_s[i + 1]) + o_exact[i + 1];
       if (std::fabs(u - j) > kAmbiguity / 3) internal_error("int8 quantizer: the map is not linear in its decade");
     }
   }
   base[8] = last[8] = n_mag - 1;
   for (int d : {0, 8}) {  // single codes: u = 0.5, never near an integer
     m.dec_s[d] = 0.0f;
-    m.dec_o[d] = 0.5f;
+    o_exact[d] = 0.5;
   }
   for (int d = 0; d < 16; ++d) {
     const int dd = d < kDecades ? d : kDecades - 1;
-    if (d >= kDecades) {
-      m.dec_s[d] = 0.0f;
-      m.dec_o[d] = 0.5f;
-    }
-    m.dec_base_last[d] = base[dd] | (last[dd] << 16);
+    m.dec_s[d] = m.dec_s[dd];
+    m.dec_olo[d] = static_cast<float>(o_exact[dd] + base[dd] - kAmbiguity);
+    m.dec_last[d] = last[dd];
   }
   // The boundaries between decades: X_d between the last code of decade
   // d - 1 and the first of decade d, d = 1..8.
   float cross[kDecades];
   for (int d = 1; d < kDecades; ++d) cross[d] = m.thr[base[d] - 1];
-  for (int o = 0; o < kOctaveSlots; ++o) {
-    const float lo = o == 0 ? 0.0f : std::ldexp(1.0f, o - 23);
-    const float hi = o == kOctaveSlots - 1 ? std::numeric_limits<float>::infinity() : std::ldexp(1.0f, o - 22);
+  for (int sl = 0; sl < kSlots; ++sl) {
+    const float lo = sl == 0 ? 0.0f : std::ldexp(1.0f, 2 * sl - 23);
+    const float hi = sl >= 11 ? std::numeric_limits<float>::infinity() : std::ldexp(1.0f, 2 * sl - 21);
     int dec = 0, inside = 0;
     float x = std::numeric_limits<float>::infinity();
     for (int d = 1; d < kDecades; ++d) {
@@ -227,9 +230,9 @@ Map build_map(bool is_signed) {
         x = cross[d];
       }
     }
-    if (inside > 1) internal_error("int8 quantizer: two decade boundaries in one octave");
-    m.oct_dec[o] = dec;
-    m.oct_cross[o] = x;
+    if (inside > 1) internal_error("int8 quantizer: two decade boundaries in one slot");
+    m.slot_dec[sl] = dec;
+    m.slot_cross[sl] = x;
   }
   return m;
 }

@@ -159,22 +159,19 @@ PSTAR_AVX2 void quant8(const int8::Map& q, __m256 y, uint8_t* codes, const float
   const __m256i yb = _mm256_castps_si256(y);
   __m256 a = kSigned ? _mm256_castsi256_ps(_mm256_and_si256(yb, _mm256_set1_epi32(0x7fffffff))) : y;
   a = _mm256_max_ps(a, _mm256_setzero_ps());  // NaN and (unsigned) negatives: 0
-  const __m256i slot = _mm256_max_epi32(
-      _mm256_sub_epi32(_mm256_srli_epi32(_mm256_castps_si256(a), 23), _mm256_set1_epi32(int8::kOctaveBias)),
-      _mm256_setzero_si256());
-  __m256i dec = _mm256_i32gather_epi32(q.oct_dec, slot, 4);
-  const __m256 cross = _mm256_i32gather_ps(q.oct_cross, slot, 4);
+  const __m256i slot =
+      _mm256_srli_epi32(_mm256_subs_epu16(_mm256_castps_si256(a), _mm256_set1_epi32(int8::kOctaveBias << 23)), 24);
+  __m256i dec = _mm256_i32gather_epi32(q.slot_dec, slot, 4);
+  const __m256 cross = _mm256_i32gather_ps(q.slot_cross, slot, 4);
   dec = _mm256_sub_epi32(dec, _mm256_castps_si256(_mm256_cmp_ps(a, cross, _CMP_GE_OQ)));
   const __m256 s = _mm256_i32gather_ps(q.dec_s, dec, 4);
-  const __m256 o = _mm256_i32gather_ps(q.dec_o, dec, 4);
-  const __m256i bl = _mm256_i32gather_epi32(q.dec_base_last, dec, 4);
-  const __m256 u = _mm256_fmadd_ps(a, s, o);
-  const __m256i j = _mm256_cvttps_epi32(u);
-  __m256i k =
-      _mm256_min_epi32(_mm256_add_epi32(_mm256_and_si256(bl, _mm256_set1_epi32(0xffff)), j), _mm256_srli_epi32(bl, 16));
-  const __m256 fr = _mm256_sub_ps(u, _mm256_round_ps(u, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-  const __m256 afr = _mm256_and_ps(fr, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)));
-  const int amb = _mm256_movemask_ps(_mm256_cmp_ps(afr, _mm256_set1_ps(int8::kAmbiguity), _CMP_LT_OQ));
+  const __m256 olo = _mm256_i32gather_ps(q.dec_olo, dec, 4);
+  const __m256i last = _mm256_i32gather_epi32(q.dec_last, dec, 4);
+  const __m256i jlo = _mm256_cvttps_epi32(_mm256_fmadd_ps(a, s, olo));
+  const __m256i jhi =
+      _mm256_cvttps_epi32(_mm256_fmadd_ps(a, s, _mm256_add_ps(olo, _mm256_set1_ps(2 * int8::kAmbiguity))));
+  const int amb = ~_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(jlo, jhi))) & 0xff;
+  __m256i k = _mm256_min_epi32(jlo, last);
   if (kSigned) {
     const __m256i c127 = _mm256_set1_epi32(127);
     const __m256i neg = _mm256_srai_epi32(yb, 31);

@@ -112,21 +112,19 @@ inline __mmask16 tail_mask16(size_t left) {
 
 // The quantizer's tables of one map (adam_states_int8.h).
 struct QTab {
-  __m512i oct_dec_lo, oct_dec_hi;
-  __m512 oct_cross_lo, oct_cross_hi;
-  __m512 dec_s, dec_o;
-  __m512i dec_bl;
+  __m512i slot_dec;
+  __m512 slot_cross;
+  __m512 dec_s, dec_olo;
+  __m512i dec_last;
 };
 
 PSTAR_S512 QTab load_qtab(const int8::Map& m) {
   QTab q;
-  q.oct_dec_lo = _mm512_loadu_si512(m.oct_dec);
-  q.oct_dec_hi = _mm512_loadu_si512(m.oct_dec + 16);
-  q.oct_cross_lo = _mm512_loadu_ps(m.oct_cross);
-  q.oct_cross_hi = _mm512_loadu_ps(m.oct_cross + 16);
+  q.slot_dec = _mm512_loadu_si512(m.slot_dec);
+  q.slot_cross = _mm512_loadu_ps(m.slot_cross);
   q.dec_s = _mm512_loadu_ps(m.dec_s);
-  q.dec_o = _mm512_loadu_ps(m.dec_o);
-  q.dec_bl = _mm512_loadu_si512(m.dec_base_last);
+  q.dec_olo = _mm512_loadu_ps(m.dec_olo);
+  q.dec_last = _mm512_loadu_si512(m.dec_last);
   return q;
 }
 
@@ -134,27 +132,25 @@ PSTAR_S512 QTab load_qtab(const int8::Map& m) {
 // lanes that must take the scalar search instead.
 template <bool kSigned>
 PSTAR_S512 __m512i quant16(const QTab& q, __m512 y, __mmask16& amb) {
-  const __m512i yb = _mm512_castps_si512(y);
-  __m512 a = kSigned ? _mm512_castsi512_ps(_mm512_and_si512(yb, _mm512_set1_epi32(0x7fffffff))) : y;
+  __m512 a = kSigned ? _mm512_abs_ps(y) : y;
   a = _mm512_max_ps(a, _mm512_setzero_ps());  // NaN and (unsigned) negatives: 0
-  const __m512i slot = _mm512_max_epi32(
-      _mm512_sub_epi32(_mm512_srli_epi32(_mm512_castps_si512(a), 23), _mm512_set1_epi32(int8::kOctaveBias)),
-      _mm512_setzero_si512());
-  __m512i dec = _mm512_permutex2var_epi32(q.oct_dec_lo, slot, q.oct_dec_hi);
-  const __m512 cross = _mm512_permutex2var_ps(q.oct_cross_lo, slot, q.oct_cross_hi);
+  const __m512i slot =
+      _mm512_srli_epi32(_mm512_subs_epu16(_mm512_castps_si512(a), _mm512_set1_epi32(int8::kOctaveBias << 23)), 24);
+  __m512i dec = _mm512_permutexvar_epi32(slot, q.slot_dec);
+  const __m512 cross = _mm512_permutexvar_ps(slot, q.slot_cross);
   dec = _mm512_mask_add_epi32(dec, _mm512_cmp_ps_mask(a, cross, _CMP_GE_OQ), dec, _mm512_set1_epi32(1));
   const __m512 s = _mm512_permutexvar_ps(dec, q.dec_s);
-  const __m512 o = _mm512_permutexvar_ps(dec, q.dec_o);
-  const __m512i bl = _mm512_permutexvar_epi32(dec, q.dec_bl);
-  const __m512 u = _mm512_fmadd_ps(a, s, o);
-  const __m512i j = _mm512_cvttps_epi32(u);
-  __m512i k =
-      _mm512_min_epi32(_mm512_add_epi32(_mm512_and_si512(bl, _mm512_set1_epi32(0xffff)), j), _mm512_srli_epi32(bl, 16));
-  const __m512 fr = _mm512_sub_ps(u, _mm512_roundscale_ps(u, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-  amb = _mm512_cmp_ps_mask(_mm512_abs_ps(fr), _mm512_set1_ps(int8::kAmbiguity), _CMP_LT_OQ);
+  const __m512 olo = _mm512_permutexvar_ps(dec, q.dec_olo);
+  const __m512i last = _mm512_permutexvar_epi32(dec, q.dec_last);
+  const __m512i jlo = _mm512_cvttps_epi32(_mm512_fmadd_ps(a, s, olo));
+  const __m512i jhi =
+      _mm512_cvttps_epi32(_mm512_fmadd_ps(a, s, _mm512_add_ps(olo, _mm512_set1_ps(2 * int8::kAmbiguity))));
+  amb = _mm512_cmpneq_epi32_mask(jlo, jhi);
+  __m512i k = _mm512_min_epi32(jlo, last);
   if (kSigned) {
     const __m512i c127 = _mm512_set1_epi32(127);
-    const __mmask16 neg = _mm512_test_epi32_mask(yb, _mm512_set1_epi32(static_cast<int>(0x80000000u)));
+    const __mmask16 neg =
+        _mm512_test_epi32_mask(_mm512_castps_si512(y), _mm512_set1_epi32(static_cast<int>(0x80000000u)));
     k = _mm512_mask_sub_epi32(_mm512_add_epi32(k, c127), neg, c127, _mm512_min_epi32(k, c127));
   }
   return k;
@@ -168,7 +164,11 @@ PSTAR_S512 void quant_block(const QTab& q, const float* x, size_t nb, float r, u
     const __mmask16 mask = tail_mask16(nb - i);
     __mmask16 amb;
     const __m512i k = quant16<kSigned>(q, _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, x + i), vr), amb);
-    _mm512_mask_cvtepi32_storeu_epi8(codes + i, mask, k);
+    if (mask == 0xffff) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i), _mm512_cvtepi32_epi8(k));
+    } else {
+      _mm_mask_storeu_epi8(codes + i, mask, _mm512_cvtepi32_epi8(k));
+    }
     amb &= mask;
     if (amb != 0) int8::fix_lanes(kSigned, x + i, r, amb, codes + i);
   }
@@ -221,6 +221,19 @@ PSTAR_S512 void dequant32(const DTab& t, __m256i codes, __m512& f0, __m512& f1) 
     }                                                                                     \
   } while (0)
 
+// The same for all sixteen lanes, unmasked.
+#define PSTAR_S512_STORE_W(BF16_EMIT, e, p)                                                              \
+  do {                                                                                                   \
+    if (D == PSTAR_DTYPE_F32) {                                                                          \
+      _mm512_storeu_ps(static_cast<float*>(slot) + (e), (p));                                            \
+    } else if (D == PSTAR_DTYPE_F16) {                                                                   \
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(slot) + (e)),                \
+                          _mm512_cvtps_ph((p), _MM_FROUND_TO_NEAREST_INT));                              \
+    } else {                                                                                             \
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(slot) + (e)), BF16_EMIT(p)); \
+    }                                                                                                    \
+  } while (0)
+
 #define PSTAR_S512_BF16_BODY(BF16_EMIT)                                                                        \
   const Consts k = make_consts(c);                                                                             \
   const bool oop = r.master_in != nullptr;                                                                     \
@@ -250,8 +263,8 @@ PSTAR_S512 void dequant32(const DTab& t, __m256i codes, __m512& f0, __m512& f1) 
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(mo + i + 16), BF16_EMIT(m1));                               \
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(vo + i), BF16_EMIT(v0));                                    \
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(vo + i + 16), BF16_EMIT(v1));                               \
-    PSTAR_S512_EMIT_W(BF16_EMIT, i, static_cast<__mmask16>(0xffff), p0);                                       \
-    PSTAR_S512_EMIT_W(BF16_EMIT, i + 16, static_cast<__mmask16>(0xffff), p1);                                  \
+    PSTAR_S512_STORE_W(BF16_EMIT, i, p0);                                                                      \
+    PSTAR_S512_STORE_W(BF16_EMIT, i + 16, p1);                                                                 \
   }                                                                                                            \
   for (; i < n; i += 16) {                                                                                     \
     const __mmask16 mask = tail_mask16(n - i);                                                                 \
@@ -325,10 +338,17 @@ PSTAR_S512 void dequant32(const DTab& t, __m256i codes, __m512& f0, __m512& f1) 
       }                                                                                                       \
       adam16(k, g0, p0, m0, v0);                                                                              \
       adam16(k, g1, p1, m1, v1);                                                                              \
-      _mm512_mask_storeu_ps(master + e, k0, p0);                                                              \
-      _mm512_mask_storeu_ps(master + e + 16, k1, p1);                                                         \
-      PSTAR_S512_EMIT_W(BF16_EMIT, e, k0, p0);                                                                \
-      PSTAR_S512_EMIT_W(BF16_EMIT, e + 16, k1, p1);                                                           \
+      if (left >= 32) { /* unmasked: a masked store is slow on some CPUs (AMD Zen 4) */                       \
+        _mm512_storeu_ps(master + e, p0);                                                                     \
+        _mm512_storeu_ps(master + e + 16, p1);                                                                \
+        PSTAR_S512_STORE_W(BF16_EMIT, e, p0);                                                                 \
+        PSTAR_S512_STORE_W(BF16_EMIT, e + 16, p1);                                                            \
+      } else {                                                                                                \
+        _mm512_mask_storeu_ps(master + e, k0, p0);                                                            \
+        _mm512_mask_storeu_ps(master + e + 16, k1, p1);                                                       \
+        PSTAR_S512_EMIT_W(BF16_EMIT, e, k0, p0);                                                              \
+        PSTAR_S512_EMIT_W(BF16_EMIT, e + 16, k1, p1);                                                         \
+      }                                                                                                       \
       _mm512_store_ps(mf + i, m0);                                                                            \
       _mm512_store_ps(mf + i + 16, m1);                                                                       \
       _mm512_store_ps(vf + i, v0);                                                                            \
@@ -368,6 +388,7 @@ __attribute__((target(PSTAR_S512BF16_ISA))) void int8_native(const AdamStepConst
 #undef PSTAR_S512_BF16_BODY
 #undef PSTAR_S512_INT8_BODY
 #undef PSTAR_S512_EMIT_W
+#undef PSTAR_S512_STORE_W
 
 template <bool kSigned>
 __attribute__((target(PSTAR_S512_ISA))) void encode(const float* x, size_t n, uint8_t* codes, float* absmax) {

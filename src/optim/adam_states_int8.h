@@ -10,17 +10,26 @@
 
 namespace pstar::optim::int8 {
 
-// Octave slot of a magnitude a in [0, 2): max(biased exponent - kOctaveBias,
-// 0).  Slot 0 holds every a below 2^-22 (under the lowest decision
-// threshold's octave of both maps), slot 23 holds [1, 2).
+// Slot of a magnitude a in [0, 2): max(biased exponent - kOctaveBias, 0) / 2
+// (rounded down), a pair of octaves.  Slot 0 holds every a below 2^-21
+// (the lowest decision threshold of both maps is in it), slot k >= 1 holds
+// [2^(2k-23), 2^(2k-21)), slot 11 holds [0.5, 2).  The vector paths compute
+// it as ((bits(a) -sat16 (kOctaveBias << 23)) >> 24): a saturating 16-bit
+// subtraction on the upper half of the float.
 constexpr int kOctaveBias = 104;
-constexpr int kOctaveSlots = 32;
+constexpr int kSlots = 16;
 // Decades: 0 = the code of zero, 1..7 = the map's decades 10^-6 .. 10^0,
 // 8 = the code of 1.0.
 constexpr int kDecades = 9;
-// Lanes whose u lies within this distance of an integer take the scalar
-// search (the analysis in adam_states.cpp bounds the error of u by 7e-5).
+// Half-width of the band around an integer u in which a lane takes the
+// scalar search (the analysis in adam_states.cpp bounds the error of u by
+// 1.1e-4 = 0.45 of it).
 constexpr float kAmbiguity = 1.0f / 4096.0f;
+
+inline int slot_of(float a) {
+  const int e = static_cast<int>(f32_bits(a) >> 23) - kOctaveBias;
+  return e > 0 ? e >> 1 : 0;
+}
 
 struct alignas(64) Map {
   float values[256];  // the map, ascending
@@ -34,16 +43,17 @@ struct alignas(64) Map {
   // side mirrors the first 127).  +inf beyond.
   float thr[256];
   int n_thr;
-  // The fast path.  Per octave slot: the decade of the slot's smallest
-  // member and the one decade boundary inside the slot (+inf if none).
-  int32_t oct_dec[kOctaveSlots];
-  float oct_cross[kOctaveSlots];
-  // Per decade: u = a * dec_s + dec_o is the offset of a's code in its
-  // decade, up to kAmbiguity; the count of thresholds below a is
-  // min(base + floor(u), last), with dec_base_last = base | last << 16.
+  // The fast path.  Per slot: the decade of the slot's smallest member and
+  // the one decade boundary inside the slot (+inf if none).
+  int32_t slot_dec[kSlots];
+  float slot_cross[kSlots];
+  // Per decade: the count of thresholds at or below a is
+  // min(floor(a * dec_s + dec_olo + kAmbiguity), dec_last), exactly, unless
+  // floor(a * dec_s + dec_olo) and floor(a * dec_s + dec_olo + 2 kAmbiguity)
+  // differ (a lane near a threshold: the scalar search decides).
   float dec_s[16];
-  float dec_o[16];
-  int32_t dec_base_last[16];
+  float dec_olo[16];
+  int32_t dec_last[16];
 };
 
 // Built once (thread-safe static initialization on first use).

@@ -182,7 +182,8 @@ struct State {
         return b;
       }
     }
-    const size_t pad_lo = f == StateFormat::kInt8 ? n : m.size(), pad_hi = f == StateFormat::kInt8 ? int8_absmax_offset(n) : 0;
+    const size_t pad_lo = f == StateFormat::kInt8 ? n : m.size(),
+                 pad_hi = f == StateFormat::kInt8 ? int8_absmax_offset(n) : 0;
     for (size_t i = 0; i < m.size(); ++i) {
       if (i >= pad_lo && i < pad_hi) continue;
       if (m[i] != o.m[i]) {
