@@ -26,3 +26,7 @@ if [ ${#missing[@]} -gt 0 ]; then
 else
   echo "setup-venv: all ${#packages[@]} packages present"
 fi
+# bitsandbytes for the int8 Adam state pin (tests/optim/test_bnb_pin.py) and
+# bench/adam_vs_bnb.py: pinned (its CPU path is what the pin compares with);
+# it takes the torch already installed (torch>=2.4,<3), upgrading nothing.
+"$venv/bin/python" -m pip install -q --disable-pip-version-check "bitsandbytes==0.50.2"
