@@ -2,9 +2,8 @@
 // (optim/adam_states.h).  Per-function target attributes, as in
 // adam_avx2.cpp.  Arithmetic: adam_element()'s operations in its order, one
 // rounding each; conversions as util/dtype.h (util/convert_avx2.h); the
-// int8 quantizer as adam_states_int8.h, its small tables read with
-// VPGATHERDD/VGATHERDPS (AVX2 has no two-source permutes), and the map
-// looked up with VGATHERDPS.  Eight or sixteen elements per iteration; the
+// int8 quantizer as adam_states_int8.h, its 16-entry tables looked up with
+// two VPERMD and a blend, and the map looked up with VGATHERDPS.  Eight or sixteen elements per iteration; the
 // ragged tails go through the scalar functions themselves.  Same bits as the
 // scalar path.
 #include "optim/adam_states.h"
@@ -153,20 +152,49 @@ PSTAR_AVX2 float hmax8(__m256 v) {
   return _mm_cvtss_f32(m);
 }
 
+// A 16-entry table of 32-bit values in two registers (entries 0-7, 8-15).
+struct Tab16 {
+  __m256i lo, hi;
+};
+
+PSTAR_AVX2 Tab16 load_tab16(const void* t) {
+  const __m256i* v = static_cast<const __m256i*>(t);
+  return Tab16{_mm256_loadu_si256(v), _mm256_loadu_si256(v + 1)};
+}
+
+// t[idx] for idx in 0..15: two VPERMD and a blend on bit 3 (`sel`: idx
+// shifted left by 28, so that bit 3 is the sign).
+PSTAR_AVX2 __m256i lookup16(const Tab16& t, __m256i idx, __m256 sel) {
+  return _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(_mm256_permutevar8x32_epi32(t.lo, idx)),
+                                              _mm256_castsi256_ps(_mm256_permutevar8x32_epi32(t.hi, idx)), sel));
+}
+
+// The quantizer's tables of one map (adam_states_int8.h) in registers.
+struct QTab {
+  Tab16 slot_dec, slot_cross, dec_s, dec_olo, dec_last;
+};
+
+PSTAR_AVX2 QTab load_qtab(const int8::Map& m) {
+  return QTab{load_tab16(m.slot_dec), load_tab16(m.slot_cross), load_tab16(m.dec_s), load_tab16(m.dec_olo),
+              load_tab16(m.dec_last)};
+}
+
 // Eight codes of x * r (x normalized by the block's scale) into codes[0..7].
 template <bool kSigned>
-PSTAR_AVX2 void quant8(const int8::Map& q, __m256 y, uint8_t* codes, const float* x, float r) {
+PSTAR_AVX2 void quant8(const QTab& q, __m256 y, uint8_t* codes, const float* x, float r) {
   const __m256i yb = _mm256_castps_si256(y);
   __m256 a = kSigned ? _mm256_castsi256_ps(_mm256_and_si256(yb, _mm256_set1_epi32(0x7fffffff))) : y;
   a = _mm256_max_ps(a, _mm256_setzero_ps());  // NaN and (unsigned) negatives: 0
   const __m256i slot =
       _mm256_srli_epi32(_mm256_subs_epu16(_mm256_castps_si256(a), _mm256_set1_epi32(int8::kOctaveBias << 23)), 24);
-  __m256i dec = _mm256_i32gather_epi32(q.slot_dec, slot, 4);
-  const __m256 cross = _mm256_i32gather_ps(q.slot_cross, slot, 4);
+  const __m256 ssel = _mm256_castsi256_ps(_mm256_slli_epi32(slot, 28));
+  __m256i dec = lookup16(q.slot_dec, slot, ssel);
+  const __m256 cross = _mm256_castsi256_ps(lookup16(q.slot_cross, slot, ssel));
   dec = _mm256_sub_epi32(dec, _mm256_castps_si256(_mm256_cmp_ps(a, cross, _CMP_GE_OQ)));
-  const __m256 s = _mm256_i32gather_ps(q.dec_s, dec, 4);
-  const __m256 olo = _mm256_i32gather_ps(q.dec_olo, dec, 4);
-  const __m256i last = _mm256_i32gather_epi32(q.dec_last, dec, 4);
+  const __m256 dsel = _mm256_castsi256_ps(_mm256_slli_epi32(dec, 28));
+  const __m256 s = _mm256_castsi256_ps(lookup16(q.dec_s, dec, dsel));
+  const __m256 olo = _mm256_castsi256_ps(lookup16(q.dec_olo, dec, dsel));
+  const __m256i last = lookup16(q.dec_last, dec, dsel);
   const __m256i jlo = _mm256_cvttps_epi32(_mm256_fmadd_ps(a, s, olo));
   const __m256i jhi =
       _mm256_cvttps_epi32(_mm256_fmadd_ps(a, s, _mm256_add_ps(olo, _mm256_set1_ps(2 * int8::kAmbiguity))));
@@ -183,7 +211,7 @@ PSTAR_AVX2 void quant8(const int8::Map& q, __m256 y, uint8_t* codes, const float
 }
 
 template <bool kSigned>
-PSTAR_AVX2 void quant_block(const int8::Map& q, const float* x, size_t nb, float r, uint8_t* codes) {
+PSTAR_AVX2 void quant_block(const QTab& q, const float* x, size_t nb, float r, uint8_t* codes) {
   const __m256 vr = _mm256_set1_ps(r);
   size_t i = 0;
   for (; i + 8 <= nb; i += 8) quant8<kSigned>(q, _mm256_mul_ps(_mm256_loadu_ps(x + i), vr), codes + i, x + i, r);
@@ -214,6 +242,7 @@ __attribute__((target("avx2,fma,f16c"))) void int8_run(const AdamStepConstants& 
   const size_t n = r.n;
   const int8::Map& smap = int8::signed_map();
   const int8::Map& umap = int8::unsigned_map();
+  const QTab sq = load_qtab(smap), uq = load_qtab(umap);
   const __m256 sign_off = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   alignas(32) float mf[kInt8BlockElems];
   alignas(32) float vf[kInt8BlockElems];
@@ -276,14 +305,14 @@ __attribute__((target("avx2,fma,f16c"))) void int8_run(const AdamStepConstants& 
     }
     mao[b] = am;
     vao[b] = av;
-    quant_block<true>(smap, mf, nb, int8::inv_scale(am), mco + off);
-    quant_block<false>(umap, vf, nb, int8::inv_scale(av), vco + off);
+    quant_block<true>(sq, mf, nb, int8::inv_scale(am), mco + off);
+    quant_block<false>(uq, vf, nb, int8::inv_scale(av), vco + off);
   }
 }
 
 template <bool kSigned>
 __attribute__((target("avx2,fma,f16c"))) void encode(const float* x, size_t n, uint8_t* codes, float* absmax) {
-  const int8::Map& q = int8::map_of(kSigned);
+  const QTab q = load_qtab(int8::map_of(kSigned));
   const __m256 sign_off = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   for (size_t b = 0; b * kInt8BlockElems < n; ++b) {
     const size_t off = b * kInt8BlockElems;
