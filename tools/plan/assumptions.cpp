@@ -13,8 +13,17 @@ namespace pstar::plan {
 
 namespace {
 
+// With --state-format other than fp32: what the format stores.  (fp32 adds
+// nothing: its report is today's, word for word.)
+std::string format_words(pstar_state_format f) {
+  return f == PSTAR_STATE_BF16 ? "m and v in bf16 (2 B each)"
+                               : "m and v as int8 codes with an fp32 maximum per 256-element block (1.016 B each)";
+}
+
 std::vector<std::string> common_assumptions(const Args& a) {
   const Hardware& hw = a.hw;
+  const bool fp32 = a.state_format == PSTAR_STATE_FP32;
+  const std::string fmt = state_format_name(a.state_format);
   char buf[1024];
   std::vector<std::string> v;
   v.push_back(
@@ -29,8 +38,22 @@ std::vector<std::string> common_assumptions(const Args& a) {
                            "optimizer state of the trainable chunks that fit in the capacity less the warm-up's "
                            "device peak; the warm-up's chunk cache fills the device whenever the model's chunks "
                            "do not all fit beside its activations, and then nothing is placed)"
-                         : "off (--no-hybrid: all optimizer state on the host)");
+                : a.hybrid_refused ? "off (the engine's hybrid placement keeps fp32 optimizer state only: "
+                                     "PSTAR_ERR_UNSUPPORTED with another --state-format, so the planner turns it off; "
+                                     "all optimizer state on the host)"
+                                   : "off (--no-hybrid: all optimizer state on the host)");
   v.push_back(buf);
+  if (!fp32) {
+    std::snprintf(buf, sizeof buf,
+                  "state format %s (options.state_format): the fp32 master and %s; every dry run's engine holds "
+                  "its moments so (its host figures are the format's), int8 aligns parameters and chunks to 256 "
+                  "elements; the four lists %.4g B/param, an Adam update moves %.4g B per element (with a %u-byte "
+                  "dtype)",
+                  fmt.c_str(), format_words(a.state_format).c_str(),
+                  state_bytes_per_elem(a.state_format) + a.shape.dtype_bytes,
+                  adam_bytes_per_elem(a.state_format, a.shape.dtype_bytes), a.shape.dtype_bytes);
+    v.push_back(buf);
+  }
   v.push_back(
       "each of a node's ranks runs the same device-side trace with the whole model: the dry run is one "
       "process, so bytes moved and the device peak are one rank's with the full model; with sharding over all "
@@ -42,11 +65,20 @@ std::vector<std::string> common_assumptions(const Args& a) {
       "reduce-scatter, its staging, activations, placed state and its staging), which must fit too; "
       "step_s_sharded = compute + device Adam + exposed host Adam + collectives + those copies; the "
       "collectives, copies and peak checked exactly against runs of 2 and 4 ranks (Gloo)");
-  std::snprintf(buf, sizeof buf,
-                "host per node = ranks x (share of the four chunk lists (14 B/param with a 2-byte dtype, over all "
-                "%u ranks, as the engine's ZeRO sharding, ZeRO and PatrickStar divide them) + the "
-                "engine's host bytes beyond the lists + %.1f GiB reserved per rank)",
-                hw.world(), hw.host_reserve / kGiB);
+  if (fp32)
+    std::snprintf(buf, sizeof buf,
+                  "host per node = ranks x (share of the four chunk lists (14 B/param with a 2-byte dtype, over all "
+                  "%u ranks, as the engine's ZeRO sharding, ZeRO and PatrickStar divide them) + the "
+                  "engine's host bytes beyond the lists + %.1f GiB reserved per rank)",
+                  hw.world(), hw.host_reserve / kGiB);
+  else
+    std::snprintf(buf, sizeof buf,
+                  "host per node = ranks x (share of the four chunk lists (%.4g B/param with a 2-byte dtype in %s: "
+                  "the compute copy, the fp32 master, %s; over all %u ranks, as the engine's ZeRO sharding, ZeRO "
+                  "and PatrickStar divide them) + the engine's host bytes beyond the lists + %.1f GiB reserved per "
+                  "rank)",
+                  state_bytes_per_elem(a.state_format) + 2.0, fmt.c_str(), format_words(a.state_format).c_str(),
+                  hw.world(), hw.host_reserve / kGiB);
   v.push_back(buf);
   if (a.hybrid)
     v.push_back(
@@ -67,13 +99,25 @@ std::vector<std::string> common_assumptions(const Args& a) {
       "runs holds optimizer state of its rank's share (min(that room, the share)) instead of cached chunks, and "
       "that state is never on the host; an upper bound (the placed chunks' payloads would have to stay resident "
       "as well)");
-  std::snprintf(buf, sizeof buf,
-                "step = modelled compute (FLOPs / sustained FLOP/s) + the engine's modelled waiting for moves + the "
-                "optimizer: 28 B per element (gradient read, master, m, v read and written, weight written) of the "
-                "node's host-held share at the node's host Adam bandwidth, and of each GPU's device-held share at "
-                "%.0f GB/s (the device's memory bandwidth; the engine's modelled device counts that update as no "
-                "time), concurrently, the longer of the two; one micro-batch per step",
-                hw.device_adam / 1e9);
+  if (fp32)
+    std::snprintf(buf, sizeof buf,
+                  "step = modelled compute (FLOPs / sustained FLOP/s) + the engine's modelled waiting for moves + the "
+                  "optimizer: 28 B per element (gradient read, master, m, v read and written, weight written) of the "
+                  "node's host-held share at the node's host Adam bandwidth, and of each GPU's device-held share at "
+                  "%.0f GB/s (the device's memory bandwidth; the engine's modelled device counts that update as no "
+                  "time), concurrently, the longer of the two; one micro-batch per step",
+                  hw.device_adam / 1e9);
+  else
+    std::snprintf(buf, sizeof buf,
+                  "step = modelled compute (FLOPs / sustained FLOP/s) + the engine's modelled waiting for moves + the "
+                  "optimizer: %.4g B per element in %s (gradient read, master, m, v read and written, weight "
+                  "written; fp32 moves %.4g) of the node's host-held share at the node's host Adam bandwidth, the "
+                  "update being memory-bound (the engine's modelled overlapped update counts fp32's bytes, so it is "
+                  "given that bandwidth scaled by %.4g / %.4g); one micro-batch per step",
+                  adam_bytes_per_elem(a.state_format, a.shape.dtype_bytes), fmt.c_str(),
+                  adam_bytes_per_elem(PSTAR_STATE_FP32, a.shape.dtype_bytes),
+                  adam_bytes_per_elem(PSTAR_STATE_FP32, a.shape.dtype_bytes),
+                  adam_bytes_per_elem(a.state_format, a.shape.dtype_bytes));
   v.push_back(buf);
   if (hw.nvme > 0 && hw.world() == 1)
     v.push_back(

@@ -163,8 +163,23 @@ Args parse_args(int argc, char** argv, const std::vector<Preset>& known) {
   count(hardware, "--gpus-per-node", a.hw.gpus_per_node, "GPUs (ranks) per node (default 1)");
   count(hardware, "--nodes", a.hw.nodes, "nodes (default 1)");
 
+  option("Engine", "--state-format", "fp32|bf16|int8",
+         "Adam's m and v: fp32 (default), bf16, or int8 (blockwise 8-bit, an fp32 maximum per 256 elements);\n"
+         "another format than fp32 turns hybrid placement off and excludes --nvme (the engine keeps fp32 there)",
+         [&](const std::string&, const std::string& v) {
+           if (v == "fp32")
+             a.state_format = PSTAR_STATE_FP32;
+           else if (v == "bf16")
+             a.state_format = PSTAR_STATE_BF16;
+           else if (v == "int8")
+             a.state_format = PSTAR_STATE_INT8;
+           else
+             throw UsageError("--state-format: expected fp32, bf16 or int8, got '" + v + "'");
+         });
+
   const char* search = "Search";
-  option(search, "--chunk-elems", "N", "elements per chunk, a multiple of 128 (default: one layer's parameters)",
+  option(search, "--chunk-elems", "N",
+         "elements per chunk, a multiple of 128 (256 with --state-format int8; default: one layer's parameters)",
          [&](const std::string& k, const std::string& v) {
            a.chunk_elems = parse_count(k, v);
            if (a.chunk_elems % 128 != 0) throw UsageError("--chunk-elems must be a multiple of 128");
@@ -210,6 +225,18 @@ Args parse_args(int argc, char** argv, const std::vector<Preset>& known) {
       throw UsageError("bandwidths must be positive");
     if (a.hw.device_capacity() == 0) throw UsageError("--gpu-reserve leaves no device memory");
     if (a.search_chunk && a.chunk_elems) throw UsageError("--chunk-elems and --search-chunk-size exclude each other");
+    if (a.state_format != PSTAR_STATE_FP32) {
+      const std::string f = state_format_name(a.state_format);
+      if (a.hw.nvme > 0)
+        throw UsageError("--nvme with --state-format " + f +
+                         ": the engine's NVMe tier keeps fp32 optimizer state only (PSTAR_ERR_UNSUPPORTED)");
+      if (a.chunk_elems % layout_align(a.state_format) != 0)
+        throw UsageError("--chunk-elems must be a multiple of " + std::to_string(layout_align(a.state_format)) +
+                         " with --state-format " + f + " (its block)");
+      // The engine's hybrid placement keeps fp32 state only: off, and said so.
+      a.hybrid_refused = a.hybrid;
+      a.hybrid = false;
+    }
   });
   return a;
 }

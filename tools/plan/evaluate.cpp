@@ -21,8 +21,6 @@ namespace pstar::plan {
 
 namespace {
 
-constexpr double kOptListsBytesPerElem = 12.0;  // fp32 master, m, v
-
 // The overlapped step's exposed host update, in seconds.  The engine's
 // update thread updates the host-held chunks one after the other, in the
 // next iteration's first-use order, from the moment pstar_step returns;
@@ -36,12 +34,13 @@ constexpr double kOptListsBytesPerElem = 12.0;  // fp32 master, m, v
 // elements, and an updated chunk reaches the device its payload's copy
 // later (bytes / h2d: the copy starts when its update ends; the dry run's
 // waiting counts the synchronous step's own, so this counts such a wait
-// twice, on the safe side).  Walking the schedule with the compute of each use
-// (flops / flops_per_s), the exposed time is how much later the iteration's
-// compute ends than it would without waiting.
-double exposed_host_update(const Workload& w, uint64_t chunk_elems, uint32_t chunks_on_device, double host_adam_s,
-                           double flops_per_s, double h2d_bytes_per_s) {
-  const pstar::workload::ChunkPacking packing = pstar::workload::pack_chunks(w, chunk_elems, 1);
+// twice, on the safe side).  Walking the schedule with the compute of each
+// use (flops / flops_per_s), the exposed time is how much later the
+// iteration's compute ends than it would without waiting.  `align`: the
+// layout's alignment (layout_align()).
+double exposed_host_update(const Workload& w, uint64_t chunk_elems, uint64_t align, uint32_t chunks_on_device,
+                           double host_adam_s, double flops_per_s, double h2d_bytes_per_s) {
+  const pstar::workload::ChunkPacking packing = pstar::workload::pack_chunks(w, chunk_elems, 1, align);
   const std::vector<uint32_t>& chunk_of = packing.chunk_of;
   const std::vector<uint64_t>& elems = packing.elems;
   uint64_t host_elems = 0;
@@ -85,6 +84,7 @@ pstar_engine_options Planner::options(uint64_t chunk_elems, bool hybrid) const {
   o.h2d_bytes_per_s = args.hw.h2d;
   o.d2h_bytes_per_s = args.hw.d2h;
   o.hybrid_optimizer = hybrid ? 1 : 0;
+  o.state_format = args.state_format;
   return o;
 }
 
@@ -117,8 +117,10 @@ const Evaluation& Planner::evaluate(uint32_t layers, uint64_t chunk_elems, bool 
   ev.params = w.param_elems;
   ev.flops = w.flops_total();
 
+  const pstar_state_format fmt = args.state_format;
+  const uint64_t align = layout_align(fmt);
   const ReplayResult built = layout(w, chunk_elems);
-  ev.opt_state_bytes = 3 * built.built.optimizer_list_bytes;
+  ev.opt_state_bytes = state_list_bytes(fmt, built.built.optimizer_list_bytes);
   ev.opt_share_per_rank = (ev.opt_state_bytes + world - 1) / world;
   ev.opt_chunks = built.built.optimizer_chunks;
 
@@ -126,20 +128,22 @@ const Evaluation& Planner::evaluate(uint32_t layers, uint64_t chunk_elems, bool 
   // at that step (none until warm-up ends; hybrid: what it placed then).
   // A rank's share of the optimizer elements is split between its GPU
   // (min(placed, share): see opt_device_per_rank) and its node's host
-  // pass.  Each element costs 28 bytes with a 2-byte dtype: the gradient
-  // read, master, m and v read and written, the weight written.  A node's
+  // pass.  Each element costs 28 bytes with a 2-byte dtype in fp32 (20 in
+  // bf16, 16.0625 in int8: adam_bytes_per_elem()): the gradient read,
+  // master, m and v read and written, the weight written.  A node's
   // host pass updates its ranks' host-held elements at the node's
   // bandwidth; each GPU updates its own at the device's, at the same time
   // (the engine queues the device updates, then updates the rest on the
   // CPU), so the optimizer takes the longer of the two.
-  const double adam_bytes_per_elem = 2.0 * args.shape.dtype_bytes + 24.0;
+  const double update_bytes_per_elem = adam_bytes_per_elem(fmt, args.shape.dtype_bytes);
+  const double state_bytes = state_bytes_per_elem(fmt);
   const double share_elems = double(built.built.optimizer_list_bytes) / 4.0 / world;
   const uint64_t share_bytes = ev.opt_share_per_rank;
   auto adam_times = [=](uint64_t placed, double* host_s, double* dev_s) {
-    const double dev_elems = double(std::min(placed, share_bytes)) / kOptListsBytesPerElem;
+    const double dev_elems = double(std::min(placed, share_bytes)) / state_bytes;
     const double host_elems = std::max(0.0, share_elems - dev_elems);
-    *host_s = hw.gpus_per_node * host_elems * adam_bytes_per_elem / hw.host_adam;
-    *dev_s = dev_elems * adam_bytes_per_elem / hw.device_adam;
+    *host_s = hw.gpus_per_node * host_elems * update_bytes_per_elem / hw.host_adam;
+    *dev_s = dev_elems * update_bytes_per_elem / hw.device_adam;
   };
 
   ReplayConfig cfg;
@@ -161,7 +165,7 @@ const Evaluation& Planner::evaluate(uint32_t layers, uint64_t chunk_elems, bool 
   ev.opt_chunks_on_device = fs.optimizer_chunks_on_device;
   ev.opt_device_bytes = fs.optimizer_device_bytes;
   ev.opt_device_per_rank = std::min(ev.opt_device_bytes, ev.opt_share_per_rank);
-  ev.collectives = pstar::workload::predict_collectives(w, chunk_elems, world);
+  ev.collectives = pstar::workload::predict_collectives(w, chunk_elems, world, align);
   ev.collective_link_bytes = ev.collectives.link_bytes(world);
   ev.collective_s = hw.collective > 0 ? ev.collective_link_bytes / hw.collective : 0.0;
   if (world > 1) {
@@ -190,7 +194,9 @@ const Evaluation& Planner::evaluate(uint32_t layers, uint64_t chunk_elems, bool 
   adam_times(ev.opt_device_per_rank, &ev.host_adam_s, &ev.device_adam_s);
   ev.adam_s = std::max(ev.host_adam_s, ev.device_adam_s);
 
-  ev.list_bytes = ev.run.list_bytes();
+  // The four lists: the compute list, and the three optimizer lists in the
+  // state format (fp32: ReplayResult::list_bytes()).
+  ev.list_bytes = built.built.compute_list_bytes + ev.opt_state_bytes;
   ev.share_per_rank = (ev.list_bytes + world - 1) / world;
   const uint64_t warmup_lists = built.built.compute_list_bytes + built.built.optimizer_list_bytes;
   ev.warmup_share_per_rank = (warmup_lists + world - 1) / world;
@@ -210,20 +216,25 @@ const Evaluation& Planner::evaluate(uint32_t layers, uint64_t chunk_elems, bool 
   ev.step_s = ev.run.last.clock_seconds;
   // The overlapped step on the dry run's clock: the engine models each
   // host chunk's update (its shard's elements x (2 x dtype + 24) bytes at
-  // this rank's share of the node's Adam bandwidth) beside the next iteration,
+  // this rank's share of the node's Adam bandwidth; the engine's model
+  // counts fp32's bytes, so with another format the rate given is scaled
+  // by fp32's bytes over the format's, and the time is the format's bytes
+  // at the node's bandwidth) beside the next iteration,
   // a chunk's fetch waiting for its update's end; the device's updates
   // stay on the caller's clock.  Three iterations: the third follows a
   // step taken while following the trace (first-use order).  The
   // analytic walk above is kept as a cross-check.
   ev.step_s_overlap_analytic =
       ev.step_s - ev.adam_s + ev.device_adam_s +
-      exposed_host_update(w, chunk_elems, ev.opt_chunks_on_device, ev.host_adam_s, hw.flops, hw.h2d);
+      exposed_host_update(w, chunk_elems, align, ev.opt_chunks_on_device, ev.host_adam_s, hw.flops, hw.h2d);
   if (ev.run.ok()) {
     ReplayConfig over = cfg;
     over.iterations = 3;
     // The dry run holds every chunk whole; a rank updates its 1/world
     // shard of each: its chunk's update is 1/world as long.
-    over.host_update_bytes_per_s = hw.host_adam / hw.gpus_per_node * world;
+    over.host_update_bytes_per_s =
+        hw.host_adam / hw.gpus_per_node * world *
+        (adam_bytes_per_elem(PSTAR_STATE_FP32, args.shape.dtype_bytes) / update_bytes_per_elem);
     over.optimizer_seconds_fn = [=](const pstar_stats& s) {
       double host_s = 0, dev_s = 0;
       adam_times(s.optimizer_device_bytes, &host_s, &dev_s);

@@ -29,6 +29,57 @@ using pstar::workload::Workload;
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 // ---------------------------------------------------------------------------
+// Adam state formats (--state-format; pstar_engine_options.state_format)
+// ---------------------------------------------------------------------------
+
+// The format's name on the command line and in the JSON.
+inline const char* state_format_name(pstar_state_format f) {
+  switch (f) {
+    case PSTAR_STATE_BF16: return "bf16";
+    case PSTAR_STATE_INT8: return "int8";
+    default: return "fp32";
+  }
+}
+// The engine's layout alignment in elements (Engine::build): int8 starts
+// every parameter and shard on a block of PSTAR_STATE_INT8_BLOCK elements,
+// the other formats on 128 (chunk/layout.h's kAlignElems).
+inline uint64_t layout_align(pstar_state_format f) { return f == PSTAR_STATE_INT8 ? PSTAR_STATE_INT8_BLOCK : 128; }
+// Bytes of one moment list (m or v) per element: fp32 4, bf16 2, int8 one
+// code byte plus one fp32 absmax per block (1 + 4/256 = 1.015625).
+inline double moment_bytes_per_elem(pstar_state_format f) {
+  switch (f) {
+    case PSTAR_STATE_BF16: return 2.0;
+    case PSTAR_STATE_INT8: return 1.0 + 4.0 / PSTAR_STATE_INT8_BLOCK;
+    default: return 4.0;
+  }
+}
+// Bytes of one moment list of chunks holding `elems` elements in all, as
+// the engine allocates them (optim::moment_list_bytes per chunk): int8's
+// codes, then its block maxima at a 64-byte boundary, exact here since an
+// int8 engine's chunk capacities are multiples of 256 elements.
+inline uint64_t moment_list_bytes(pstar_state_format f, uint64_t elems) {
+  switch (f) {
+    case PSTAR_STATE_BF16: return 2 * elems;
+    case PSTAR_STATE_INT8: return elems + 4 * ((elems + PSTAR_STATE_INT8_BLOCK - 1) / PSTAR_STATE_INT8_BLOCK);
+    default: return 4 * elems;
+  }
+}
+// The three optimizer lists (fp32 master, m, v) per element: 12 B in fp32.
+inline double state_bytes_per_elem(pstar_state_format f) { return 4.0 + 2.0 * moment_bytes_per_elem(f); }
+// The three optimizer lists' bytes from the engine's pstar_stats
+// optimizer_list_bytes (one fp32 list): the master, then m and v.
+inline uint64_t state_list_bytes(pstar_state_format f, uint64_t fp32_list_bytes) {
+  return fp32_list_bytes + 2 * moment_list_bytes(f, fp32_list_bytes / 4);
+}
+// Bytes one Adam update moves per element (optim::adam_state_bytes_per_elem
+// with compute-dtype gradients): the gradient read and the weight written
+// (the dtype's size each), the master read and written (8), m and v read
+// and written.  A 2-byte dtype: fp32 28, bf16 20, int8 16.0625.
+inline double adam_bytes_per_elem(pstar_state_format f, uint32_t dtype_bytes) {
+  return 2.0 * dtype_bytes + 8.0 + 4.0 * moment_bytes_per_elem(f);
+}
+
+// ---------------------------------------------------------------------------
 // Inputs
 // ---------------------------------------------------------------------------
 
@@ -87,6 +138,12 @@ struct Args {
   bool search_chunk = false;
   bool search = true;
   bool hybrid = true;
+  // --state-format: the Adam moments' format of every dry run.  The
+  // engine's hybrid placement keeps fp32 state only (another format is
+  // PSTAR_ERR_UNSUPPORTED): with another format the planner turns hybrid
+  // placement off (hybrid_refused where it was on), and refuses --nvme.
+  pstar_state_format state_format = PSTAR_STATE_FP32;
+  bool hybrid_refused = false;
   bool json = false;
   bool verbose = false;
   bool min_capacity = false;  // --min-capacity: the device floor of known shapes, nothing else
@@ -106,8 +163,8 @@ struct Evaluation {
   ReplayResult run;
   uint64_t device_capacity = 0;
   bool device_ok = false;
-  // Optimizer state (fp32 master, m, v: the three optimizer lists) of the
-  // whole model, each rank's 1/N share of it, what the engine's dry run
+  // Optimizer state (fp32 master, m, v in --state-format: the three
+  // optimizer lists) of the whole model, each rank's 1/N share of it, what the engine's dry run
   // placed on the device (hybrid), and the per-rank figure the planner takes
   // from that: a rank places state of its own share in its margin, so
   // min(placed, share).

@@ -213,6 +213,19 @@ void print_json(const Planner& pl, const Plan& plan) {
                        {"flops_per_s", num(hw.flops)},
                        {"host_adam_bytes_per_s", num(hw.host_adam)}};
   o["hybrid_optimizer"] = a.hybrid;
+  // --state-format other than fp32 (fp32's JSON is today's, key for key):
+  // the format, the four lists' bytes and an update's bytes per parameter,
+  // whether the planner turned hybrid placement off for it, and the engine's
+  // own peak host bytes per parameter at the largest model (its dry run: one
+  // process holding the whole model).
+  if (a.state_format != PSTAR_STATE_FP32) {
+    o["state_format"] = state_format_name(a.state_format);
+    o["bytes_per_param"] = num(state_bytes_per_elem(a.state_format) + a.shape.dtype_bytes);
+    o["adam_bytes_per_elem"] = num(adam_bytes_per_elem(a.state_format, a.shape.dtype_bytes));
+    o["hybrid_optimizer_refused"] = a.hybrid_refused;
+    o["max_engine_peak_host_bytes_per_param"] =
+        top ? num(double(top->run.final_stats.peak_host_bytes) / double(top->params)) : Json(nullptr);
+  }
   o["chunk_elems"] = chunk;
   o["chunk_count"] = requested.run.built.compute_chunks;
   o["fill_ratio"] = num(requested.run.built.fill_ratio);
@@ -301,6 +314,12 @@ void print_text(const Planner& pl, const Plan& plan) {
       hw.nodes, hw.gpus_per_node, fmt_bytes(hw.gpu_mem).c_str(), fmt_bytes(double(hw.device_capacity())).c_str(),
       fmt_bytes(hw.host_mem).c_str(), fmt_bytes(hw.host_reserve).c_str(), hw.h2d / 1e9, hw.d2h / 1e9, hw.flops / 1e12,
       hw.host_adam / 1e9, hw.device_adam / 1e9);
+  if (a.state_format != PSTAR_STATE_FP32)
+    std::printf(
+        "state format: %s (fp32 masters; %.4g B/param for the four lists, %.4g B per element per Adam update)%s\n",
+        state_format_name(a.state_format), state_bytes_per_elem(a.state_format) + a.shape.dtype_bytes,
+        adam_bytes_per_elem(a.state_format, a.shape.dtype_bytes),
+        a.hybrid_refused ? "; hybrid placement off: the engine keeps fp32 state there" : "");
   std::printf("chunks: %" PRIu64 " elements (%u chunks, fill ratio %.3f)%s\n", chunk,
               requested.run.built.compute_chunks, requested.run.built.fill_ratio,
               a.search_chunk ? ", chosen by --search-chunk-size" : "");

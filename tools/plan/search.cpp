@@ -20,32 +20,35 @@ uint64_t round_up(uint64_t x, uint64_t m) { return (x + m - 1) / m * m; }
 // no layer parameter gets a jumbo chunk) and one layer (the default) or,
 // with --search-chunk-size, two layers: the size of every run of
 // consecutive layer parameters (each rounded to 128 elements as the layout
-// aligns them: the sizes that layers fill without waste), and with the
-// search also a grid of at most 64 steps.  Default: the best fill ratio
-// of a layout (build only, no dry run), the smallest on ties.  The search
-// keeps the candidates within 0.5% of the best fill ratio and takes the
-// one whose dry run needs the least device memory (smallest capacity
-// without out-of-memory), then the fewest bytes moved, then the smallest.
+// aligns them, 256 with the int8 state format: the sizes that layers fill
+// without waste; every candidate is a multiple of that alignment, as the
+// engine requires), and with the search also a grid of at most 64 steps.
+// Default: the best fill ratio of a layout (build only, no dry run), the
+// smallest on ties.  The search keeps the candidates within 0.5% of the
+// best fill ratio and takes the one whose dry run needs the least device
+// memory (smallest capacity without out-of-memory), then the fewest bytes
+// moved, then the smallest.
 uint64_t choose_chunk(Planner& pl, std::vector<ChunkCandidate>* searched) {
   const Args& a = pl.args;
   const uint64_t h = a.shape.hidden;
+  const uint64_t align = layout_align(a.state_format);
   std::vector<uint64_t> layer_params;  // aligned sizes of one layer's parameters
   uint64_t layer_elems = 0;
   {
     GptShape one = a.shape;
     one.layers = 1;
     const Workload w1 = pstar::workload::make_gpt(one);
-    for (size_t i = 2; i < 14; ++i) layer_params.push_back(round_up(w1.params[i].numel, 128));
+    for (size_t i = 2; i < 14; ++i) layer_params.push_back(round_up(w1.params[i].numel, align));
     for (uint64_t n : layer_params) layer_elems += n;
   }
   uint64_t chunk = a.chunk_elems;
   if (!a.chunk_elems) {
-    const uint64_t lo = round_up(4 * h * h, 128);
+    const uint64_t lo = round_up(4 * h * h, align);
     const uint64_t hi = std::max(lo, (a.search_chunk ? 2 : 1) * layer_elems);
     std::vector<uint64_t> sizes;
     if (a.search_chunk) {
       const uint64_t step =
-          std::max(round_up(std::max<uint64_t>(h * h / 2, 1), 128), round_up((hi - lo) / 64 + 1, 128));
+          std::max(round_up(std::max<uint64_t>(h * h / 2, 1), align), round_up((hi - lo) / 64 + 1, align));
       for (uint64_t c = lo; c <= hi; c += step) sizes.push_back(c);
     }
     const size_t np = layer_params.size();
@@ -125,10 +128,11 @@ Plan make_plan(Planner& pl) {
   // placement, and two what-ifs: hybrid placement with the host need after
   // placement alone, and each device's room beyond the smallest capacity
   // that runs holding optimizer state instead of cached chunks.  The host
-  // bounds the searches: the four lists (>= 14 B/param) of all ranks'
-  // shares fit in the nodes' host memory (plus, where device memory may
-  // hold state, the devices' capacity).
-  const double bytes_per_param = 12.0 + a.shape.dtype_bytes;
+  // bounds the searches: the four lists (>= 14 B/param in fp32, 10 in bf16,
+  // 8.03 in int8, with a 2-byte dtype) of all ranks' shares fit in the
+  // nodes' host memory (plus, where device memory may hold state, the
+  // devices' capacity).
+  const double bytes_per_param = state_bytes_per_elem(a.state_format) + a.shape.dtype_bytes;
   const double per_layer = 12.0 * double(h) * double(h);
   const double host_total = hw.host_mem * hw.nodes;
   const double dev_total = double(hw.device_capacity()) * hw.world();

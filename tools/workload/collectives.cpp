@@ -8,10 +8,10 @@
 
 namespace pstar::workload {
 
-CollectiveBytes predict_collectives(const Workload& w, uint64_t chunk_elems, uint32_t world) {
+CollectiveBytes predict_collectives(const Workload& w, uint64_t chunk_elems, uint32_t world, uint64_t align) {
   CollectiveBytes out;
   if (world <= 1) return out;
-  const ChunkPacking packing = pack_chunks(w, chunk_elems, world);
+  const ChunkPacking packing = pack_chunks(w, chunk_elems, world, align);
   const std::vector<uint32_t>& chunk_of = packing.chunk_of;
   const std::vector<uint64_t>& elems = packing.elems;
   const std::vector<uint32_t>& params_in = packing.params_in;

@@ -76,7 +76,9 @@ struct CollectiveBytes {
   }
 };
 
-CollectiveBytes predict_collectives(const Workload& w, uint64_t chunk_elems, uint32_t world);
+// `align`: the layout's alignment in elements (chunk_packing.h: 128, or
+// 256 with the int8 state format).
+CollectiveBytes predict_collectives(const Workload& w, uint64_t chunk_elems, uint32_t world, uint64_t align = 128);
 
 // What a sharded rank's hybrid placement puts on a device of
 // `capacity_bytes` (the placement limit: options' capacity less margin)

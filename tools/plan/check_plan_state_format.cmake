@@ -1,0 +1,95 @@
+# Runs `pstar-plan --preset PRESET --json` with the default state format and
+# with --state-format int8 (issue 45), and checks that the int8 report says
+# its format, keeps its lists near 8 B per parameter (the engine's own peak
+# host bytes too), turns hybrid placement off (the engine keeps fp32 state
+# there), searches chunk sizes of whole 256-element blocks, and finds a larger
+# model than fp32 does: larger than fp32 with hybrid placement, and at least
+# 1.6x fp32 with all state on the host as int8's is (like for like).  fp32's
+# report carries no state_format key (its JSON is what it was).  --nvme with
+# int8 is a usage error (exit status 2).
+# Usage: cmake -DPLAN=<path to pstar-plan> -DPRESET=v100x8 -P check_plan_state_format.cmake
+function(run_plan var)
+  execute_process(
+    COMMAND ${PLAN} --preset ${PRESET} --json ${ARGN}
+    OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "pstar-plan --preset ${PRESET} --json ${ARGN} exited with ${rc}\nstdout:\n${out}\nstderr:\n${err}")
+  endif()
+  string(STRIP "${out}" out)
+  if(out MATCHES "\n")
+    message(FATAL_ERROR "expected one line of JSON, got:\n${out}")
+  endif()
+  string(JSON planner ERROR_VARIABLE jerr GET "${out}" planner)
+  if(jerr OR NOT planner STREQUAL "pstar-plan")
+    message(FATAL_ERROR "not the planner's JSON object: '${out}' (${jerr})")
+  endif()
+  set(${var} "${out}" PARENT_SCOPE)
+endfunction()
+function(get json path var)
+  string(JSON value ERROR_VARIABLE jerr GET "${json}" ${path})
+  if(jerr)
+    message(FATAL_ERROR "key ${path} missing: ${jerr}")
+  endif()
+  set(${var} "${value}" PARENT_SCOPE)
+endfunction()
+
+run_plan(json_fp32)
+run_plan(json_int8 --state-format int8)
+
+string(JSON fp32_format ERROR_VARIABLE jerr GET "${json_fp32}" state_format)
+if(NOT jerr)
+  message(FATAL_ERROR "the default (fp32) report has a state_format key ('${fp32_format}'): its JSON changed")
+endif()
+get("${json_int8}" state_format format)
+if(NOT format STREQUAL "int8")
+  message(FATAL_ERROR "state_format is '${format}', expected int8")
+endif()
+get("${json_int8}" hybrid_optimizer hybrid)
+get("${json_int8}" hybrid_optimizer_refused refused)
+if(NOT hybrid STREQUAL "OFF" OR NOT refused STREQUAL "ON")
+  message(FATAL_ERROR "int8: hybrid_optimizer '${hybrid}', hybrid_optimizer_refused '${refused}' (expected off, refused)")
+endif()
+
+# Bytes per parameter: the model's (2 + 4 + 2 x 1.015625 = 8.03125 with the
+# presets' bf16) and the engine's own peak at the largest model (layout padding
+# on top), both at most 8.1 (issue 45's target for the engine's host bytes).
+get("${json_int8}" bytes_per_param bpp)
+get("${json_int8}" max_engine_peak_host_bytes_per_param engine_bpp)
+foreach(v bpp engine_bpp)
+  if(NOT ${v} MATCHES "^[0-9]+(\\.[0-9]*)?$" OR ${v} LESS 8 OR ${v} GREATER 8.1)
+    message(FATAL_ERROR "${v} = '${${v}}' outside [8, 8.1]")
+  endif()
+endforeach()
+
+get("${json_int8}" chunk_elems chunk)
+math(EXPR rest "${chunk} % 256")
+if(NOT rest EQUAL 0)
+  message(FATAL_ERROR "int8 chunk_elems ${chunk} is not a multiple of 256")
+endif()
+get("${json_int8}" "max;fits" fits)
+if(NOT fits STREQUAL "ON")
+  message(FATAL_ERROR "int8: the largest model found does not fit")
+endif()
+
+get("${json_fp32}" max_params p_fp32)
+get("${json_fp32}" max_params_host_only p_fp32_host)
+get("${json_int8}" max_params p_int8)
+if(NOT p_int8 GREATER p_fp32)
+  message(FATAL_ERROR "int8 fits ${p_int8} params, no more than fp32's ${p_fp32}")
+endif()
+# 5 x int8 >= 8 x fp32 host-only: at least 1.6x (integers: math is 64-bit).
+math(EXPR lhs "5 * ${p_int8}")
+math(EXPR rhs "8 * ${p_fp32_host}")
+if(lhs LESS rhs)
+  message(FATAL_ERROR "int8 fits ${p_int8} params, under 1.6x fp32's ${p_fp32_host} with all state on the host")
+endif()
+
+execute_process(
+  COMMAND ${PLAN} --preset ${PRESET} --json --state-format int8 --nvme 1T --gpus-per-node 1
+  OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
+if(NOT rc EQUAL 2 OR NOT err MATCHES "--nvme with --state-format int8")
+  message(FATAL_ERROR "--state-format int8 --nvme: exit ${rc} (expected 2, a usage error)\n${err}")
+endif()
+
+message(STATUS "pstar-plan --preset ${PRESET}: max_params int8 ${p_int8}, fp32 ${p_fp32} (host-only ${p_fp32_host}); "
+               "int8 ${bpp} B/param (engine ${engine_bpp})")
