@@ -11,9 +11,6 @@ void Engine::set_nvme(const pstar_x_nvme_options& in) {
   require(!built(), PSTAR_ERR_INVALID_STATE,
           "set_nvme: the engine is built; give it an NVMe tier before pstar_engine_build");
   nvme_.validate(in, payloads_);
-  require(options_.state_format == PSTAR_STATE_FP32, PSTAR_ERR_UNSUPPORTED,
-          "set_nvme: the NVMe tier keeps fp32 optimizer state only for now (the engine's state_format is not "
-          "PSTAR_STATE_FP32)");
   require(!options_.hybrid_optimizer, PSTAR_ERR_UNSUPPORTED, "set_nvme: not available with hybrid optimizer placement");
   nvme_.open(in, payloads_, device_.get(), host_.get(), [this](uint32_t k, float* m, float* a, float* v) {
     ChunkState& c = chunks_[k];
@@ -30,7 +27,9 @@ void Engine::nvme_place_lists(std::vector<ChunkState>& chunks, uint64_t largest_
     const auto& info = layout_->chunks()[k];
     if (!info.frozen) fp32_elems[k] = chunks[k].shard_elems;
   }
-  nvme_.place(fp32_elems, largest_trainable_elems, [&chunks](uint32_t k, float* m, float* a, float* v) {
+  const optim::StateFormat format = state_format();
+  auto moment_bytes = [format](uint64_t elems) { return optim::moment_list_bytes(format, elems); };
+  nvme_.place(fp32_elems, largest_trainable_elems, moment_bytes, [&chunks](uint32_t k, float* m, float* a, float* v) {
     ChunkState& c = chunks[k];
     c.master = m;
     c.exp_avg = a;

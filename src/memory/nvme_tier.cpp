@@ -108,16 +108,23 @@ void NvmeTier::open(const pstar_x_nvme_options& in, bool payloads, Device* devic
 }
 
 void NvmeTier::point_at(uint32_t k, float* base) const {
+  if (base == nullptr) {
+    point_lists_(k, nullptr, nullptr, nullptr);
+    return;
+  }
   const uint64_t n = slots_[k].fp32_elems;
-  point_lists_(k, base, base == nullptr ? nullptr : base + n, base == nullptr ? nullptr : base + 2 * n);
+  char* bytes = reinterpret_cast<char*>(base);
+  point_lists_(k, base, reinterpret_cast<float*>(bytes + m_offset(n)),
+               reinterpret_cast<float*>(bytes + v_offset(n, slots_[k].moment_bytes)));
 }
 
-void NvmeTier::place(const std::vector<uint64_t>& fp32_elems, uint64_t largest_elems, const PointLists& host_lists) {
+void NvmeTier::place(const std::vector<uint64_t>& fp32_elems, uint64_t largest_elems, const MomentBytes& moment_bytes,
+                     const PointLists& host_lists) {
 #if PSTAR_HAVE_NVME
   if (!requested_ || largest_elems == 0) return;
   slots_.assign(fp32_elems.size(), ChunkSlots{});
   // The staging buffers first: they are what makes the drive usable at all.
-  buffer_bytes_ = NvmeStore::padded(3 * largest_elems * sizeof(float));
+  buffer_bytes_ = NvmeStore::padded(lists_bytes(largest_elems, moment_bytes(largest_elems)));
   auto take = [&](StagingBuffer& b) {
     b.raw = host_->acquire(buffer_bytes_ + kNvmeAlignBytes);
     const auto addr = reinterpret_cast<uintptr_t>(b.raw);
@@ -139,19 +146,22 @@ void NvmeTier::place(const std::vector<uint64_t>& fp32_elems, uint64_t largest_e
     if (fp32_elems[k] == 0) continue;
     ChunkSlots& c = slots_[k];
     c.fp32_elems = fp32_elems[k];
+    c.moment_bytes = moment_bytes(fp32_elems[k]);
     // With world > 1 this rank's shards of the lists.
     const uint64_t fp32_bytes = fp32_elems[k] * sizeof(float);
-    if (host_->can_acquire(3 * fp32_bytes)) {
+    const uint64_t bytes = chunk_bytes(k);
+    if (host_->can_acquire(fp32_bytes + 2 * c.moment_bytes)) {
       float* lists[3] = {nullptr, nullptr, nullptr};
-      for (float*& b : lists) {
-        b = static_cast<float*>(host_->acquire(fp32_bytes));
-        if (io) std::memset(b, 0, fp32_bytes);
+      for (int i = 0; i < 3; ++i) {
+        const uint64_t b = i == 0 ? fp32_bytes : c.moment_bytes;
+        lists[i] = static_cast<float*>(host_->acquire(b));
+        if (io) std::memset(lists[i], 0, b);
         // Handed over at once, so that the caller releases it on an error.
         host_lists(k, lists[0], lists[1], lists[2]);
       }
       continue;
     }
-    drive_bytes += NvmeStore::padded(3 * fp32_bytes);
+    drive_bytes += NvmeStore::padded(bytes);
     require(opts_.capacity_bytes == 0 || drive_bytes <= opts_.capacity_bytes, PSTAR_ERR_OUT_OF_MEMORY, [&] {
       return "engine_build: the NVMe tier's capacity (" + std::to_string(opts_.capacity_bytes) +
              " bytes) cannot take the optimizer state that does not fit in host memory (" +
@@ -162,11 +172,11 @@ void NvmeTier::place(const std::vector<uint64_t>& fp32_elems, uint64_t largest_e
       c.first_slot = dry_slots_++;
       continue;
     }
-    for (uint64_t at = 0; at < 3 * fp32_bytes; at += kPieceBytes) {
-      const uint32_t slot = store_->add_slot(std::min(kPieceBytes, 3 * fp32_bytes - at));
+    for (uint64_t at = 0; at < bytes; at += kPieceBytes) {
+      const uint32_t slot = store_->add_slot(std::min(kPieceBytes, bytes - at));
       if (at == 0) c.first_slot = slot;
     }
-    submit_pieces(*store_, c.first_slot, 3 * fp32_bytes, access_buf_.data, true, zeroing);
+    submit_pieces(*store_, c.first_slot, bytes, access_buf_.data, true, zeroing);
   }
   if (io) store_->wait_all();
   if (on_drive == 0) release();  // everything fit: give the staging memory back
@@ -175,6 +185,7 @@ void NvmeTier::place(const std::vector<uint64_t>& fp32_elems, uint64_t largest_e
 #else
   (void)fp32_elems;
   (void)largest_elems;
+  (void)moment_bytes;
   (void)host_lists;
 #endif
 }

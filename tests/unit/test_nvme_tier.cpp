@@ -33,6 +33,8 @@ namespace {
 constexpr uint64_t kElems = 1024;
 constexpr uint64_t kChunkBytes = 3 * kElems * sizeof(float);
 constexpr uint64_t kStagingBytes = kChunkBytes + NvmeStore::kAlignBytes;
+// Adam's moments as fp32 (the tier's layout is then three fp32 lists end to end).
+uint64_t fp32_moments(uint64_t elems) { return elems * sizeof(float); }
 
 struct TempDir {
   std::string path;
@@ -67,8 +69,10 @@ struct Fixture {
     o.staging_buffers = ring;
     o.buffered = 1;  // the build tree's filesystem may refuse O_DIRECT
     tier.open(o, true, &dev, &host, [this](uint32_t k, float* m, float* a, float* v) { lists[k] = {m, a, v}; });
-    tier.place(std::vector<uint64_t>(chunks, kElems), kElems,
-               [this](uint32_t k, float* m, float* a, float* v) { lists[k] = {m, a, v}; });
+    tier.place(std::vector<uint64_t>(chunks, kElems), kElems, fp32_moments,
+               [this](uint32_t k, float* m, float* a, float* v) {
+                 lists[k] = {m, a, v};
+               });
   }
   ~Fixture() {
     tier.release();  // points the staged chunk's lists at null: those left are host lists
@@ -215,8 +219,8 @@ Test(nvme_tier, a_dry_run_advances_the_clock_by_the_drive_time) {
   o.write_bytes_per_s = 2e6;
   std::vector<Lists> lists(2);
   auto point = [&](uint32_t k, float* m, float* a, float* v) { lists[k] = {m, a, v}; };
-  tier.open(o, false, &dev, &host, point);  // no directory: no file
-  tier.place({kElems, 0}, kElems, point);   // chunk 1 frozen
+  tier.open(o, false, &dev, &host, point);               // no directory: no file
+  tier.place({kElems, 0}, kElems, fp32_moments, point);  // chunk 1 frozen
   cr_assert(tier.on_drive(0));
   cr_assert(!tier.on_drive(1));
   const double t0 = dev.clock_seconds();

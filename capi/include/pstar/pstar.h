@@ -454,7 +454,8 @@ typedef struct pstar_engine_options {
    *  part of its checkpoints: a load into an engine of another format is
    *  refused.  With PSTAR_STATE_INT8 every parameter starts on a block
    *  boundary (chunk_elems must then be a multiple of
-   *  PSTAR_STATE_INT8_BLOCK).  Not yet with the NVMe tier or
+   *  PSTAR_STATE_INT8_BLOCK).  The NVMe tier stores the moments in the
+   *  format too (fewer bytes to the drive).  Not yet with
    *  hybrid_optimizer (PSTAR_ERR_UNSUPPORTED). */
   pstar_state_format state_format;
 } pstar_engine_options;
