@@ -11,9 +11,13 @@ libpstar's AdamW updates fp32 masters while the model computes in bf16.
 
 Prints a progress bar (tqdm) with the loss; --check exits 1 unless the loss
 fell by a fifth and chunks moved
-(more than one eviction per step).
+(more than one eviction per step).  --state-format stores Adam's moments as
+bf16 or int8 codes (docs/user-guide.md); --eval-every N measures the loss on
+held-out text (sentences of another seed) every N steps and at the end;
+--json-out FILE writes the curves.
 """
 import argparse
+import json
 import math
 import random
 import sys
@@ -82,6 +86,10 @@ def main(argv=None):
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--context", type=int, default=64)
     ap.add_argument("--dtype", choices=["bf16", "f32"], default="bf16")
+    ap.add_argument("--state-format", choices=["fp32", "bf16", "int8"], default="fp32",
+                    help="Adam's moments' format (pstar_engine_options.state_format)")
+    ap.add_argument("--eval-every", type=int, default=0, help="held-out loss every N steps (0: at the end only)")
+    ap.add_argument("--json-out", help="write the training and held-out losses here")
     ap.add_argument("--check", action="store_true",
                     help="exit 1 unless the loss fell by a fifth and chunks moved (more than one eviction per step)")
     args = ap.parse_args(argv)
@@ -91,6 +99,8 @@ def main(argv=None):
     text = toy_text()
     chars = sorted(set(text))
     data = torch.tensor([chars.index(c) for c in text], dtype=torch.long)
+    # Held out: sentences of the same grammar drawn with another seed.
+    held = torch.tensor([chars.index(c) for c in toy_text(n_sentences=100, seed=11)], dtype=torch.long)
     model = GPT(len(chars), context=args.context)
     dtype = {"bf16": torch.bfloat16, "f32": torch.float32}[args.dtype]
     model.to(dtype)  # the model computes in the engine's compute dtype
@@ -102,9 +112,28 @@ def main(argv=None):
     # of what the chunks alone would take.
     capacity = compute_bytes * 7 // 10
     pm = ptorch.attach(model, device="emulated", compute_dtype=args.dtype, chunk_elems=chunk_elems,
-                       device_capacity_bytes=capacity, lr=3e-3, weight_decay=0.01)
+                       device_capacity_bytes=capacity, lr=3e-3, weight_decay=0.01, state_format=args.state_format)
     print(f"{n_params} parameters, {len(pm.slots)} tensors, compute chunks {compute_bytes / 1e6:.2f} MB, "
-          f"device capacity {capacity / 1e6:.2f} MB ({args.dtype} compute, fp32 masters)")
+          f"device capacity {capacity / 1e6:.2f} MB ({args.dtype} compute, fp32 masters, "
+          f"{args.state_format} Adam moments)")
+
+    # The held-out loss: fixed windows, every one of them, in EVAL iterations.
+    held_starts = list(range(0, len(held) - args.context - 1, args.context))
+
+    def held_out_loss():
+        total = 0.0
+        with torch.no_grad():
+            for i in range(0, len(held_starts), args.batch):
+                starts = held_starts[i:i + args.batch]
+                x = torch.stack([held[s:s + args.context] for s in starts])
+                y = torch.stack([held[s + 1:s + args.context + 1] for s in starts])
+                with pm.eval_iteration():
+                    logits = model(x)
+                total += torch.nn.functional.cross_entropy(logits.float().reshape(-1, len(chars)), y.reshape(-1),
+                                                           reduction="sum").item()
+        return total / (len(held_starts) * args.context)
+
+    held_curve = []
 
     rng = torch.Generator().manual_seed(1)
     steps = range(args.steps)
@@ -120,15 +149,24 @@ def main(argv=None):
             loss.backward()
             pm.step()
         losses.append(loss.item())
+        if args.eval_every and (step + 1) % args.eval_every == 0 and step + 1 < args.steps:
+            held_curve.append((step + 1, held_out_loss()))
         if tqdm is not None:
             bar.set_postfix(loss=f"{losses[-1]:.3f}")
         elif step % 20 == 0:
             print(f"step {step:4d}  loss {losses[-1]:.4f}")
+    held_curve.append((args.steps, held_out_loss()))
     stats = pm.engine.stats
     first = sum(losses[:5]) / min(5, len(losses))
     last = sum(losses[-5:]) / min(5, len(losses))
-    print(f"loss {first:.4f} -> {last:.4f}; evictions {stats['evictions']}, "
-          f"{stats['bytes_host_to_device'] / 1e6:.1f} MB to the device in {args.steps} steps")
+    print(f"loss {first:.4f} -> {last:.4f}; held-out loss {held_curve[-1][1]:.4f}; evictions {stats['evictions']}, "
+          f"{stats['bytes_host_to_device'] / 1e6:.1f} MB to the device in {args.steps} steps; "
+          f"peak host {stats['peak_host_bytes'] / n_params:.2f} bytes per parameter")
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump({"state_format": args.state_format, "dtype": args.dtype, "steps": args.steps,
+                       "params": n_params, "train_loss": losses, "held_out": held_curve,
+                       "peak_host_bytes": stats["peak_host_bytes"]}, f)
     if args.check and not (last < first * 0.8 and stats["evictions"] > args.steps):
         print("check failed: the loss did not fall by a fifth, or chunks did not move every step")
         return 1

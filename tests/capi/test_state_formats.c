@@ -29,6 +29,8 @@ typedef struct run_config {
   uint64_t speculate; /* pstar_x_engine_set_speculative_update */
   int save_at;        /* save a checkpoint after this many steps, then go on in a new engine (-1: no) */
   uint64_t nvme_host; /* host capacity with an NVMe tier (some lists on the drive); 0: no tier */
+  int micro;          /* micro-batches per step: > 1 turns gradient accumulation on */
+  int overflow_at;    /* an inf gradient at this iteration: its step is skipped (-1: none) */
 } run_config;
 
 typedef struct run_result {
@@ -54,6 +56,7 @@ static pstar_engine *make_engine(const run_config *c, uint32_t *ids) {
   o.weight_decay = 0.01f;
   o.state_format = c->format;
   o.host_capacity_bytes = c->nvme_host;
+  o.grad_accumulation = c->micro > 1;
   pstar_engine *e = t_create(&o);
   if (c->nvme_host != 0) {
     pstar_x_nvme_options n;
@@ -74,40 +77,44 @@ static pstar_engine *make_engine(const run_config *c, uint32_t *ids) {
   return e;
 }
 
-/* One TRAIN iteration: forward 0..N-1 then the tied one again, backward in
- * reverse; gradients depend on the weights seen. */
-static void iterate(pstar_engine *e, const uint32_t *ids, int it) {
+/* One TRAIN iteration of `micro` micro-batches: forward 0..N-1 then the
+ * tied one again, backward in reverse; gradients depend on the weights
+ * seen.  `overflow`: an inf in one gradient (the step is skipped). */
+static void iterate(pstar_engine *e, const uint32_t *ids, int it, int micro, int overflow) {
   void *stream = NULL;
   T_OK(pstar_engine_compute_stream(e, &stream));
   float *g = t_alloc_f(4096);
   T_OK(pstar_iteration_begin(e, PSTAR_ITERATION_TRAIN));
-  for (int s = 0; s <= NPARAMS; ++s) {
-    const int k = s == NPARAMS ? TIED : s;
-    void *w = NULL;
-    T_OK(pstar_param_acquire(e, ids[k], PSTAR_STAGE_FORWARD, stream, &w));
-    T_OK(pstar_param_release(e, ids[k], stream));
-  }
-  for (int s = NPARAMS; s >= 0; --s) {
-    const int k = s == NPARAMS ? TIED : s;
-    void *w = NULL;
-    T_OK(pstar_param_acquire(e, ids[k], PSTAR_STAGE_BACKWARD, stream, &w));
-    if (k != FROZEN) {
-      for (int64_t j = 0; j < k_numel[k]; ++j) {
-        const float wj = t_bf16_to_f32(((const uint16_t *)w)[j]);
-        /* Magnitudes over several decades, so that the int8 map's decades
-         * are all used. */
-        const float noise = (float)((int)((j * 7 + it * 3 + k * 5) % 11) - 5) * (j % 5 == 0 ? 1e-1f : 1e-3f);
-        g[j] = 0.1f * wj + noise;
-      }
-      T_OK(pstar_grad_write(e, ids[k], g, (uint64_t)k_numel[k], PSTAR_DTYPE_F32, PSTAR_MEM_HOST, stream));
+  for (int mb = 0; mb < micro; ++mb) {
+    for (int s = 0; s <= NPARAMS; ++s) {
+      const int k = s == NPARAMS ? TIED : s;
+      void *w = NULL;
+      T_OK(pstar_param_acquire(e, ids[k], PSTAR_STAGE_FORWARD, stream, &w));
+      T_OK(pstar_param_release(e, ids[k], stream));
     }
-    T_OK(pstar_param_release(e, ids[k], stream));
+    for (int s = NPARAMS; s >= 0; --s) {
+      const int k = s == NPARAMS ? TIED : s;
+      void *w = NULL;
+      T_OK(pstar_param_acquire(e, ids[k], PSTAR_STAGE_BACKWARD, stream, &w));
+      if (k != FROZEN) {
+        for (int64_t j = 0; j < k_numel[k]; ++j) {
+          const float wj = t_bf16_to_f32(((const uint16_t *)w)[j]);
+          /* Magnitudes over several decades, so that the int8 map's decades
+           * are all used. */
+          const float noise = (float)((int)((j * 7 + it * 3 + k * 5 + mb * 2) % 11) - 5) * (j % 5 == 0 ? 1e-1f : 1e-3f);
+          g[j] = 0.1f * wj + noise;
+        }
+        if (overflow && k == 4 && mb == micro - 1) g[17] = INFINITY;
+        T_OK(pstar_grad_write(e, ids[k], g, (uint64_t)k_numel[k], PSTAR_DTYPE_F32, PSTAR_MEM_HOST, stream));
+      }
+      T_OK(pstar_param_release(e, ids[k], stream));
+    }
   }
   pstar_step_result r;
   T_OK(pstar_step_result_init(&r));
   T_OK(pstar_step(e, &r));
-  cr_assert_eq(r.skipped, 0);
-  cr_assert_eq(r.params_updated, NPARAMS - 1);
+  cr_assert_eq(r.skipped, overflow ? 1 : 0, "iteration %d", it);
+  if (!overflow) cr_assert_eq(r.params_updated, NPARAMS - 1);
   free(g);
 }
 
@@ -128,7 +135,7 @@ static void run(const run_config *c, const char *dir, run_result *out) {
       e = make_engine(c, ids);
       T_OK(pstar_checkpoint_load(e, dir));
     }
-    iterate(e, ids, it);
+    iterate(e, ids, it, c->micro > 1 ? c->micro : 1, it == c->overflow_at);
   }
   for (int i = 0; i < NPARAMS; ++i) {
     out->params[i] = t_alloc_f((size_t)k_numel[i]);
@@ -156,7 +163,7 @@ static char *test_dir(const char *name) {
   return buf;
 }
 
-static const run_config k_base = {PSTAR_STATE_FP32, 0, 0, 0, 0, -1, 0};
+static const run_config k_base = {PSTAR_STATE_FP32, 0, 0, 0, 0, -1, 0, 1, -1};
 
 static void check_format(pstar_state_format f) {
   run_config c = k_base;
@@ -194,6 +201,24 @@ static void check_format(pstar_state_format f) {
     cr_assert_gt(other.nvme.chunks_on_nvme, 0, "format %d: no chunk on the drive", (int)f);
     assert_same_bits(&ref, &other, overlap ? "NVMe tier, overlapped" : "NVMe tier");
     free_result(&other);
+  }
+
+  /* Gradient accumulation over two micro-batches, and a step skipped for an
+   * inf gradient: unlimited and a quarter budget in strict mode agree. */
+  {
+    run_result a, b;
+    c = k_base;
+    c.format = f;
+    c.micro = 2;
+    c.overflow_at = 2;
+    run(&c, NULL, &a);
+    c.capacity = 2 * CHUNK_ELEMS * 2 + 4 * 4096;
+    c.strict = 1;
+    run(&c, NULL, &b);
+    assert_same_bits(&a, &b, "accumulation with a skipped step");
+    cr_assert_eq(a.stats.skipped_steps, 1);
+    free_result(&b);
+    free_result(&a);
   }
 
   /* Saved after 3 steps and resumed in a new engine: the same bits. */
@@ -270,7 +295,7 @@ Test(state_formats, a_checkpoint_of_another_format_is_refused, .timeout = 60) {
   char *dir = test_dir("refused");
   uint32_t ids[NPARAMS];
   pstar_engine *a = make_engine(&c, ids);
-  iterate(a, ids, 0);
+  iterate(a, ids, 0, 1, 0);
   T_OK(pstar_checkpoint_save(a, dir));
   T_OK(pstar_engine_destroy(a));
   const pstar_state_format others[2] = {PSTAR_STATE_FP32, PSTAR_STATE_BF16};
