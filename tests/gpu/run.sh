@@ -3,10 +3,11 @@
 # and PyTorch, no Criterion, libuv, Gloo, SWIG or package registry there).
 # Builds the library with CUDA and without the Criterion suites, then runs the
 # CUDA checks: the Adam kernel bit-for-bit against the CPU path, its fraction
-# of HBM bandwidth, the tier's pinned copies against cudaMemcpy, a training run
-# on the CUDA device against the emulated device, NCCL's loading at run time
-# and the NCCL communicator on one rank, and PyTorch's fused AdamW on the same
-# GPU as the kernel's baseline.
+# of HBM bandwidth, the kernels of the bf16 and int8 state formats against
+# the scalar reference and their bandwidth (also under memcheck), the tier's
+# pinned copies against cudaMemcpy, a training run on the CUDA device against
+# the emulated device, NCCL's loading at run time and the NCCL communicator on
+# one rank, and PyTorch's fused AdamW on the same GPU as the kernel's baseline.
 # Writes logs and JSON results to the folder given as its argument (default
 # $OUT, else gpu-out).  Each check has its own time limit so that one hang
 # cannot eat the machine's lease.  Tried on a machine without a GPU, every
@@ -56,12 +57,13 @@ run_check() {
   fi
   t0=$SECONDS
   cmake -S . -B "$build" "${cmake_args[@]}" || exit 1
-  targets=(cuda_engine_check adam_cuda_check cuda_engine_bench)
+  targets=(cuda_engine_check adam_cuda_check adam_states_cuda_check cuda_engine_bench)
   grep -q "^PSTAR_NCCL_LIBRARY:FILEPATH=/" "$build/CMakeCache.txt" && targets+=(nccl_check nccl_engine_check nccl_loader_check pstar)
   cmake --build "$build" -j "$(nproc)" --target "${targets[@]}" || exit 1
   echo "build: $((SECONDS - t0)) s"
 
   run_check adam_cuda_check "$build/bin/adam_cuda_check" "$out"
+  run_check adam_states_cuda_check "$build/bin/adam_states_cuda_check" "$out"
   run_check cuda_engine_check "$build/bin/cuda_engine_check"
   if [ -x "$build/bin/nccl_check" ]; then
     # NCCL is dlopen'ed, not linked: from the wheel's folder (not on the
@@ -77,6 +79,8 @@ run_check() {
   if command -v compute-sanitizer >/dev/null; then
     run_check "cuda_engine_check under compute-sanitizer memcheck" \
       compute-sanitizer --tool memcheck --error-exitcode 1 "$build/bin/cuda_engine_check"
+    run_check "adam_states_cuda_check --quick under compute-sanitizer memcheck" \
+      compute-sanitizer --tool memcheck --error-exitcode 1 "$build/bin/adam_states_cuda_check" --quick "$out"
   else
     echo "compute-sanitizer: not available"
   fi
