@@ -3,7 +3,7 @@
 //   pstar-bench adam [--elements 50M] [--threads T] [--reps 9]
 //                    [--dtype fp16|bf16|both] [--isa scalar|avx2|avx512|auto]
 //                    [--ceiling-isa scalar|avx2|avx512|auto] [--hugepages]
-//                    [--samples] [--json]
+//                    [--state-formats fp32,bf16,int8|none] [--samples] [--json]
 //   pstar-bench access [--params 64] [--iters 2000] [--reps 7] [--json]
 //   pstar-bench nvme [--dir PATH] [--elements 33554432] [--reps 5] [--json]
 //
@@ -17,6 +17,15 @@
 // in-place 28-byte read-modify-write stream with trivial arithmetic) and the
 // STREAM triad for reference.  The three are interleaved rep by rep so that
 // drift of the machine affects them alike; medians are reported.
+//
+// Then one line per Adam state format (issue 45, optim/adam_states.h; bf16
+// compute dtype): the update with the moments in that format, its memory
+// ceiling (an in-place stream over that format's own bytes, bench/
+// state_streams.h) and its compute ceiling (the same kernel repeating over
+// a 1024-element range per thread, which stays in L1), all formats
+// interleaved rep by rep on the same threads and partition; the bound
+// fraction is against the lower of the two ceilings, and vs_fp32 compares
+// with the fp32 format measured in the same run.
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -30,6 +39,7 @@
 #include <cstring>
 #include <functional>
 #include <iostream>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -40,6 +50,8 @@
 #include "bench_util.h"
 #include "optim/adam.h"
 #include "optim/adam_kernel.h"
+#include "optim/adam_states.h"
+#include "state_streams.h"
 #include "stream_kernels.h"
 #include "util/dtype.h"
 #include "util/thread_pool.h"
@@ -136,6 +148,7 @@ struct AdamOptions {
   bool hugepages = false;
   bool samples = false;
   bool json = false;
+  std::string state_formats = "fp32,bf16,int8";
 };
 
 bool parse_adam_isa(const std::string& s, optim::AdamIsa* out) {
@@ -166,6 +179,265 @@ bool parse_stream_isa(const std::string& s, StreamIsa* out) {
   return false;
 }
 
+// ---- per state format (issue 45) -------------------------------------------------
+
+// The formats of --state-formats ("none": no lines); false on a bad name.
+bool parse_state_formats(const std::string& s, std::vector<optim::StateFormat>* out) {
+  out->clear();
+  if (s == "none") return true;
+  size_t pos = 0;
+  while (pos <= s.size()) {
+    const size_t comma = s.find(',', pos);
+    const std::string name = s.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    optim::StateFormat f{};
+    if (!optim::parse_state_format(name.c_str(), &f)) return false;
+    if (std::find(out->begin(), out->end(), f) == out->end()) out->push_back(f);
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return !out->empty();
+}
+
+// Elements per unit of the formats' partition: whole int8 blocks (ranges
+// start on a block boundary, as the engine's do).
+constexpr size_t kStateGrain = optim::kInt8BlockElems;
+// Elements per thread of the compute ceiling's range: 14 KiB of fp32 state
+// (master, m and v, and the bf16 slot), 10 KiB in bf16, 8 KiB in int8
+// (plus the kernel's 2 KiB block buffer), inside a 32 KiB L1.  (At 512
+// elements the per-call cost of the fp32 path shows: 0.48 against 0.42 ns
+// per element on one thread here.)
+constexpr size_t kComputeElems = 1024;
+// Elements per thread of one timed compute-ceiling run.
+constexpr size_t kComputeWork = size_t{4} << 20;
+
+// The moment lists of one format over n elements, and a small private set
+// per thread for the compute ceiling.
+struct FormatLists {
+  optim::StateFormat f;
+  size_t n;
+  Array<uint8_t> m, v;
+  FormatLists(optim::StateFormat fmt, size_t elems, bool huge)
+      : f(fmt),
+        n(elems),
+        m(optim::moment_list_bytes(fmt, elems), huge),
+        v(optim::moment_list_bytes(fmt, elems), huge) {}
+  optim::MomentList m_at(size_t off) { return optim::moment_list_at(f, m.get(), n, off); }
+  optim::MomentList v_at(size_t off) { return optim::moment_list_at(f, v.get(), n, off); }
+};
+
+struct SmallState {
+  std::vector<float> master;
+  std::vector<uint16_t> slot;
+  std::vector<uint8_t> m, v;
+};
+
+void run_state_formats(const AdamOptions& o, ThreadPool& pool, size_t n, unsigned threads, int reps, optim::AdamIsa isa,
+                       StreamIsa cisa, const std::vector<optim::StateFormat>& formats, bool* all_finite) {
+  Array<uint16_t> slot(n, o.hugepages);
+  Array<float> master(n, o.hugepages);
+  std::vector<std::unique_ptr<FormatLists>> lists;
+  for (optim::StateFormat f : formats) lists.push_back(std::make_unique<FormatLists>(f, n, o.hugepages));
+  // First touch, each range by the thread that later streams it.  All-zero
+  // moment lists are a zero state in every format.
+  pool.parallel_for(n, kStateGrain, [&](size_t b, size_t e) {
+    for (size_t i = b; i < e; ++i) {
+      master.get()[i] = uniform(i, 3);
+      slot.get()[i] = f32_to_bf16(0.01f * uniform(i, 4));
+    }
+    for (auto& l : lists) {
+      const size_t es = l->f == optim::StateFormat::kFp32 ? 4 : l->f == optim::StateFormat::kBf16 ? 2 : 1;
+      std::memset(l->m.get() + b * es, 0, (e - b) * es);
+      std::memset(l->v.get() + b * es, 0, (e - b) * es);
+      if (l->f == optim::StateFormat::kInt8) {
+        const size_t b0 = b / kStateGrain, b1 = optim::int8_blocks(e);
+        std::memset(l->m_at(b).absmax, 0, (b1 - b0) * sizeof(float));
+        std::memset(l->v_at(b).absmax, 0, (b1 - b0) * sizeof(float));
+      }
+    }
+  });
+  // The compute ceiling's private ranges, made by their threads.
+  std::vector<std::vector<SmallState>> small(formats.size(), std::vector<SmallState>(threads));
+  pool.parallel_for(threads, 1, [&](size_t b, size_t e) {
+    for (size_t t = b; t < e; ++t) {
+      for (size_t k = 0; k < formats.size(); ++k) {
+        SmallState& s = small[k][t];
+        s.master.resize(kComputeElems);
+        s.slot.resize(kComputeElems);
+        for (size_t i = 0; i < kComputeElems; ++i) {
+          s.master[i] = uniform(i + t * kComputeElems, 5);
+          s.slot[i] = f32_to_bf16(0.01f * uniform(i, 6));
+        }
+        s.m.assign(optim::moment_list_bytes(formats[k], kComputeElems), 0);
+        s.v.assign(optim::moment_list_bytes(formats[k], kComputeElems), 0);
+      }
+    }
+  });
+
+  optim::AdamHyper h;
+  h.lr = 1e-4f;
+  h.weight_decay = 0.01f;
+  h.adamw = true;
+  std::vector<uint64_t> step(formats.size(), 0);
+  volatile float k0v = 0.0f, k1v = 0.5f, k1a = 1.0f;
+  const float k0 = k0v, k1 = k1v, k1abs = k1a;
+
+  auto kernel_once = [&](size_t k) {
+    FormatLists& l = *lists[k];
+    const optim::AdamStepConstants c = optim::adam_constants(h, ++step[k], 1.0, true);
+    const std::function<void(size_t, size_t)> job = [&](size_t b, size_t e) {
+      optim::AdamStateRange r;
+      r.master = master.get() + b;
+      r.exp_avg = l.m_at(b);
+      r.exp_avg_sq = l.v_at(b);
+      r.slot = slot.get() + b;
+      r.dtype = PSTAR_DTYPE_BF16;
+      r.n = e - b;
+      optim::adam_update_states(isa, l.f, c, r);
+    };
+    const auto t0 = Clock::now();
+    pool.parallel_for(n, kStateGrain, job);
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+  };
+  auto memory_once = [&](size_t k) {
+    FormatLists& l = *lists[k];
+    const std::function<void(size_t, size_t)> job = [&](size_t b, size_t e) {
+      switch (l.f) {
+        case optim::StateFormat::kFp32:
+          rmw_stream(cisa, PSTAR_DTYPE_BF16, slot.get() + b, master.get() + b, static_cast<float*>(l.m_at(b).values),
+                     static_cast<float*>(l.v_at(b).values), e - b, k0, k1);
+          break;
+        case optim::StateFormat::kBf16:
+          rmw_stream_bf16(cisa, slot.get() + b, master.get() + b, static_cast<uint16_t*>(l.m_at(b).values),
+                          static_cast<uint16_t*>(l.v_at(b).values), e - b, k0, k1);
+          break;
+        case optim::StateFormat::kInt8: {
+          const optim::MomentList ml = l.m_at(b), vl = l.v_at(b);
+          rmw_stream_int8(cisa, slot.get() + b, master.get() + b, static_cast<uint8_t*>(ml.values),
+                          static_cast<uint8_t*>(vl.values), ml.absmax, vl.absmax, e - b, k0, k1abs);
+          break;
+        }
+      }
+    };
+    const auto t0 = Clock::now();
+    pool.parallel_for(n, kStateGrain, job);
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+  };
+  const size_t calls = kComputeWork / kComputeElems;
+  auto compute_once = [&](size_t k) {
+    const optim::StateFormat f = formats[k];
+    const optim::AdamStepConstants c = optim::adam_constants(h, 10, 1.0, true);
+    const std::function<void(size_t, size_t)> job = [&](size_t b, size_t e) {
+      for (size_t t = b; t < e; ++t) {
+        SmallState& s = small[k][t];
+        optim::AdamStateRange r;
+        r.master = s.master.data();
+        r.exp_avg = optim::moment_list_at(f, s.m.data(), kComputeElems, 0);
+        r.exp_avg_sq = optim::moment_list_at(f, s.v.data(), kComputeElems, 0);
+        r.slot = s.slot.data();
+        r.dtype = PSTAR_DTYPE_BF16;
+        r.n = kComputeElems;
+        for (size_t i = 0; i < calls; ++i) optim::adam_update_states(isa, f, c, r);
+      }
+    };
+    const auto t0 = Clock::now();
+    pool.parallel_for(threads, 1, job);
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+  };
+
+  const size_t nf = formats.size();
+  std::vector<std::vector<double>> ts(nf), tm(nf), tc(nf);
+  for (size_t k = 0; k < nf; ++k) {  // warm-up
+    kernel_once(k);
+    memory_once(k);
+    compute_once(k);
+  }
+  for (int rep = 0; rep < reps; ++rep) {
+    for (size_t k = 0; k < nf; ++k) {
+      ts[k].push_back(kernel_once(k));
+      tm[k].push_back(memory_once(k));
+      tc[k].push_back(compute_once(k));
+    }
+  }
+
+  // Finite: the masters, the slot, and the moments' scale (int8 absmax,
+  // bf16 and fp32 values).
+  std::vector<bool> finite(nf, true);
+  for (size_t k = 0; k < nf; ++k) {
+    FormatLists& l = *lists[k];
+    std::atomic<size_t> bad{0};
+    pool.parallel_for(n, kStateGrain, [&](size_t b, size_t e) {
+      size_t cnt = 0;
+      std::vector<float> mv(e - b), vv(e - b);
+      optim::moments_to_f32(l.f, false, l.m.get(), n, b, e - b, mv.data());
+      optim::moments_to_f32(l.f, true, l.v.get(), n, b, e - b, vv.data());
+      for (size_t i = b; i < e; ++i) {
+        cnt += !std::isfinite(master.get()[i]) || !std::isfinite(bf16_to_f32(slot.get()[i])) ||
+               !std::isfinite(mv[i - b]) || !std::isfinite(vv[i - b]);
+      }
+      bad += cnt;
+    });
+    finite[k] = bad.load() == 0;
+    *all_finite = *all_finite && finite[k];
+  }
+
+  double fp32_eps = 0;
+  for (size_t k = 0; k < nf; ++k) {
+    if (formats[k] == optim::StateFormat::kFp32) fp32_eps = static_cast<double>(n) / median(ts[k]);
+  }
+  for (size_t k = 0; k < nf; ++k) {
+    const optim::StateFormat f = formats[k];
+    const double bytes = optim::adam_state_bytes_per_elem(f, PSTAR_DTYPE_BF16, false);
+    const double step_s = median(ts[k]);
+    const double eps = static_cast<double>(n) / step_s;
+    const double mem_eps = static_cast<double>(n) / median(tm[k]);
+    const double comp_eps = static_cast<double>(threads) * static_cast<double>(calls * kComputeElems) / median(tc[k]);
+    const bool memory_bound = mem_eps <= comp_eps;
+    const double fraction = eps / std::min(mem_eps, comp_eps);
+    if (o.json) {
+      nlohmann::json j;
+      j["bench"] = "adam_states";
+      j["state_format"] = optim::state_format_name(f);
+      j["dtype"] = "bf16";
+      j["isa"] = optim::adam_isa_name(isa);
+      j["ceiling_isa"] = stream_isa_name(cisa);
+      j["threads"] = threads;
+      j["elements"] = n;
+      j["reps"] = reps;
+      j["median_s"] = step_s;
+      j["min_s"] = *std::min_element(ts[k].begin(), ts[k].end());
+      j["elems_per_s"] = eps;
+      j["bytes_per_elem"] = bytes;
+      j["achieved_gbs"] = bytes * eps / 1e9;
+      j["memory_ceiling_eps"] = mem_eps;
+      j["memory_ceiling_gbs"] = bytes * mem_eps / 1e9;
+      j["compute_ceiling_eps"] = comp_eps;
+      j["limit"] = memory_bound ? "memory" : "compute";
+      j["bound_fraction"] = fraction;
+      if (fp32_eps > 0) {
+        j["vs_fp32"] = eps / fp32_eps;
+      } else {
+        j["vs_fp32"] = nullptr;
+      }
+      j["finite"] = finite[k];
+      if (o.samples) {
+        j["step_samples_s"] = ts[k];
+        j["memory_ceiling_samples_s"] = tm[k];
+        j["compute_ceiling_samples_s"] = tc[k];
+      }
+      std::cout << j.dump() << std::endl;
+    } else {
+      const char* name = optim::state_format_name(f);
+      std::printf("state %s: %zu elements  step median %.3f ms  %.3f G elem/s  %.4g B/elem  %.1f GB/s%s\n", name, n,
+                  step_s * 1e3, eps / 1e9, bytes, bytes * eps / 1e9,
+                  fp32_eps > 0 ? ("  " + std::to_string(eps / fp32_eps).substr(0, 5) + "x fp32").c_str() : "");
+      std::printf("state %s: memory ceiling %.3f G elem/s (%.1f GB/s)  compute ceiling %.3f G elem/s  -> %s-bound\n",
+                  name, mem_eps / 1e9, bytes * mem_eps / 1e9, comp_eps / 1e9, memory_bound ? "memory" : "compute");
+      std::printf("state %s: bound fraction %.3f%s\n", name, fraction,
+                  finite[k] ? "" : "  (WARNING: non-finite values after the run)");
+    }
+  }
+}
+
 int run_adam(const AdamOptions& o) {
   const size_t n = parse_count(o.elements);
   const unsigned threads = o.threads != 0 ? o.threads : std::max(1u, std::thread::hardware_concurrency());
@@ -188,6 +460,13 @@ int run_adam(const AdamOptions& o) {
   }
   if (!stream_isa_supported(cisa)) {
     std::cerr << "pstar-bench: ceiling path '" << stream_isa_name(cisa) << "' is not supported by this CPU\n";
+    return 2;
+  }
+
+  std::vector<optim::StateFormat> formats;
+  if (!parse_state_formats(o.state_formats, &formats)) {
+    std::cerr << "pstar-bench: bad --state-formats '" << o.state_formats
+              << "' (a comma-separated list of fp32, bf16, int8, or none)\n";
     return 2;
   }
 
@@ -335,6 +614,7 @@ int run_adam(const AdamOptions& o) {
       }
     }
   }
+  if (!formats.empty()) run_state_formats(o, pool, n, threads, reps, isa, cisa, formats, &all_finite);
   if (!all_finite) {
     std::cerr << "pstar-bench: non-finite values after the Adam runs\n";
     return 1;
@@ -386,7 +666,11 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   adam->add_flag("--hugepages", ao.hugepages, "madvise(MADV_HUGEPAGE) on the arrays");
   adam->add_flag("--samples", ao.samples, "also print every rep's times");
-  adam->add_flag("--json", ao.json, "one JSON object per line per dtype");
+  adam->add_flag("--json", ao.json, "one JSON object per line per dtype, then per state format");
+  adam->add_option("--state-formats", ao.state_formats,
+                   "Adam state formats measured after the dtypes (bf16 compute dtype): comma-separated fp32, bf16, "
+                   "int8, or none")
+      ->capture_default_str();
 
   std::function<int()> run_access;
   CLI::App* access = pstar::bench::add_access_subcommand(app, &run_access);

@@ -231,6 +231,9 @@ Map build_map(bool is_signed) {
       }
     }
     if (inside > 1) internal_error("int8 quantizer: two decade boundaries in one slot");
+    if (sl > 0 && sl < 11 && (slot_of(lo) != sl || slot_of(std::nextafterf(hi, 0.0f)) != sl)) {
+      internal_error("int8 quantizer: slot bounds disagree with slot_of()");
+    }
     m.slot_dec[sl] = dec;
     m.slot_cross[sl] = x;
   }

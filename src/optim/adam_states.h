@@ -148,14 +148,19 @@ void moments_from_f32(StateFormat f, bool second, void* list, size_t n_total, si
 // int8 notes.  Thresholds: the exact midpoints of consecutive map values;
 // a value is above one when it is strictly greater (so ties go down in
 // magnitude).  The vector paths find the code without a table search: the
-// float's exponent picks a precomputed octave (at most one boundary between
-// the map's decades lies in an octave: one compare settles the decade), and
-// within a decade the map is linear, so floor(y * s + o) is the code's
-// offset in its decade except within 2^-12 of an integer, where that lane
-// takes the scalar search instead (provably exact outside that margin, and
-// checked against the search over every float near every threshold by the
-// tests).  Dequantization looks the map up 32 codes at a time (AVX-512:
-// VPERMI2W over the map's 16-bit halves; AVX2: VGATHERDPS).
+// float's exponent picks a pair of octaves (at most one boundary between
+// the map's decades lies in one: a compare settles the decade), and within
+// a decade the map is linear, so floor(y * s + o) is the code's offset in
+// its decade except within 2^-12 of an integer, where that lane takes the
+// scalar search instead (exact outside that margin by the bound in
+// adam_states.cpp, checked at start-up for every threshold, and checked by
+// the tests against the search for every float in [0, 1]).  Dequantization
+// looks the map up 32 codes at a time (AVX-512: VPERMI2W over the map's
+// 16-bit halves; AVX2: VGATHERDPS).
+//
+// Speed (issue 45, docs/benchmarks.md): fp32 and bf16 are memory-bound; on
+// a 2-core AVX-512 machine int8 is compute-bound, its quantization (two
+// maps, about 18 cycles per 16 values each) the largest part.
 //
 // Where bitsandbytes 0.50's CPU path (backends/cpu/ops.py, csrc/cpu_ops.cpp)
 // departs from the paper, this follows the paper: its quantize_blockwise
