@@ -134,9 +134,6 @@ engine::EngineOptions engine_options(const pstar_engine_options& in) {
             return "options: chunk_elems (" + std::to_string(o.chunk_elems) + ") must be a multiple of " +
                    std::to_string(PSTAR_STATE_INT8_BLOCK) + " with the int8 state format (its block)";
           });
-  require(o.state_format == PSTAR_STATE_FP32 || !o.hybrid_optimizer, PSTAR_ERR_UNSUPPORTED,
-          "options: hybrid_optimizer keeps fp32 optimizer state only for now (set state_format to "
-          "PSTAR_STATE_FP32, or hybrid_optimizer to 0)");
   require(o.chunk_elems <= chunk::kMaxNumel, PSTAR_ERR_INVALID_ARGUMENT, "options: chunk_elems is too large");
   require(o.placement_policy == PSTAR_POLICY_OPT || o.placement_policy == PSTAR_POLICY_LRU ||
               o.placement_policy == PSTAR_POLICY_STATIC,

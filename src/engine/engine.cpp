@@ -80,6 +80,10 @@ Engine::Engine(const EngineOptions& options, std::unique_ptr<distributed::Commun
   ho.warmup_iterations = options_.warmup_iterations;
   ho.grad_accumulation = options_.grad_accumulation;
   ho.elem_bytes = static_cast<uint32_t>(dtype_size(options_.compute_dtype));
+  if (options_.state_format != PSTAR_STATE_FP32) {
+    const optim::StateFormat format = state_format();
+    ho.moment_bytes = [format](uint64_t n) { return optim::moment_list_bytes(format, n); };
+  }
   hybrid_ = std::make_unique<placement::HybridPlacement>(device_.get(), placement_.get(), ho);
   values_ = std::make_unique<values::ParamValues>(value_parts(), options_.compute_dtype, payloads_);
   step_ = std::make_unique<step::OptimizerStep>(

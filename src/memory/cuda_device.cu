@@ -8,6 +8,7 @@
 
 #include "memory/host_kernels.h"
 #include "optim/adam_cuda.h"
+#include "optim/adam_states_cuda.h"
 #include "util/dtype.h"
 #include "util/error.h"
 
@@ -209,6 +210,10 @@ class CudaDevice final : public Device {
 
   void adam_update_async(Stream* stream, const optim::AdamStepConstants& c, const optim::AdamRange& r) override {
     optim::adam_update_cuda(s(stream), c, r);
+  }
+  void adam_update_states_async(Stream* stream, optim::StateFormat f, const optim::AdamStepConstants& c,
+                                const optim::AdamStateRange& r) override {
+    optim::adam_update_states_cuda(s(stream), f, c, r);
   }
 
  private:

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "optim/adam_kernel.h"
+#include "optim/adam_states.h"
 #include "pstar/pstar.h"
 
 namespace pstar::memory {
@@ -167,6 +168,11 @@ class Device {
   // util/dtype.h), so the result is bit-identical to optim::adam_update on
   // the host.  `c` and `r` are copied: they need not outlive the call.
   virtual void adam_update_async(Stream* stream, const optim::AdamStepConstants& c, const optim::AdamRange& r) = 0;
+  // The same with Adam's moments in state format `f` (optim/adam_states.h;
+  // the range starts on an int8 block boundary): bit-identical to
+  // optim::adam_update_states on the host.
+  virtual void adam_update_states_async(Stream* stream, optim::StateFormat f, const optim::AdamStepConstants& c,
+                                        const optim::AdamStateRange& r) = 0;
 
  private:
   const std::chrono::steady_clock::time_point created_ = std::chrono::steady_clock::now();

@@ -379,6 +379,12 @@ void EmulatedDevice::grad_finalize(Stream* stream, const float* acc, void* slot,
   enqueue(stream, [=] { host_grad_finalize(acc, slot, dtype, n, sumsq, nonfinite); });
 }
 
+void EmulatedDevice::adam_update_states_async(Stream* stream, optim::StateFormat f, const optim::AdamStepConstants& c,
+                                              const optim::AdamStateRange& r) {
+  const optim::AdamIsa isa = adam_isa_;
+  enqueue(stream, [isa, f, c, r] { optim::adam_update_states(isa, f, c, r); });
+}
+
 void EmulatedDevice::adam_update_async(Stream* stream, const optim::AdamStepConstants& c, const optim::AdamRange& r) {
   const optim::AdamIsa isa = adam_isa_;
   enqueue(stream, [isa, c, r] { optim::adam_update(isa, c, r); });

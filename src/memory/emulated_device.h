@@ -91,6 +91,8 @@ class EmulatedDevice final : public Device {
   // The CPU kernel (optim::adam_update with the default instruction set) on
   // the stream's worker thread.
   void adam_update_async(Stream* stream, const optim::AdamStepConstants& c, const optim::AdamRange& r) override;
+  void adam_update_states_async(Stream* stream, optim::StateFormat f, const optim::AdamStepConstants& c,
+                                const optim::AdamStateRange& r) override;
 
   class Queue;
 

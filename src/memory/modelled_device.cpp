@@ -181,4 +181,11 @@ void ModelledDevice::adam_update_async(Stream* stream, const optim::AdamStepCons
   if (payloads_) optim::adam_update(adam_isa_, c, r);
 }
 
+void ModelledDevice::adam_update_states_async(Stream* stream, optim::StateFormat f, const optim::AdamStepConstants& c,
+                                              const optim::AdamStateRange& r) {
+  ModelledStream* s = stream_of(stream);
+  s->busy_until = start_on(s);
+  if (payloads_) optim::adam_update_states(adam_isa_, f, c, r);
+}
+
 }  // namespace pstar::memory

@@ -98,6 +98,8 @@ class ModelledDevice final : public Device {
   // Runs the CPU kernel at once when the device has payloads, nothing in a
   // dry run; zero modelled time (see above).
   void adam_update_async(Stream* stream, const optim::AdamStepConstants& c, const optim::AdamRange& r) override;
+  void adam_update_states_async(Stream* stream, optim::StateFormat f, const optim::AdamStepConstants& c,
+                                const optim::AdamStateRange& r) override;
 
   class ModelledStream;
 

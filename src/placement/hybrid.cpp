@@ -67,13 +67,13 @@ HybridPlacement::Plan HybridPlacement::step_plan() const {
 }
 
 uint64_t HybridPlacement::state_bytes(uint32_t k) const {
-  const uint64_t lists = device_lists() * list_bytes(k);
+  const uint64_t lists = list_offset(k, device_lists());
   if (!sharded_) return lists;
   // The compute slot, and the fp32 gradient's staging with accumulation.
   return lists + shard_bytes(k) + (options_.grad_accumulation ? list_bytes(k) : 0);
 }
 
-void* HybridPlacement::slot_staging(uint32_t k) const { return base_[k] + device_lists() * chunks_->list_elems(k); }
+void* HybridPlacement::slot_staging(uint32_t k) const { return list_at(k, device_lists()); }
 
 float* HybridPlacement::grad_staging(uint32_t k) const {
   if (!options_.grad_accumulation) return nullptr;
@@ -135,9 +135,9 @@ void HybridPlacement::move(uint32_t k) {
   chunk::Chunk& c = chunks_->chunk_at(k);
   chunk::Fp32Lists& l = chunks_->lists_at(k);
   if (!sharded_ && c.tier != Tier::kDevice) runtime_->fetch(k);
-  const uint64_t fp32_bytes = list_bytes(k);
   const uint64_t bytes = state_bytes(k);
   float* base = static_cast<float*>(runtime_->device_alloc(bytes, k, "optimizer state of chunk " + std::to_string(k)));
+  auto at = [&](size_t i) { return reinterpret_cast<float*>(reinterpret_cast<char*>(base) + list_offset(k, i)); };
   runtime_->tier().add(Use::kOptimizer, bytes);
   runtime_->note_device_peak();
   // The host lists are current: the previous step's update is done.  The
@@ -149,26 +149,27 @@ void HybridPlacement::move(uint32_t k) {
   const size_t slots = device_lists();
   uint64_t copied = 0;
   for (size_t slot = 0; slot < slots; ++slot) {
-    float* dst = base + slot * (fp32_bytes / sizeof(float));
+    float* dst = at(slot);
+    const uint64_t list = list_bytes(k, slot);
     if (*lists[slot] == nullptr) {
-      device_->memset_async(s, dst, 0, fp32_bytes);
+      device_->memset_async(s, dst, 0, list);
     } else {
-      device_->copy_async(s, dst, *lists[slot], fp32_bytes, memory::CopyKind::kHostToDevice);
-      copied += fp32_bytes;
+      device_->copy_async(s, dst, *lists[slot], list, memory::CopyKind::kHostToDevice);
+      copied += list;
     }
   }
   // With world > 1 the compute shard (weights, or the gradient its applied
   // reduce-scatter left) moves into the slot after the lists, for good.
   void** shard = sharded_ ? chunks_->compute_shard(k) : nullptr;
-  void* slot = base + slots * (fp32_bytes / sizeof(float));
+  void* slot = at(slots);
   if (shard != nullptr) {
     device_->copy_async(s, slot, *shard, shard_bytes(k), memory::CopyKind::kHostToDevice);
     copied += shard_bytes(k);
   }
   const memory::EventPtr done = device_->record(s);
   for (size_t slot = 0; slot < slots; ++slot) {
-    if (*lists[slot] != nullptr) runtime_->defer_free_host(done, *lists[slot], fp32_bytes);
-    *lists[slot] = base + slot * (fp32_bytes / sizeof(float));
+    if (*lists[slot] != nullptr) runtime_->defer_free_host(done, *lists[slot], list_bytes(k, slot));
+    *lists[slot] = at(slot);
   }
   if (shard != nullptr) {
     runtime_->defer_free_host(done, *shard, shard_bytes(k));
@@ -185,7 +186,6 @@ void HybridPlacement::move(uint32_t k) {
 void HybridPlacement::move_out(uint32_t k) {
   chunk::Chunk& c = chunks_->chunk_at(k);
   chunk::Fp32Lists& l = chunks_->lists_at(k);
-  const uint64_t fp32_bytes = list_bytes(k);
   const uint64_t bytes = bytes_[k];
   void* base = base_[k];
   // After the chunk's queued work (its device update on the compute stream).
@@ -194,11 +194,14 @@ void HybridPlacement::move_out(uint32_t k) {
   device_->stream_wait(s, device_->record(device_->compute_stream()));
   device_->stream_wait(s, c.last_use);
   float** lists[] = {&l.master, &l.exp_avg, &l.exp_avg_sq, &l.grad32};
+  uint64_t moved = 0;
   for (size_t slot = 0; slot < device_lists(); ++slot) {
     float** list = lists[slot];
-    float* host = static_cast<float*>(runtime_->host_alloc(fp32_bytes));
-    device_->copy_async(s, host, *list, fp32_bytes, memory::CopyKind::kDeviceToHost);
+    const uint64_t b = list_bytes(k, slot);
+    float* host = static_cast<float*>(runtime_->host_alloc(b));
+    device_->copy_async(s, host, *list, b, memory::CopyKind::kDeviceToHost);
     *list = host;
+    moved += b;
   }
   // With world > 1 the compute shard comes back to the host with them.
   void** shard = sharded_ ? chunks_->compute_shard(k) : nullptr;
@@ -211,7 +214,7 @@ void HybridPlacement::move_out(uint32_t k) {
   runtime_->host_wait(s, done);
   runtime_->check_ready(done, "optimizer state moved to the host");
   runtime_->defer_free_device(done, base, bytes, Use::kOptimizer);
-  runtime_->count_device_to_host(device_lists() * fp32_bytes + (shard != nullptr ? shard_bytes(k) : 0));
+  runtime_->count_device_to_host(moved + (shard != nullptr ? shard_bytes(k) : 0));
   c.opt_device = nullptr;
   base_[k] = nullptr;
   bytes_[k] = 0;
@@ -288,10 +291,10 @@ HybridPlacement::HostLists::HostLists(HybridPlacement& hybrid, uint32_t k, unsig
   hybrid.sync(k);
   chunk::Fp32Lists& l = hybrid.chunks_->lists_at(k);
   float** lists[] = {&l.master, &l.exp_avg, &l.exp_avg_sq};
-  const uint64_t bytes = hybrid.list_bytes(k);
   try {
     for (size_t i = 0; i < 3; ++i) {
       if ((which & (1u << i)) == 0) continue;
+      const uint64_t bytes = hybrid.list_bytes(k, i);
       float* host = static_cast<float*>(hybrid.runtime_->host_alloc(bytes));
       device_[i] = *lists[i];
       *lists[i] = host;
@@ -315,7 +318,7 @@ void HybridPlacement::HostLists::write_back() {
   const float* lists[] = {l.master, l.exp_avg, l.exp_avg_sq};
   for (size_t i = 0; i < 3; ++i) {
     if (device_[i] == nullptr) continue;
-    hybrid_.device_->copy_sync(device_[i], lists[i], hybrid_.list_bytes(k_), memory::CopyKind::kHostToDevice);
+    hybrid_.device_->copy_sync(device_[i], lists[i], hybrid_.list_bytes(k_, i), memory::CopyKind::kHostToDevice);
   }
   if (device_shard_ != nullptr) {
     hybrid_.device_->copy_sync(device_shard_, *hybrid_.chunks_->compute_shard(k_), hybrid_.shard_bytes(k_),
@@ -330,7 +333,7 @@ void HybridPlacement::HostLists::restore() noexcept {
   float** lists[] = {&l.master, &l.exp_avg, &l.exp_avg_sq};
   for (size_t i = 0; i < 3; ++i) {
     if (device_[i] == nullptr) continue;
-    hybrid_.runtime_->defer_free_host(memory::EventPtr(), *lists[i], hybrid_.list_bytes(k_));
+    hybrid_.runtime_->defer_free_host(memory::EventPtr(), *lists[i], hybrid_.list_bytes(k_, i));
     *lists[i] = device_[i];
     device_[i] = nullptr;
   }

@@ -45,6 +45,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "chunk/chunk.h"
@@ -81,6 +82,9 @@ struct HybridOptions {
   uint32_t warmup_iterations = 1;  // TRAIN steps before the state is placed
   bool grad_accumulation = false;  // the gradient list moves too (one process)
   uint32_t elem_bytes = 2;         // the compute dtype's size (a shard's staging region)
+  // Bytes of one of Adam's moment lists of n elements in the engine's state
+  // format (optim::moment_list_bytes); null: fp32, 4n.
+  std::function<uint64_t(uint64_t n)> moment_bytes;
 };
 
 class HybridPlacement {
@@ -208,7 +212,26 @@ class HybridPlacement {
   // Lists that live in the device buffer: master, m, v, and the gradient
   // list with accumulation in one process.
   size_t device_lists() const { return options_.grad_accumulation && !sharded_ ? 4 : 3; }
+  // The bytes of chunk k's list `i` (0 master, 1 m, 2 v, 3 the gradient
+  // list): fp32 but Adam's moments, which are in the state format.
   uint64_t list_bytes(uint32_t k) const { return chunks_->list_elems(k) * sizeof(float); }
+  uint64_t list_bytes(uint32_t k, size_t i) const {
+    if ((i == 1 || i == 2) && options_.moment_bytes) return options_.moment_bytes(chunks_->list_elems(k));
+    return list_bytes(k);
+  }
+  // Where list `i` starts in chunk k's device buffer: the lists back to
+  // back, each at a kListAlignBytes boundary (fp32 lists of whole
+  // 128-element units end on one, so fp32 state keeps its layout), then
+  // with world > 1 the compute shard.
+  static constexpr uint64_t kListAlignBytes = 256;
+  uint64_t list_offset(uint32_t k, size_t i) const {
+    uint64_t at = 0;
+    for (size_t j = 0; j < i; ++j) at += (list_bytes(k, j) + kListAlignBytes - 1) / kListAlignBytes * kListAlignBytes;
+    return at;
+  }
+  float* list_at(uint32_t k, size_t i) const {
+    return reinterpret_cast<float*>(reinterpret_cast<char*>(base_[k]) + list_offset(k, i));
+  }
   // world > 1: bytes of chunk k's compute shard (its slot in the buffer).
   uint64_t shard_bytes(uint32_t k) const { return chunks_->list_elems(k) * options_.elem_bytes; }
 

@@ -333,8 +333,13 @@ void OptimizerStep::run_local(pstar_step_result& r) {
       device_->stream_wait(cs, c.last_use);
       placement_->mark_written(k);
       const optim::ChunkLists lists = lists_of(c, c.device);
-      for (const optim::Segment& sg : segments.segments())
-        device_->adam_update_async(cs, sg.constants, lists.range(sg.begin, sg.end));
+      for (const optim::Segment& sg : segments.segments()) {
+        if (lists.format == optim::StateFormat::kFp32) {
+          device_->adam_update_async(cs, sg.constants, lists.range(sg.begin, sg.end));
+        } else {
+          device_->adam_update_states_async(cs, lists.format, sg.constants, lists.state_range(sg.begin, sg.end));
+        }
+      }
       const memory::EventPtr done = device_->record(cs);
       c.ready = done;
       c.last_use = done;

@@ -118,8 +118,15 @@ memory::EventPtr OptimizerStep::queue_shard_update(uint32_t k, const std::vector
     device_->stream_wait(cs, device_->record(h2d));
   }
   device_->stream_wait(cs, hybrid_->state_ready(k));
-  const optim::ChunkLists lists{c.master, c.exp_avg, c.exp_avg_sq, grad, slot, options_.compute_dtype};
-  for (const optim::Segment& sg : segments) device_->adam_update_async(cs, sg.constants, lists.range(sg.begin, sg.end));
+  optim::ChunkLists lists = host_lists(c, slot);  // the device's lists here
+  lists.grad_f32 = grad;
+  for (const optim::Segment& sg : segments) {
+    if (lists.format == optim::StateFormat::kFp32) {
+      device_->adam_update_async(cs, sg.constants, lists.range(sg.begin, sg.end));
+    } else {
+      device_->adam_update_states_async(cs, lists.format, sg.constants, lists.state_range(sg.begin, sg.end));
+    }
+  }
   return device_->record(cs);
 }
 

@@ -298,27 +298,6 @@ Test(options, invalid_values_are_rejected) {
   }
 }
 
-/* Hybrid placement keeps fp32 state only for now: refused with a reason,
- * not silently run in another format. */
-Test(options, a_state_format_other_than_fp32_refuses_hybrid_placement) {
-  const pstar_state_format formats[] = {PSTAR_STATE_BF16, PSTAR_STATE_INT8};
-  for (size_t i = 0; i < 2; ++i) {
-    pstar_engine_options o;
-    T_OK(pstar_engine_options_init(&o));
-    o.state_format = formats[i];
-    o.hybrid_optimizer = 1;
-    pstar_engine *e = NULL;
-    const pstar_status s = pstar_engine_create(&o, &e);
-    char msg[T_MSG_CAP];
-    t_copy_last_error(msg, sizeof msg);
-    cr_assert_eq(s, PSTAR_ERR_UNSUPPORTED, "format %d: got %s", (int)formats[i], pstar_status_name(s));
-    cr_assert(strstr(msg, "hybrid_optimizer") != NULL && strstr(msg, "state_format") != NULL, "message: %s", msg);
-    o.hybrid_optimizer = 0;
-    T_OK(pstar_engine_create(&o, &e));
-    pstar_engine_destroy(e);
-  }
-}
-
 Test(options, boundary_values_are_accepted) {
   pstar_engine_options o = t_options(PSTAR_DTYPE_F32, 128);
   o.lr = 0.0f;

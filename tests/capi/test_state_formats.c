@@ -31,6 +31,7 @@ typedef struct run_config {
   uint64_t nvme_host; /* host capacity with an NVMe tier (some lists on the drive); 0: no tier */
   int micro;          /* micro-batches per step: > 1 turns gradient accumulation on */
   int overflow_at;    /* an inf gradient at this iteration: its step is skipped (-1: none) */
+  int hybrid;         /* hybrid optimizer placement: state on the (emulated) device, updated there */
 } run_config;
 
 typedef struct run_result {
@@ -57,6 +58,7 @@ static pstar_engine *make_engine(const run_config *c, uint32_t *ids) {
   o.state_format = c->format;
   o.host_capacity_bytes = c->nvme_host;
   o.grad_accumulation = c->micro > 1;
+  o.hybrid_optimizer = c->hybrid;
   pstar_engine *e = t_create(&o);
   if (c->nvme_host != 0) {
     pstar_x_nvme_options n;
@@ -163,7 +165,7 @@ static char *test_dir(const char *name) {
   return buf;
 }
 
-static const run_config k_base = {PSTAR_STATE_FP32, 0, 0, 0, 0, -1, 0, 1, -1};
+static const run_config k_base = {PSTAR_STATE_FP32, 0, 0, 0, 0, -1, 0, 1, -1, 0};
 
 static void check_format(pstar_state_format f) {
   run_config c = k_base;
@@ -200,6 +202,30 @@ static void check_format(pstar_state_format f) {
     run(&c, NULL, &other);
     cr_assert_gt(other.nvme.chunks_on_nvme, 0, "format %d: no chunk on the drive", (int)f);
     assert_same_bits(&ref, &other, overlap ? "NVMe tier, overlapped" : "NVMe tier");
+    free_result(&other);
+  }
+
+  /* Hybrid placement: every chunk's state on the emulated device (an
+   * unlimited one places all), updated there by the device's kernel, with
+   * the synchronous and the overlapped step; and with gradient accumulation.
+   * The same bits. */
+  for (int mode = 0; mode < 3; ++mode) {
+    c = k_base;
+    c.format = f;
+    c.hybrid = 1;
+    c.overlap = mode == 1;
+    c.micro = mode == 2 ? 2 : 1;
+    run(&c, NULL, &other);
+    cr_assert_gt(other.stats.optimizer_chunks_on_device, 0, "format %d: no state on the device", (int)f);
+    if (mode != 2) {
+      assert_same_bits(&ref, &other, mode ? "hybrid, overlapped" : "hybrid");
+    } else {
+      run_result host;
+      c.hybrid = 0;
+      run(&c, NULL, &host);
+      assert_same_bits(&host, &other, "hybrid with accumulation");
+      free_result(&host);
+    }
     free_result(&other);
   }
 

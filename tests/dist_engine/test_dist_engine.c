@@ -1295,7 +1295,7 @@ Test(dist_engine, sharded_checkpoints_resume_exactly_at_other_world_sizes) {
  * to 256 elements), so the ranks match one process bit for bit; a
  * checkpoint saved by two ranks resumes exactly at two and at three ranks
  * and in one process. */
-Test(dist_engine, state_formats_sharded_bit_identical_and_resumed_at_other_world_sizes) {
+Test(dist_engine, state_formats_sharded_and_hybrid_bit_identical_and_resumed_at_other_world_sizes) {
   const pstar_state_format formats[2] = {PSTAR_STATE_BF16, PSTAR_STATE_INT8};
   for (int i = 0; i < 2; ++i) {
     for (int world = 2; world <= 3; ++world) {
@@ -1303,6 +1303,14 @@ Test(dist_engine, state_formats_sharded_bit_identical_and_resumed_at_other_world
       sc.state_format = formats[i];
       sc.strict = world == 2;
       expect_equal_to_reference(&sc, run_scenario(&sc, 1), 0);
+      /* Hybrid placement on the ranks: their shards' state on the emulated
+       * device, updated there in the format. */
+      sc.strict = 0;
+      sc.hybrid = 1;
+      sc.hybrid_capacity = 0;
+      rank_out *oh = run_scenario(&sc, 1);
+      expect_equal_to_reference(&sc, oh, 0);
+      for (int r = 0; r < world; ++r) cr_assert_gt(oh[r].stats.optimizer_chunks_on_device, 0, "rank %d", r);
     }
     static float uninterrupted[TOTAL_ELEMS];
     scenario a = base(2, PSTAR_DTYPE_BF16);

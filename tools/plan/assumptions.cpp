@@ -38,9 +38,10 @@ std::vector<std::string> common_assumptions(const Args& a) {
                            "optimizer state of the trainable chunks that fit in the capacity less the warm-up's "
                            "device peak; the warm-up's chunk cache fills the device whenever the model's chunks "
                            "do not all fit beside its activations, and then nothing is placed)"
-                : a.hybrid_refused ? "off (the engine's hybrid placement keeps fp32 optimizer state only: "
-                                     "PSTAR_ERR_UNSUPPORTED with another --state-format, so the planner turns it off; "
-                                     "all optimizer state on the host)"
+                : a.hybrid_refused ? "off (turned off with another --state-format: every list is on the host "
+                                     "from the build, so these formats meet the host bound either way, and hybrid's "
+                                     "device-side constraints can lower the maximum; picking the better per shape is "
+                                     "not written yet; all optimizer state on the host)"
                                    : "off (--no-hybrid: all optimizer state on the host)");
   v.push_back(buf);
   if (!fp32) {

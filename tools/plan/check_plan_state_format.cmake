@@ -1,8 +1,7 @@
 # Runs `pstar-plan --preset PRESET --json` with the default state format and
 # with --state-format int8 (issue 45), and checks that the int8 report says
 # its format, keeps its lists near 8 B per parameter (the engine's own peak
-# host bytes too), turns hybrid placement off (the engine keeps fp32 state
-# there), searches chunk sizes of whole 256-element blocks, and finds a larger
+# host bytes too), turns hybrid placement off (docs/planner.md), searches chunk sizes of whole 256-element blocks, and finds a larger
 # model than fp32 does: larger than fp32 with hybrid placement, and at least
 # 1.6x fp32 with all state on the host as int8's is (like for like).  fp32's
 # report carries no state_format key (its JSON is what it was).  --nvme with

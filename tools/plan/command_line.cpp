@@ -165,7 +165,8 @@ Args parse_args(int argc, char** argv, const std::vector<Preset>& known) {
 
   option("Engine", "--state-format", "fp32|bf16|int8",
          "Adam's m and v: fp32 (default), bf16, or int8 (blockwise 8-bit, an fp32 maximum per 256 elements);\n"
-         "another format than fp32 turns hybrid placement off and excludes --nvme (the engine keeps fp32 there)",
+         "another format than fp32 turns hybrid placement off (docs/planner.md says why)\n"
+         "and excludes --nvme (the planner's NVMe model counts fp32 state)",
          [&](const std::string&, const std::string& v) {
            if (v == "fp32")
              a.state_format = PSTAR_STATE_FP32;
@@ -229,11 +230,17 @@ Args parse_args(int argc, char** argv, const std::vector<Preset>& known) {
       const std::string f = state_format_name(a.state_format);
       if (a.hw.nvme > 0)
         throw UsageError("--nvme with --state-format " + f +
-                         ": the engine's NVMe tier keeps fp32 optimizer state only (PSTAR_ERR_UNSUPPORTED)");
+                         ": the planner's NVMe model counts fp32 optimizer state only (the engine's tier takes the "
+                         "format; its model here is not written yet)");
       if (a.chunk_elems % layout_align(a.state_format) != 0)
         throw UsageError("--chunk-elems must be a multiple of " + std::to_string(layout_align(a.state_format)) +
                          " with --state-format " + f + " (its block)");
-      // The engine's hybrid placement keeps fp32 state only: off, and said so.
+      // Hybrid placement off, and said so: with a host capacity every list is
+      // on the host from the build, so these formats meet the host bound
+      // either way, and hybrid's device-side constraints can lower the
+      // maximum (2026-12-05, int8: v100x8 24.90B with it, 27.72B without;
+      // a100x8 146.06B with it, 131.79B without).  Picking the better of the
+      // two per shape is not written yet.
       a.hybrid_refused = a.hybrid;
       a.hybrid = false;
     }

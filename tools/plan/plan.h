@@ -138,10 +138,10 @@ struct Args {
   bool search_chunk = false;
   bool search = true;
   bool hybrid = true;
-  // --state-format: the Adam moments' format of every dry run.  The
-  // engine's hybrid placement keeps fp32 state only (another format is
-  // PSTAR_ERR_UNSUPPORTED): with another format the planner turns hybrid
-  // placement off (hybrid_refused where it was on), and refuses --nvme.
+  // --state-format: the Adam moments' format of every dry run.  With
+  // another format the planner turns hybrid placement off (hybrid_refused
+  // where it was on: docs/planner.md says why),
+  // and refuses --nvme (its NVMe model counts fp32 state).
   pstar_state_format state_format = PSTAR_STATE_FP32;
   bool hybrid_refused = false;
   bool json = false;

@@ -319,7 +319,7 @@ void print_text(const Planner& pl, const Plan& plan) {
         "state format: %s (fp32 masters; %.4g B/param for the four lists, %.4g B per element per Adam update)%s\n",
         state_format_name(a.state_format), state_bytes_per_elem(a.state_format) + a.shape.dtype_bytes,
         adam_bytes_per_elem(a.state_format, a.shape.dtype_bytes),
-        a.hybrid_refused ? "; hybrid placement off: the engine keeps fp32 state there" : "");
+        a.hybrid_refused ? "; hybrid placement off with this format (docs/planner.md)" : "");
   std::printf("chunks: %" PRIu64 " elements (%u chunks, fill ratio %.3f)%s\n", chunk,
               requested.run.built.compute_chunks, requested.run.built.fill_ratio,
               a.search_chunk ? ", chosen by --search-chunk-size" : "");

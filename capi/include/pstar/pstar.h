@@ -454,9 +454,10 @@ typedef struct pstar_engine_options {
    *  part of its checkpoints: a load into an engine of another format is
    *  refused.  With PSTAR_STATE_INT8 every parameter starts on a block
    *  boundary (chunk_elems must then be a multiple of
-   *  PSTAR_STATE_INT8_BLOCK).  The NVMe tier stores the moments in the
-   *  format too (fewer bytes to the drive).  Not yet with
-   *  hybrid_optimizer (PSTAR_ERR_UNSUPPORTED). */
+   *  PSTAR_STATE_INT8_BLOCK).  The NVMe tier and hybrid_optimizer store
+   *  the moments in the format too (on CUDA, the formats' kernels are
+   *  compiled and checked by tests/gpu/run.sh, but have not yet run on a
+   *  GPU). */
   pstar_state_format state_format;
 } pstar_engine_options;
 

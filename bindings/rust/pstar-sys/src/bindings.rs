@@ -368,8 +368,10 @@ pub struct pstar_engine_options {
     #[doc = "  part of its checkpoints: a load into an engine of another format is"]
     #[doc = "  refused.  With PSTAR_STATE_INT8 every parameter starts on a block"]
     #[doc = "  boundary (chunk_elems must then be a multiple of"]
-    #[doc = "  PSTAR_STATE_INT8_BLOCK).  Not yet with the NVMe tier or"]
-    #[doc = "  hybrid_optimizer (PSTAR_ERR_UNSUPPORTED)."]
+    #[doc = "  PSTAR_STATE_INT8_BLOCK).  The NVMe tier and hybrid_optimizer store"]
+    #[doc = "  the moments in the format too (on CUDA, the formats' kernels are"]
+    #[doc = "  compiled and checked by tests/gpu/run.sh, but have not yet run on a"]
+    #[doc = "  GPU)."]
     pub state_format: pstar_state_format,
 }
 #[test]
