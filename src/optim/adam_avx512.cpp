@@ -33,10 +33,7 @@
 #endif
 #include <immintrin.h>
 
-#define PSTAR_AVX512_ISA "avx512f,avx512bw,avx512vl,avx2,fma,f16c"
-#define PSTAR_AVX512BF16_ISA "avx512f,avx512bw,avx512vl,avx2,fma,f16c,avx512bf16"
-#define PSTAR_AVX512 __attribute__((target(PSTAR_AVX512_ISA), always_inline)) inline
-#define PSTAR_AVX512BF16 __attribute__((target(PSTAR_AVX512BF16_ISA), always_inline)) inline
+#include "optim/adam_lanes_avx512.h"
 
 namespace pstar::optim {
 
@@ -44,75 +41,7 @@ void adam_update_avx512(const AdamStepConstants& c, const AdamRange& r, bool nat
 
 namespace {
 
-struct Consts {
-  __m512 grad_mul, l2, beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, decay_mul, neg_step;
-};
-
-PSTAR_AVX512 Consts make_consts(const AdamStepConstants& c) {
-  Consts k;
-  k.grad_mul = _mm512_set1_ps(c.grad_mul);
-  k.l2 = _mm512_set1_ps(c.l2);
-  k.beta1 = _mm512_set1_ps(c.beta1);
-  k.omb1 = _mm512_set1_ps(c.one_minus_beta1);
-  k.beta2 = _mm512_set1_ps(c.beta2);
-  k.omb2 = _mm512_set1_ps(c.one_minus_beta2);
-  k.inv_sqrt_bc2 = _mm512_set1_ps(c.inv_sqrt_bc2);
-  k.eps = _mm512_set1_ps(c.eps);
-  k.decay_mul = _mm512_set1_ps(c.decay_mul);
-  k.neg_step = _mm512_set1_ps(-c.step_size);
-  return k;
-}
-
-// adam_element() on sixteen lanes; p, m and v are updated in place.
-PSTAR_AVX512 void adam16(const Consts& k, __m512 g, __m512& p, __m512& m, __m512& v) {
-  g = _mm512_mul_ps(g, k.grad_mul);
-  g = _mm512_fmadd_ps(k.l2, p, g);
-  m = _mm512_fmadd_ps(k.beta1, m, _mm512_mul_ps(k.omb1, g));
-  v = _mm512_fmadd_ps(k.beta2, v, _mm512_mul_ps(_mm512_mul_ps(k.omb2, g), g));
-  const __m512 denom = _mm512_fmadd_ps(_mm512_sqrt_ps(v), k.inv_sqrt_bc2, k.eps);
-  p = _mm512_mul_ps(p, k.decay_mul);
-  p = _mm512_fmadd_ps(k.neg_step, _mm512_div_ps(m, denom), p);
-}
-
-// f32_to_bf16() of util/dtype.h on sixteen lanes, in integer arithmetic.
-PSTAR_AVX512 __m256i bf16_int16(__m512 f) {
-  const __m512i x = _mm512_castps_si512(f);
-  const __m512i abs = _mm512_and_si512(x, _mm512_set1_epi32(0x7fffffff));
-  const __mmask16 is_nan = _mm512_cmpgt_epi32_mask(abs, _mm512_set1_epi32(0x7f800000));
-  const __mmask16 is_sub = _mm512_testn_epi32_mask(x, _mm512_set1_epi32(0x7f800000));
-  // Subnormal (or zero) input: keep the sign only.
-  const __m512i xz = _mm512_mask_and_epi32(x, is_sub, x, _mm512_set1_epi32(static_cast<int>(0x80000000u)));
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(xz, 16), _mm512_set1_epi32(1));
-  __m512i res = _mm512_add_epi32(_mm512_add_epi32(xz, _mm512_set1_epi32(0x7fff)), lsb);
-  res = _mm512_mask_or_epi32(res, is_nan, x, _mm512_set1_epi32(0x00400000));
-  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(res, 16));
-}
-
-PSTAR_AVX512BF16 __m256i bf16_native16(__m512 f) { return (__m256i)_mm512_cvtneps_pbh(f); }
-
-PSTAR_AVX512 __m512 widen_bf16(__m256i h) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-
-// The gradient of the lanes of `mask` from element i (zero elsewhere): from
-// the fp32 list `g32`, or the slot.
-template <pstar_dtype D, bool kGradF32>
-PSTAR_AVX512 __m512 load_grad(const float* g32, const void* slot, size_t i, __mmask16 mask) {
-  if (kGradF32) return _mm512_maskz_loadu_ps(mask, g32 + i);
-  if (D == PSTAR_DTYPE_F32) return _mm512_maskz_loadu_ps(mask, static_cast<const float*>(slot) + i);
-  const __m256i h = _mm256_maskz_loadu_epi16(mask, static_cast<const uint16_t*>(slot) + i);
-  if (D == PSTAR_DTYPE_F16) return _mm512_cvtph_ps(h);
-  return widen_bf16(h);
-}
-
-template <pstar_dtype D, bool kGradF32>
-PSTAR_AVX512 __m512 load_grad_full(const float* g32, const void* slot, size_t i) {
-  if (kGradF32) return _mm512_loadu_ps(g32 + i);
-  if (D == PSTAR_DTYPE_F32) return _mm512_loadu_ps(static_cast<const float*>(slot) + i);
-  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(slot) + i));
-  if (D == PSTAR_DTYPE_F16) return _mm512_cvtph_ps(h);
-  return widen_bf16(h);
-}
+using namespace lanes_avx512;
 
 // The kernel body; BF16_EMIT(x) turns sixteen fp32 lanes into sixteen bf16.
 #define PSTAR_ADAM512_BODY(BF16_EMIT)                                                                                  \

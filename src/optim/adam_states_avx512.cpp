@@ -26,10 +26,7 @@
 
 #include <algorithm>
 
-#define PSTAR_S512_ISA "avx512f,avx512bw,avx512vl,avx2,fma,f16c"
-#define PSTAR_S512BF16_ISA "avx512f,avx512bw,avx512vl,avx2,fma,f16c,avx512bf16"
-#define PSTAR_S512 __attribute__((target(PSTAR_S512_ISA), always_inline)) inline
-#define PSTAR_S512BF16 __attribute__((target(PSTAR_S512BF16_ISA), always_inline)) inline
+#include "optim/adam_lanes_avx512.h"
 
 namespace pstar::optim {
 
@@ -39,70 +36,7 @@ void int8_encode_avx512(bool is_signed, const float* x, size_t n, uint8_t* codes
 
 namespace {
 
-struct Consts {
-  __m512 grad_mul, l2, beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, decay_mul, neg_step;
-};
-
-PSTAR_S512 Consts make_consts(const AdamStepConstants& c) {
-  Consts k;
-  k.grad_mul = _mm512_set1_ps(c.grad_mul);
-  k.l2 = _mm512_set1_ps(c.l2);
-  k.beta1 = _mm512_set1_ps(c.beta1);
-  k.omb1 = _mm512_set1_ps(c.one_minus_beta1);
-  k.beta2 = _mm512_set1_ps(c.beta2);
-  k.omb2 = _mm512_set1_ps(c.one_minus_beta2);
-  k.inv_sqrt_bc2 = _mm512_set1_ps(c.inv_sqrt_bc2);
-  k.eps = _mm512_set1_ps(c.eps);
-  k.decay_mul = _mm512_set1_ps(c.decay_mul);
-  k.neg_step = _mm512_set1_ps(-c.step_size);
-  return k;
-}
-
-// adam_element() on sixteen lanes.
-PSTAR_S512 void adam16(const Consts& k, __m512 g, __m512& p, __m512& m, __m512& v) {
-  g = _mm512_mul_ps(g, k.grad_mul);
-  g = _mm512_fmadd_ps(k.l2, p, g);
-  m = _mm512_fmadd_ps(k.beta1, m, _mm512_mul_ps(k.omb1, g));
-  v = _mm512_fmadd_ps(k.beta2, v, _mm512_mul_ps(_mm512_mul_ps(k.omb2, g), g));
-  const __m512 denom = _mm512_fmadd_ps(_mm512_sqrt_ps(v), k.inv_sqrt_bc2, k.eps);
-  p = _mm512_mul_ps(p, k.decay_mul);
-  p = _mm512_fmadd_ps(k.neg_step, _mm512_div_ps(m, denom), p);
-}
-
-// f32_to_bf16() on sixteen lanes in integer arithmetic.
-PSTAR_S512 __m256i bf16_int16(__m512 f) {
-  const __m512i x = _mm512_castps_si512(f);
-  const __m512i abs = _mm512_and_si512(x, _mm512_set1_epi32(0x7fffffff));
-  const __mmask16 is_nan = _mm512_cmpgt_epi32_mask(abs, _mm512_set1_epi32(0x7f800000));
-  const __mmask16 is_sub = _mm512_testn_epi32_mask(x, _mm512_set1_epi32(0x7f800000));
-  const __m512i xz = _mm512_mask_and_epi32(x, is_sub, x, _mm512_set1_epi32(static_cast<int>(0x80000000u)));
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(xz, 16), _mm512_set1_epi32(1));
-  __m512i res = _mm512_add_epi32(_mm512_add_epi32(xz, _mm512_set1_epi32(0x7fff)), lsb);
-  res = _mm512_mask_or_epi32(res, is_nan, x, _mm512_set1_epi32(0x00400000));
-  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(res, 16));
-}
-
-PSTAR_S512BF16 __m256i bf16_native16(__m512 f) { return (__m256i)_mm512_cvtneps_pbh(f); }
-
-PSTAR_S512 __m512 widen_bf16(__m256i h) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); }
-
-template <pstar_dtype D, bool kGradF32>
-PSTAR_S512 __m512 load_grad(const float* g32, const void* slot, size_t i, __mmask16 mask) {
-  if (kGradF32) return _mm512_maskz_loadu_ps(mask, g32 + i);
-  if (D == PSTAR_DTYPE_F32) return _mm512_maskz_loadu_ps(mask, static_cast<const float*>(slot) + i);
-  const __m256i h = _mm256_maskz_loadu_epi16(mask, static_cast<const uint16_t*>(slot) + i);
-  if (D == PSTAR_DTYPE_F16) return _mm512_cvtph_ps(h);
-  return widen_bf16(h);
-}
-
-template <pstar_dtype D, bool kGradF32>
-PSTAR_S512 __m512 load_grad_full(const float* g32, const void* slot, size_t i) {
-  if (kGradF32) return _mm512_loadu_ps(g32 + i);
-  if (D == PSTAR_DTYPE_F32) return _mm512_loadu_ps(static_cast<const float*>(slot) + i);
-  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(slot) + i));
-  if (D == PSTAR_DTYPE_F16) return _mm512_cvtph_ps(h);
-  return widen_bf16(h);
-}
+using namespace lanes_avx512;
 
 inline __mmask16 tail_mask16(size_t left) {
   return left >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << left) - 1u);
@@ -118,7 +52,7 @@ struct QTab {
   __m512i dec_last;
 };
 
-PSTAR_S512 QTab load_qtab(const int8::Map& m) {
+PSTAR_AVX512 QTab load_qtab(const int8::Map& m) {
   QTab q;
   q.slot_dec = _mm512_loadu_si512(m.slot_dec);
   q.slot_cross = _mm512_loadu_ps(m.slot_cross);
@@ -131,7 +65,7 @@ PSTAR_S512 QTab load_qtab(const int8::Map& m) {
 // The codes of sixteen normalized values y, as 32-bit lanes; `amb` gets the
 // lanes that must take the scalar search instead.
 template <bool kSigned>
-PSTAR_S512 __m512i quant16(const QTab& q, __m512 y, __mmask16& amb) {
+PSTAR_AVX512 __m512i quant16(const QTab& q, __m512 y, __mmask16& amb) {
   __m512 a = kSigned ? _mm512_abs_ps(y) : y;
   a = _mm512_max_ps(a, _mm512_setzero_ps());  // NaN and (unsigned) negatives: 0
   const __m512i slot =
@@ -158,7 +92,7 @@ PSTAR_S512 __m512i quant16(const QTab& q, __m512 y, __mmask16& amb) {
 
 // Quantizes nb (<= 256) values of one block, x * r, into codes.
 template <bool kSigned>
-PSTAR_S512 void quant_block(const QTab& q, const float* x, size_t nb, float r, uint8_t* codes) {
+PSTAR_AVX512 void quant_block(const QTab& q, const float* x, size_t nb, float r, uint8_t* codes) {
   const __m512 vr = _mm512_set1_ps(r);
   for (size_t i = 0; i < nb; i += 16) {
     const __mmask16 mask = tail_mask16(nb - i);
@@ -186,7 +120,7 @@ struct DTab {
 alignas(64) const uint16_t kUnpackOrder[32] = {0, 1, 2,  3,  16, 17, 18, 19, 4,  5,  6,  7,  20, 21, 22, 23,
                                                8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31};
 
-PSTAR_S512 __m512i lookup_half(const __m512i* t, __m512i w, __mmask32 b6, __mmask32 b7) {
+PSTAR_AVX512 __m512i lookup_half(const __m512i* t, __m512i w, __mmask32 b6, __mmask32 b7) {
   const __m512i r0 = _mm512_permutex2var_epi16(_mm512_load_si512(t + 0), w, _mm512_load_si512(t + 1));
   const __m512i r1 = _mm512_permutex2var_epi16(_mm512_load_si512(t + 2), w, _mm512_load_si512(t + 3));
   const __m512i r2 = _mm512_permutex2var_epi16(_mm512_load_si512(t + 4), w, _mm512_load_si512(t + 5));
@@ -195,7 +129,7 @@ PSTAR_S512 __m512i lookup_half(const __m512i* t, __m512i w, __mmask32 b6, __mmas
 }
 
 // map[code] for 32 codes: elements 0..15 in f0, 16..31 in f1.
-PSTAR_S512 void dequant32(const DTab& t, __m256i codes, __m512& f0, __m512& f1) {
+PSTAR_AVX512 void dequant32(const DTab& t, __m256i codes, __m512& f0, __m512& f1) {
   __m512i w = _mm512_cvtepu8_epi16(codes);
   w = _mm512_permutexvar_epi16(_mm512_load_si512(kUnpackOrder), w);
   const __mmask32 b6 = _mm512_test_epi16_mask(w, _mm512_set1_epi16(64));
@@ -209,7 +143,7 @@ PSTAR_S512 void dequant32(const DTab& t, __m256i codes, __m512& f0, __m512& f1) 
 // ---- kernel bodies -----------------------------------------------------------
 
 // The weight's store into the slot, for the lanes of `mask` from element e.
-#define PSTAR_S512_EMIT_W(BF16_EMIT, e, mask, p)                                          \
+#define PSTAR_AVX512_EMIT_W(BF16_EMIT, e, mask, p)                                        \
   do {                                                                                    \
     if (D == PSTAR_DTYPE_F32) {                                                           \
       _mm512_mask_storeu_ps(static_cast<float*>(slot) + (e), (mask), (p));                \
@@ -222,7 +156,7 @@ PSTAR_S512 void dequant32(const DTab& t, __m256i codes, __m512& f0, __m512& f1) 
   } while (0)
 
 // The same for all sixteen lanes, unmasked.
-#define PSTAR_S512_STORE_W(BF16_EMIT, e, p)                                                              \
+#define PSTAR_AVX512_STORE_W(BF16_EMIT, e, p)                                                            \
   do {                                                                                                   \
     if (D == PSTAR_DTYPE_F32) {                                                                          \
       _mm512_storeu_ps(static_cast<float*>(slot) + (e), (p));                                            \
@@ -234,7 +168,7 @@ PSTAR_S512 void dequant32(const DTab& t, __m256i codes, __m512& f0, __m512& f1) 
     }                                                                                                    \
   } while (0)
 
-#define PSTAR_S512_BF16_BODY(BF16_EMIT)                                                                        \
+#define PSTAR_AVX512_BF16_BODY(BF16_EMIT)                                                                      \
   const Consts k = make_consts(c);                                                                             \
   const bool oop = r.master_in != nullptr;                                                                     \
   float* const master = r.master;                                                                              \
@@ -263,8 +197,8 @@ PSTAR_S512 void dequant32(const DTab& t, __m256i codes, __m512& f0, __m512& f1) 
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(mo + i + 16), BF16_EMIT(m1));                               \
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(vo + i), BF16_EMIT(v0));                                    \
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(vo + i + 16), BF16_EMIT(v1));                               \
-    PSTAR_S512_STORE_W(BF16_EMIT, i, p0);                                                                      \
-    PSTAR_S512_STORE_W(BF16_EMIT, i + 16, p1);                                                                 \
+    PSTAR_AVX512_STORE_W(BF16_EMIT, i, p0);                                                                    \
+    PSTAR_AVX512_STORE_W(BF16_EMIT, i + 16, p1);                                                               \
   }                                                                                                            \
   for (; i < n; i += 16) {                                                                                     \
     const __mmask16 mask = tail_mask16(n - i);                                                                 \
@@ -276,12 +210,12 @@ PSTAR_S512 void dequant32(const DTab& t, __m256i codes, __m512& f0, __m512& f1) 
     _mm512_mask_storeu_ps(master + i, mask, p);                                                                \
     _mm256_mask_storeu_epi16(mo + i, mask, BF16_EMIT(m));                                                      \
     _mm256_mask_storeu_epi16(vo + i, mask, BF16_EMIT(v));                                                      \
-    PSTAR_S512_EMIT_W(BF16_EMIT, i, mask, p);                                                                  \
+    PSTAR_AVX512_EMIT_W(BF16_EMIT, i, mask, p);                                                                \
   }
 
 // int8, block by block: pass 1 dequantizes 32 elements at a time, updates
 // them, keeps the new fp32 m and v and their absmax; pass 2 quantizes.
-#define PSTAR_S512_INT8_BODY(BF16_EMIT)                                                                       \
+#define PSTAR_AVX512_INT8_BODY(BF16_EMIT)                                                                     \
   const Consts k = make_consts(c);                                                                            \
   const bool oop = r.master_in != nullptr;                                                                    \
   float* const master = r.master;                                                                             \
@@ -341,13 +275,13 @@ PSTAR_S512 void dequant32(const DTab& t, __m256i codes, __m512& f0, __m512& f1) 
       if (left >= 32) { /* unmasked: a masked store is slow on some CPUs (AMD Zen 4) */                       \
         _mm512_storeu_ps(master + e, p0);                                                                     \
         _mm512_storeu_ps(master + e + 16, p1);                                                                \
-        PSTAR_S512_STORE_W(BF16_EMIT, e, p0);                                                                 \
-        PSTAR_S512_STORE_W(BF16_EMIT, e + 16, p1);                                                            \
+        PSTAR_AVX512_STORE_W(BF16_EMIT, e, p0);                                                               \
+        PSTAR_AVX512_STORE_W(BF16_EMIT, e + 16, p1);                                                          \
       } else {                                                                                                \
         _mm512_mask_storeu_ps(master + e, k0, p0);                                                            \
         _mm512_mask_storeu_ps(master + e + 16, k1, p1);                                                       \
-        PSTAR_S512_EMIT_W(BF16_EMIT, e, k0, p0);                                                              \
-        PSTAR_S512_EMIT_W(BF16_EMIT, e + 16, k1, p1);                                                         \
+        PSTAR_AVX512_EMIT_W(BF16_EMIT, e, k0, p0);                                                            \
+        PSTAR_AVX512_EMIT_W(BF16_EMIT, e + 16, k1, p1);                                                       \
       }                                                                                                       \
       _mm512_store_ps(mf + i, m0);                                                                            \
       _mm512_store_ps(mf + i + 16, m1);                                                                       \
@@ -366,32 +300,32 @@ PSTAR_S512 void dequant32(const DTab& t, __m256i codes, __m512& f0, __m512& f1) 
   }
 
 template <pstar_dtype D, bool kGradF32>
-__attribute__((target(PSTAR_S512_ISA))) void bf16_int(const AdamStepConstants& c, const AdamStateRange& r) {
-  PSTAR_S512_BF16_BODY(bf16_int16)
+__attribute__((target(PSTAR_AVX512_ISA))) void bf16_int(const AdamStepConstants& c, const AdamStateRange& r) {
+  PSTAR_AVX512_BF16_BODY(bf16_int16)
 }
 
 template <pstar_dtype D, bool kGradF32>
-__attribute__((target(PSTAR_S512BF16_ISA))) void bf16_native(const AdamStepConstants& c, const AdamStateRange& r) {
-  PSTAR_S512_BF16_BODY(bf16_native16)
+__attribute__((target(PSTAR_AVX512BF16_ISA))) void bf16_native(const AdamStepConstants& c, const AdamStateRange& r) {
+  PSTAR_AVX512_BF16_BODY(bf16_native16)
 }
 
 template <pstar_dtype D, bool kGradF32>
-__attribute__((target(PSTAR_S512_ISA))) void int8_int(const AdamStepConstants& c, const AdamStateRange& r) {
-  PSTAR_S512_INT8_BODY(bf16_int16)
+__attribute__((target(PSTAR_AVX512_ISA))) void int8_int(const AdamStepConstants& c, const AdamStateRange& r) {
+  PSTAR_AVX512_INT8_BODY(bf16_int16)
 }
 
 template <pstar_dtype D, bool kGradF32>
-__attribute__((target(PSTAR_S512BF16_ISA))) void int8_native(const AdamStepConstants& c, const AdamStateRange& r) {
-  PSTAR_S512_INT8_BODY(bf16_native16)
+__attribute__((target(PSTAR_AVX512BF16_ISA))) void int8_native(const AdamStepConstants& c, const AdamStateRange& r) {
+  PSTAR_AVX512_INT8_BODY(bf16_native16)
 }
 
-#undef PSTAR_S512_BF16_BODY
-#undef PSTAR_S512_INT8_BODY
-#undef PSTAR_S512_EMIT_W
-#undef PSTAR_S512_STORE_W
+#undef PSTAR_AVX512_BF16_BODY
+#undef PSTAR_AVX512_INT8_BODY
+#undef PSTAR_AVX512_EMIT_W
+#undef PSTAR_AVX512_STORE_W
 
 template <bool kSigned>
-__attribute__((target(PSTAR_S512_ISA))) void encode(const float* x, size_t n, uint8_t* codes, float* absmax) {
+__attribute__((target(PSTAR_AVX512_ISA))) void encode(const float* x, size_t n, uint8_t* codes, float* absmax) {
   const QTab q = load_qtab(int8::map_of(kSigned));
   for (size_t b = 0; b * kInt8BlockElems < n; ++b) {
     const size_t off = b * kInt8BlockElems;
@@ -408,7 +342,7 @@ __attribute__((target(PSTAR_S512_ISA))) void encode(const float* x, size_t n, ui
 }
 
 // Instantiates FN<D, kGradF32> for the range's dtype and gradient source.
-#define PSTAR_S512_DISPATCH(FN)                                                                             \
+#define PSTAR_AVX512_DISPATCH(FN)                                                                           \
   void FN##_dispatch(const AdamStepConstants& c, const AdamStateRange& r) {                                 \
     const bool g = r.grad_f32 != nullptr;                                                                   \
     switch (r.dtype) {                                                                                      \
@@ -417,11 +351,11 @@ __attribute__((target(PSTAR_S512_ISA))) void encode(const float* x, size_t n, ui
       default: g ? FN<PSTAR_DTYPE_BF16, true>(c, r) : FN<PSTAR_DTYPE_BF16, false>(c, r); return;            \
     }                                                                                                       \
   }
-PSTAR_S512_DISPATCH(bf16_int)
-PSTAR_S512_DISPATCH(bf16_native)
-PSTAR_S512_DISPATCH(int8_int)
-PSTAR_S512_DISPATCH(int8_native)
-#undef PSTAR_S512_DISPATCH
+PSTAR_AVX512_DISPATCH(bf16_int)
+PSTAR_AVX512_DISPATCH(bf16_native)
+PSTAR_AVX512_DISPATCH(int8_int)
+PSTAR_AVX512_DISPATCH(int8_native)
+#undef PSTAR_AVX512_DISPATCH
 
 }  // namespace
 
