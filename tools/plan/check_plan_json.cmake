@@ -2,23 +2,7 @@
 # default) and with --no-hybrid, and checks that each prints one JSON object
 # whose figures exist and are positive, and that the two agree.
 # Usage: cmake -DPLAN=<path to pstar-plan> -DPRESET=v100x8 -P check_plan_json.cmake
-function(run_plan var)
-  execute_process(
-    COMMAND ${PLAN} --preset ${PRESET} --json ${ARGN}
-    OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
-  if(NOT rc EQUAL 0)
-    message(FATAL_ERROR "pstar-plan --preset ${PRESET} --json ${ARGN} exited with ${rc}\nstdout:\n${out}\nstderr:\n${err}")
-  endif()
-  string(STRIP "${out}" out)
-  if(out MATCHES "\n")
-    message(FATAL_ERROR "expected one line of JSON, got:\n${out}")
-  endif()
-  string(JSON planner ERROR_VARIABLE jerr GET "${out}" planner)
-  if(jerr OR NOT planner STREQUAL "pstar-plan")
-    message(FATAL_ERROR "not the planner's JSON object: '${out}' (${jerr})")
-  endif()
-  set(${var} "${out}" PARENT_SCOPE)
-endfunction()
+include(${CMAKE_CURRENT_LIST_DIR}/run_plan.cmake)
 run_plan(out)
 run_plan(out_nohybrid --no-hybrid)
 

@@ -7,23 +7,7 @@
 # report carries no state_format key (its JSON is what it was).  --nvme with
 # int8 is a usage error (exit status 2).
 # Usage: cmake -DPLAN=<path to pstar-plan> -DPRESET=v100x8 -P check_plan_state_format.cmake
-function(run_plan var)
-  execute_process(
-    COMMAND ${PLAN} --preset ${PRESET} --json ${ARGN}
-    OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
-  if(NOT rc EQUAL 0)
-    message(FATAL_ERROR "pstar-plan --preset ${PRESET} --json ${ARGN} exited with ${rc}\nstdout:\n${out}\nstderr:\n${err}")
-  endif()
-  string(STRIP "${out}" out)
-  if(out MATCHES "\n")
-    message(FATAL_ERROR "expected one line of JSON, got:\n${out}")
-  endif()
-  string(JSON planner ERROR_VARIABLE jerr GET "${out}" planner)
-  if(jerr OR NOT planner STREQUAL "pstar-plan")
-    message(FATAL_ERROR "not the planner's JSON object: '${out}' (${jerr})")
-  endif()
-  set(${var} "${out}" PARENT_SCOPE)
-endfunction()
+include(${CMAKE_CURRENT_LIST_DIR}/run_plan.cmake)
 function(get json path var)
   string(JSON value ERROR_VARIABLE jerr GET "${json}" ${path})
   if(jerr)
