@@ -37,7 +37,7 @@ OptimizerStep::OptimizerStep(const StepParts& parts, const StepOptions& options)
 
 size_t OptimizerStep::elem_bytes() const { return dtype_size(options_.compute_dtype); }
 
-optim::ChunkLists OptimizerStep::host_lists(const ChunkState& c, void* payload) const {
+optim::ChunkLists OptimizerStep::chunk_lists(const ChunkState& c, void* payload) const {
   optim::ChunkLists lists{c.master, c.exp_avg, c.exp_avg_sq, c.grad32, payload, options_.compute_dtype};
   lists.format = options_.state_format;
   lists.elems = c.shard_elems;
@@ -313,7 +313,6 @@ void OptimizerStep::run_local(pstar_step_result& r) {
       r.params_updated += segments.segments().size();
       return !segments.empty();
     };
-    auto lists_of = [&](const ChunkState& c, void* payload) { return host_lists(c, payload); };
     // Chunks whose optimizer state is on the device: the update is queued on
     // the compute stream (same kernel code, same constants, same bits), and
     // runs while the host updates the other chunks.
@@ -332,7 +331,7 @@ void OptimizerStep::run_local(pstar_step_result& r) {
       device_->stream_wait(cs, c.ready);
       device_->stream_wait(cs, c.last_use);
       placement_->mark_written(k);
-      const optim::ChunkLists lists = lists_of(c, c.device);
+      const optim::ChunkLists lists = chunk_lists(c, c.device);
       for (const optim::Segment& sg : segments.segments()) {
         if (lists.format == optim::StateFormat::kFp32) {
           device_->adam_update_async(cs, sg.constants, lists.range(sg.begin, sg.end));
@@ -393,7 +392,7 @@ void OptimizerStep::run_local(pstar_step_result& r) {
         }
         if (lazy_moments(nvme_, *host_)) values::ensure_moments(*host_, c, moment_bytes(c), options_.payloads);
         jobs.push_back(UpdateWorker::Job{k, layout_->chunks()[k].used_elems, segments.segments(),
-                                         lists_of(c, placement_->host_view(k)), options_.grad_accumulation});
+                                         chunk_lists(c, placement_->host_view(k)), options_.grad_accumulation});
         c.awaiting_update = true;
       }
       // Kept speculations ran on the update thread too (during the backward).
@@ -423,7 +422,7 @@ void OptimizerStep::run_local(pstar_step_result& r) {
             const uint64_t elems = layout_->chunks()[k].used_elems;
             if (options_.payloads) {  // a dry run places chunks; it computes nothing
               // One parallel pass over the chunk (optim/chunk_update.h).
-              optimizer_.update_chunk(elems, segments.segments(), lists_of(c, payload));
+              optimizer_.update_chunk(elems, segments.segments(), chunk_lists(c, payload));
             }
             if (modelled) {
               c.ready = device_->model_host_work(modelled_update_seconds(elems), {c.ready, c.last_use});

@@ -276,9 +276,10 @@ class OptimizerStep {
   uint64_t moment_bytes(const chunk::ChunkState& c) const {
     return optim::moment_list_bytes(options_.state_format, c.shard_elems);
   }
-  // Chunk c's lists on the host for its update, with `payload` the
+  // Chunk c's lists for its update, wherever they are (host, or the device
+  // with hybrid placement), in the state format, with `payload` the
   // compute-dtype slot (the chunk's, or this rank's shard).
-  optim::ChunkLists host_lists(const chunk::ChunkState& c, void* payload) const;
+  optim::ChunkLists chunk_lists(const chunk::ChunkState& c, void* payload) const;
   chunk::ShardSpan shard_span(uint32_t id) const {
     const auto& place = layout_->param(id);
     return chunk::shard_span(place, chunks_[place.chunk].shard_elems, group_.rank());

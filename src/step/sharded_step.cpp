@@ -118,7 +118,7 @@ memory::EventPtr OptimizerStep::queue_shard_update(uint32_t k, const std::vector
     device_->stream_wait(cs, device_->record(h2d));
   }
   device_->stream_wait(cs, hybrid_->state_ready(k));
-  optim::ChunkLists lists = host_lists(c, slot);  // the device's lists here
+  optim::ChunkLists lists = chunk_lists(c, slot);
   lists.grad_f32 = grad;
   for (const optim::Segment& sg : segments) {
     if (lists.format == optim::StateFormat::kFp32) {
@@ -200,7 +200,7 @@ void OptimizerStep::run_sharded(pstar_step_result& r) {
     // ranks hold the same host bytes.
     auto host_lists = [&](ChunkState& c) {
       if (lazy_moments(nvme_, *host_)) values::ensure_moments(*host_, c, moment_bytes(c), options_.payloads);
-      return OptimizerStep::host_lists(c, c.shard);
+      return chunk_lists(c, c.shard);
     };
     // Shards whose optimizer state is on the device (hybrid placement) are
     // updated there first, queued, while the host updates the others.

@@ -147,7 +147,7 @@ void OptimizerStep::hand_over_speculation() {
       release_speculated(s);
       continue;
     }
-    optim::ChunkLists lists = host_lists(c, s.payload);
+    optim::ChunkLists lists = chunk_lists(c, s.payload);
     lists.master = s.master;
     lists.exp_avg = s.exp_avg;
     lists.exp_avg_sq = s.exp_avg_sq;
