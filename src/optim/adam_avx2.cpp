@@ -64,17 +64,7 @@ __attribute__((target("avx2,fma,f16c"))) void run(const AdamStepConstants& c, co
     _mm256_storeu_ps(exp_avg + i + 8, m1);
     _mm256_storeu_ps(exp_avg_sq + i, v0);
     _mm256_storeu_ps(exp_avg_sq + i + 8, v1);
-    if (D == PSTAR_DTYPE_F32) {
-      float* s = static_cast<float*>(slot) + i;
-      _mm256_storeu_ps(s, p0);
-      _mm256_storeu_ps(s + 8, p1);
-    } else if (D == PSTAR_DTYPE_F16) {
-      __m128i* s = reinterpret_cast<__m128i*>(static_cast<uint16_t*>(slot) + i);
-      _mm_storeu_si128(s, simd::f16_pack8(p0));
-      _mm_storeu_si128(s + 1, simd::f16_pack8(p1));
-    } else {
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(slot) + i), bf16_pack16(p0, p1));
-    }
+    emit16<D>(slot, i, p0, p1);
   }
   // Ragged tail: the scalar function itself (inlined here, so fmaf is the
   // same single-rounding FMA instruction).

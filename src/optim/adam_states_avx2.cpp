@@ -31,34 +31,6 @@ using namespace lanes_avx2;
 using simd::bf16_pack16;
 using simd::load_bf16x8;
 
-template <pstar_dtype D>
-PSTAR_AVX2 void emit16(void* slot, size_t i, __m256 p0, __m256 p1) {
-  if (D == PSTAR_DTYPE_F32) {
-    float* s = static_cast<float*>(slot) + i;
-    _mm256_storeu_ps(s, p0);
-    _mm256_storeu_ps(s + 8, p1);
-  } else if (D == PSTAR_DTYPE_F16) {
-    __m128i* s = reinterpret_cast<__m128i*>(static_cast<uint16_t*>(slot) + i);
-    _mm_storeu_si128(s, simd::f16_pack8(p0));
-    _mm_storeu_si128(s + 1, simd::f16_pack8(p1));
-  } else {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(slot) + i), bf16_pack16(p0, p1));
-  }
-}
-
-template <pstar_dtype D>
-PSTAR_AVX2 void emit8(void* slot, size_t i, __m256 p) {
-  if (D == PSTAR_DTYPE_F32) {
-    _mm256_storeu_ps(static_cast<float*>(slot) + i, p);
-  } else if (D == PSTAR_DTYPE_F16) {
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(static_cast<uint16_t*>(slot) + i), simd::f16_pack8(p));
-  } else {
-    // bf16_pack16 rounds two vectors; keep the first eight results.
-    const __m256i h = bf16_pack16(p, p);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(static_cast<uint16_t*>(slot) + i), _mm256_castsi256_si128(h));
-  }
-}
-
 // ---- bf16 states ----------------------------------------------------------------
 
 template <pstar_dtype D, bool kGradF32>
