@@ -65,6 +65,8 @@ engine::EngineOptions converted(const pstar_engine_options& o) {
   e.world_size = o.world_size;
   e.comm_timeout_ms = o.comm_timeout_ms;
   e.state_format = o.state_format;
+  e.master_format = o.master_format;
+  e.master_seed = o.master_seed;
   return e;
 }
 }  // namespace
@@ -78,6 +80,7 @@ engine::EngineOptions engine_options(const pstar_engine_options& in) {
       offsetof(pstar_engine_options, prefetch) + sizeof(int32_t),
       offsetof(pstar_engine_options, comm_timeout_ms) + sizeof(uint32_t),
       offsetof(pstar_engine_options, state_format) + sizeof(pstar_state_format),
+      offsetof(pstar_engine_options, master_seed) + sizeof(uint64_t),
   };
   require_versioned_struct(&in, in.size, in.version, PSTAR_ENGINE_OPTIONS_VERSION, covered_by_version,
                            sizeof(pstar_engine_options), "options");
@@ -134,6 +137,10 @@ engine::EngineOptions engine_options(const pstar_engine_options& in) {
             return "options: chunk_elems (" + std::to_string(o.chunk_elems) + ") must be a multiple of " +
                    std::to_string(PSTAR_STATE_INT8_BLOCK) + " with the int8 state format (its block)";
           });
+  require(o.master_format == PSTAR_MASTER_FP32 || o.master_format == PSTAR_MASTER_BF16, PSTAR_ERR_INVALID_ARGUMENT,
+          [&] { return "options: unknown master format " + std::to_string(static_cast<int>(o.master_format)); });
+  require(!(o.master_format == PSTAR_MASTER_BF16 && o.hybrid_optimizer), PSTAR_ERR_UNSUPPORTED,
+          "options: bf16 masters (master_format) are not yet carried by hybrid_optimizer; unset one of them");
   require(o.chunk_elems <= chunk::kMaxNumel, PSTAR_ERR_INVALID_ARGUMENT, "options: chunk_elems is too large");
   require(o.placement_policy == PSTAR_POLICY_OPT || o.placement_policy == PSTAR_POLICY_LRU ||
               o.placement_policy == PSTAR_POLICY_STATIC,

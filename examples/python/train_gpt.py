@@ -88,6 +88,8 @@ def main(argv=None):
     ap.add_argument("--dtype", choices=["bf16", "f32"], default="bf16")
     ap.add_argument("--state-format", choices=["fp32", "bf16", "int8"], default="fp32",
                     help="Adam's moments' format (pstar_engine_options.state_format)")
+    ap.add_argument("--master-format", choices=["fp32", "bf16"], default="fp32",
+                    help="the masters' format (pstar_engine_options.master_format; bf16: stochastic rounding)")
     ap.add_argument("--eval-every", type=int, default=0, help="held-out loss every N steps (0: at the end only)")
     ap.add_argument("--json-out", help="write the training and held-out losses here")
     ap.add_argument("--check", action="store_true",
@@ -112,9 +114,10 @@ def main(argv=None):
     # of what the chunks alone would take.
     capacity = compute_bytes * 7 // 10
     pm = ptorch.attach(model, device="emulated", compute_dtype=args.dtype, chunk_elems=chunk_elems,
-                       device_capacity_bytes=capacity, lr=3e-3, weight_decay=0.01, state_format=args.state_format)
+                       device_capacity_bytes=capacity, lr=3e-3, weight_decay=0.01, state_format=args.state_format,
+                       master_format=args.master_format, master_seed=45)
     print(f"{n_params} parameters, {len(pm.slots)} tensors, compute chunks {compute_bytes / 1e6:.2f} MB, "
-          f"device capacity {capacity / 1e6:.2f} MB ({args.dtype} compute, fp32 masters, "
+          f"device capacity {capacity / 1e6:.2f} MB ({args.dtype} compute, {args.master_format} masters, "
           f"{args.state_format} Adam moments)")
 
     # The held-out loss: fixed windows, every one of them, in EVAL iterations.
@@ -164,7 +167,7 @@ def main(argv=None):
           f"peak host {stats['peak_host_bytes'] / n_params:.2f} bytes per parameter")
     if args.json_out:
         with open(args.json_out, "w") as f:
-            json.dump({"state_format": args.state_format, "dtype": args.dtype, "steps": args.steps,
+            json.dump({"state_format": args.state_format, "master_format": args.master_format, "dtype": args.dtype, "steps": args.steps,
                        "params": n_params, "train_loss": losses, "held_out": held_curve,
                        "peak_host_bytes": stats["peak_host_bytes"]}, f)
     if args.check and not (last < first * 0.8 and stats["evictions"] > args.steps):

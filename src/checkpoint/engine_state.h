@@ -81,6 +81,8 @@ class EngineState {
   virtual uint64_t chunk_elems() const = 0;
   // Adam's moments' format: "fp32", "bf16" or "int8" (Settings).
   virtual const char* state_format() const = 0;
+  // The masters' format: "fp32" or "bf16" (Settings).
+  virtual const char* master_format() const = 0;
 
  protected:
   ~EngineState() = default;

@@ -111,6 +111,11 @@ void load(EngineState& s, const std::string& dir, std::string& incomplete) {
                                                   " format; this engine's state_format is " + s.state_format() +
                                                   " (create the engine with the checkpoint's)");
     }
+    if (st.master_format != s.master_format()) {
+      throw Error(PSTAR_ERR_INVALID_ARGUMENT, "checkpoint_load: '" + manifest_path + "' holds " + st.master_format +
+                                                  " masters; this engine's master_format is " + s.master_format() +
+                                                  " (create the engine with the checkpoint's)");
+    }
     pieces = check_layout(m, st, manifest_path);
     // Every data file whole and unchanged; kept open for the reads below.
     for (uint32_t r = 0; r < st.world_size; ++r) {

@@ -158,6 +158,7 @@ std::string manifest_text(const Manifest& m) {
   o << "compute_dtype " << s.compute_dtype << '\n';
   o << "chunk_elems " << s.chunk_elems << '\n';
   if (s.state_format != "fp32") o << "state_format " << s.state_format << '\n';
+  if (s.master_format != "fp32") o << "master_format " << s.master_format << '\n';
   o << "world_size " << s.world_size << '\n';
   if (s.sharded) o << "sharded 1\n";
   o << "step " << s.step << '\n';
@@ -242,6 +243,7 @@ Manifest parse_manifest_text(const std::string& text, const std::string& path) {
                                          "compute_dtype",
                                          "chunk_elems",
                                          "state_format",
+                                         "master_format",
                                          "world_size",
                                          "sharded",
                                          "step",
@@ -380,6 +382,11 @@ Settings check_settings(const Manifest& m, const std::string& path) {
     if (s.state_format != "bf16" && s.state_format != "int8") {
       bad("state_format " + s.state_format + " is not bf16 or int8 (fp32 is written as no line)");
     }
+  }
+  if (m.values.count("master_format") != 0) {
+    s.master_format = scalar("master_format");
+    if (s.master_format != "bf16")
+      bad("master_format " + s.master_format + " is not bf16 (fp32 is written as no line)");
   }
   s.sharded = m.values.count("sharded") != 0;
   if (s.sharded && !flag_of("sharded")) bad("sharded " + scalar("sharded") + " (only 'sharded 1' is written)");

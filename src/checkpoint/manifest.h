@@ -48,6 +48,9 @@ struct Settings {
   // values in every format (the moments dequantized: a load requantizes
   // them to the same codes).
   std::string state_format = "fp32";
+  // The masters' format, "fp32" or "bf16", written only when not fp32 (as
+  // state_format); the master list files hold their fp32 values.
+  std::string master_format = "fp32";
   uint32_t world_size = 1;
   bool sharded = false;  // written as "sharded 1" (rank files and pieces)
   uint64_t step = 0;     // Adam's

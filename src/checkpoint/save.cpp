@@ -142,6 +142,7 @@ std::string save(EngineState& s, const std::string& dir) {
       st.compute_dtype = dtype_text(s.compute_dtype());
       st.chunk_elems = s.chunk_elems();
       st.state_format = s.state_format();
+      st.master_format = s.master_format();
       st.world_size = static_cast<uint32_t>(world);
       st.sharded = sharded;
       st.step = opt.step();

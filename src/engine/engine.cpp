@@ -85,12 +85,12 @@ Engine::Engine(const EngineOptions& options, std::unique_ptr<distributed::Commun
     ho.moment_bytes = [format](uint64_t n) { return optim::moment_list_bytes(format, n); };
   }
   hybrid_ = std::make_unique<placement::HybridPlacement>(device_.get(), placement_.get(), ho);
-  values_ = std::make_unique<values::ParamValues>(value_parts(), options_.compute_dtype, payloads_);
+  values_ = std::make_unique<values::ParamValues>(value_parts(), options_.compute_dtype, payloads_, master_format());
   step_ = std::make_unique<step::OptimizerStep>(
       step::StepParts{device_.get(), host_.get(), placement_.get(), hybrid_.get(), &nvme_, &optimizer_, values_.get(),
                       &params_, &chunks_, &group_, &reduce_, &gathering_, &drop_rule_},
       step::StepOptions{options_.compute_dtype, options_.grad_accumulation, options_.prefetch, payloads_,
-                        options_.virtual_clock, state_format()});
+                        options_.virtual_clock, state_format(), master_format(), options_.master_seed});
   grads_ = std::make_unique<step::BackwardGradients>(
       step::GradientParts{device_.get(), host_.get(), placement_.get(), &params_, &chunks_, &group_},
       options_.compute_dtype, options_.grad_accumulation, payloads_);
@@ -150,7 +150,7 @@ Engine::~Engine() {
 
 void Engine::release_optimizer_buffers(ChunkState& c) {
   for (float** b : {&c.master, &c.grad32}) {
-    host_->release(*b, c.shard_elems * sizeof(float));
+    host_->release(*b, b == &c.master ? master_bytes(c) : c.shard_elems * sizeof(float));
     *b = nullptr;
   }
   for (float** b : {&c.exp_avg, &c.exp_avg_sq}) {
@@ -216,12 +216,12 @@ void Engine::build() {
       }
       if (!info.frozen) {
         largest_trainable = std::max(largest_trainable, c.elems);
-        const uint64_t fp32_bytes = c.shard_elems * sizeof(float);
         for (float** b : {&c.master, &c.grad32}) {
           if (b == &c.grad32 && !options_.grad_accumulation) continue;
           if (b == &c.master && nvme_.requested()) continue;  // placed below, host or drive
-          *b = static_cast<float*>(host_->acquire(fp32_bytes));
-          if (payloads_) std::memset(*b, 0, fp32_bytes);
+          const uint64_t bytes = b == &c.master ? master_bytes(c) : c.shard_elems * sizeof(float);
+          *b = static_cast<float*>(host_->acquire(bytes));
+          if (payloads_) std::memset(*b, 0, bytes);
         }
         // Adam's moments come with the chunk's first update
         // (chunk::Fp32Lists, step::lazy_moments), or with the NVMe tier's
@@ -298,6 +298,7 @@ float* Engine::pin(uint32_t id, bool writable) {
   });
   require(payloads_, PSTAR_ERR_UNSUPPORTED, "param_pin: a dry run holds no values");
   require(!sharded(), PSTAR_ERR_UNSUPPORTED, "param_pin: with world_size > 1 a rank holds only its shard of a master");
+  require(options_.master_format == PSTAR_MASTER_FP32, PSTAR_ERR_UNSUPPORTED, "param_pin: bf16 masters have no floats");
   const auto& place = layout_->param(id);
   ChunkState& c = chunks_[place.chunk];
   require(!hybrid_->placed(place.chunk), PSTAR_ERR_UNSUPPORTED, [&] {

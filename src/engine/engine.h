@@ -199,6 +199,8 @@ class Engine : private placement::HybridTable {
   // Each moment list's bytes of chunk c (its shard), in the state format.
   uint64_t moment_bytes(const ChunkState& c) const;
   optim::StateFormat state_format() const { return optim::state_format_of(options_.state_format); }
+  optim::MasterFormat master_format() const { return optim::master_format_of(options_.master_format); }
+  uint64_t master_bytes(const ChunkState& c) const { return optim::master_list_bytes(master_format(), c.shard_elems); }
 
   // Data parallelism (world > 1).
   void resolve_world();

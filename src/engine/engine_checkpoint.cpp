@@ -32,7 +32,7 @@ void Engine::require_load_complete(const char* what) const {
 
 values::CheckpointLists Engine::checkpoint_lists() {
   return values::CheckpointLists(value_parts(), params_, *host_, *values_, optimizer_, *layout_, options_.compute_dtype,
-                                 options_.chunk_elems, state_format());
+                                 options_.chunk_elems, state_format(), master_format());
 }
 
 std::string Engine::checkpoint_save(const char* dir) {

@@ -68,7 +68,8 @@ void Engine::check_layout_agrees(uint64_t chunk_elems) {
   h.add(chunk_elems);
   h.add(static_cast<uint64_t>(options_.compute_dtype));
   h.add(options_.grad_accumulation != 0);
-  h.add(static_cast<uint64_t>(options_.state_format));
+  h.add(static_cast<uint64_t>(options_.state_format) | static_cast<uint64_t>(options_.master_format) << 8);
+  h.add(options_.master_seed);
   h.add(gathering_.depth());
   for (const Param& p : params_) h.add_param(p.name, p.shape, p.flags, p.numel);
   // Whether this rank's device can hold the gather-ahead slots: exchanged

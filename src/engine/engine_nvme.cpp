@@ -12,6 +12,8 @@ void Engine::set_nvme(const pstar_x_nvme_options& in) {
           "set_nvme: the engine is built; give it an NVMe tier before pstar_engine_build");
   nvme_.validate(in, payloads_);
   require(!options_.hybrid_optimizer, PSTAR_ERR_UNSUPPORTED, "set_nvme: not available with hybrid optimizer placement");
+  require(options_.master_format == PSTAR_MASTER_FP32, PSTAR_ERR_UNSUPPORTED,
+          "set_nvme: bf16 masters (master_format) are not yet carried by the NVMe tier");
   nvme_.open(in, payloads_, device_.get(), host_.get(), [this](uint32_t k, float* m, float* a, float* v) {
     ChunkState& c = chunks_[k];
     c.master = m;

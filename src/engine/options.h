@@ -33,6 +33,8 @@ struct EngineOptions {
   optim::LossScalerConfig loss_scale;  // enabled for an f16 compute dtype
   bool grad_accumulation = false;
   pstar_state_format state_format = PSTAR_STATE_FP32;  // Adam's m and v
+  pstar_master_format master_format = PSTAR_MASTER_FP32;
+  uint64_t master_seed = 0;  // bf16 masters' stochastic rounding
   // Placement.
   pstar_policy placement_policy = PSTAR_POLICY_OPT;
   uint32_t warmup_iterations = 1;  // >= 1

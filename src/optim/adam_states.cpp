@@ -435,6 +435,10 @@ void int8_encode(AdamIsa isa, bool is_signed, const float* x, size_t n, uint8_t*
 }
 
 void adam_update_states(AdamIsa isa, StateFormat f, const AdamStepConstants& c, const AdamStateRange& r) {
+  if (r.bf16.master != nullptr) {
+    adam_update_bf16_masters(isa, f, c, r);
+    return;
+  }
   if (f == StateFormat::kFp32) {
     AdamRange a;
     a.master = r.master;

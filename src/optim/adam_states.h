@@ -32,6 +32,7 @@
 
 #include "optim/adam.h"
 #include "optim/adam_kernel.h"
+#include "optim/adam_masters.h"
 #include "pstar/pstar.h"
 
 namespace pstar::optim {
@@ -108,11 +109,20 @@ struct AdamStateRange {
   pstar_dtype dtype = PSTAR_DTYPE_BF16;
   const float* grad_f32 = nullptr;  // separate fp32 gradient list, or NULL
   size_t n = 0;
+  // bf16 masters (adam_masters.h): when bf16.master is set, `master` and
+  // `master_in` are unused and the masters are bf16.master (in place) or
+  // bf16.master_in -> bf16.master (out of place, with the moments' inputs).
+  Bf16Masters bf16;
 };
 
 // Updates one range on the calling thread with the given instruction set
-// (which must be supported: adam_isa_supported).  fp32 is adam_update().
+// (which must be supported: adam_isa_supported).  fp32 is adam_update();
+// with bf16 masters, adam_update_bf16_masters().
 void adam_update_states(AdamIsa isa, StateFormat f, const AdamStepConstants& c, const AdamStateRange& r);
+// The update with bf16 masters (r.bf16.master set): tiles of the range are
+// widened to fp32, updated by adam_update_states, rounded stochastically
+// back (adam_masters.h), and the weight re-emitted from the new masters.
+void adam_update_bf16_masters(AdamIsa isa, StateFormat f, const AdamStepConstants& c, const AdamStateRange& r);
 
 // ---- int8 lists outside the update (checkpoints, conversions, tests) -------
 

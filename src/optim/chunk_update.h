@@ -40,6 +40,12 @@ constexpr size_t kAdamGrainElems = 1024;
 struct Segment {
   uint64_t begin, end;
   AdamStepConstants constants;
+  uint64_t step = 0;  // the 1-based step count of the constants
+  // The parameter (its index) and where its element 0 lies in chunk
+  // coordinates: bf16 masters' rounding bits follow the element's place in
+  // its parameter, which no layout, shard or placement changes.
+  uint32_t param = 0;
+  uint64_t param_start = 0;
 };
 
 // The buffers of one chunk's (or shard's) update, all indexed from the same
@@ -63,12 +69,22 @@ struct ChunkLists {
   // Elements of each list (a chunk's or a shard's): where an int8 list's
   // block maxima begin.  Needed by the formats other than kFp32.
   uint64_t elems = 0;
+  // bf16 masters (adam_masters.h): `master` and `master_in` point at bf16
+  // lists; the stochastic rounding's bits come from master_seed and each
+  // segment's step, parameter and element offsets (list element 0 lies at
+  // `chunk_offset` in chunk coordinates: a shard's first element).
+  MasterFormat master_format = MasterFormat::kFp32;
+  uint64_t master_seed = 0;
+  uint64_t chunk_offset = 0;
 
   // kFp32: the kernel's range for elements [lo, hi).
   AdamRange range(uint64_t lo, uint64_t hi) const;
   // Any format: the range [lo, hi), lo on a block boundary
-  // (adam_states.h's contract).
-  AdamStateRange state_range(uint64_t lo, uint64_t hi) const;
+  // (adam_states.h's contract), inside segment `sg` (whose step and
+  // parameter bf16 masters need; may be null for other masters).
+  AdamStateRange state_range(uint64_t lo, uint64_t hi, const Segment* sg = nullptr) const;
+  // Whether adam_update() (range()) serves these lists.
+  bool fp32_only() const { return format == StateFormat::kFp32 && master_format == MasterFormat::kFp32; }
 };
 
 // The segments of one chunk for one step: every parameter's constants come
@@ -82,7 +98,9 @@ class SegmentList {
       : hyper_(hyper), step_(step), grad_mul_(grad_mul) {}
 
   void clear() { segments_.clear(); }
-  void add(uint64_t begin, uint64_t end, float lr_scale, bool weight_decay);
+  // `param` and `param_start`: Segment's.
+  void add(uint64_t begin, uint64_t end, float lr_scale, bool weight_decay, uint32_t param = 0,
+           uint64_t param_start = 0);
   bool empty() const { return segments_.empty(); }
   const std::vector<Segment>& segments() const { return segments_; }
 

@@ -41,6 +41,9 @@ optim::ChunkLists OptimizerStep::chunk_lists(const ChunkState& c, void* payload)
   optim::ChunkLists lists{c.master, c.exp_avg, c.exp_avg_sq, c.grad32, payload, options_.compute_dtype};
   lists.format = options_.state_format;
   lists.elems = c.shard_elems;
+  lists.master_format = options_.master_format;
+  lists.master_seed = options_.master_seed;
+  lists.chunk_offset = static_cast<uint64_t>(group_.rank()) * c.shard_elems;
   return lists;
 }
 

@@ -80,6 +80,10 @@ struct StepOptions {
   // Adam's moments' format (optim/adam_states.h; fp32 only with the NVMe
   // tier and hybrid placement).
   optim::StateFormat state_format = optim::StateFormat::kFp32;
+  // The masters' format (optim/adam_masters.h) and the seed of bf16
+  // masters' stochastic rounding.
+  optim::MasterFormat master_format = optim::MasterFormat::kFp32;
+  uint64_t master_seed = 0;
 };
 
 // Whether Adam's moments wait for a chunk's first update
@@ -280,6 +284,10 @@ class OptimizerStep {
   // with hybrid placement), in the state format, with `payload` the
   // compute-dtype slot (the chunk's, or this rank's shard).
   optim::ChunkLists chunk_lists(const chunk::ChunkState& c, void* payload) const;
+  // Bytes of chunk c's master list (its shard's with world > 1).
+  uint64_t master_bytes(const chunk::ChunkState& c) const {
+    return optim::master_list_bytes(options_.master_format, c.shard_elems);
+  }
   chunk::ShardSpan shard_span(uint32_t id) const {
     const auto& place = layout_->param(id);
     return chunk::shard_span(place, chunks_[place.chunk].shard_elems, group_.rank());

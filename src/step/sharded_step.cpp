@@ -191,7 +191,7 @@ void OptimizerStep::run_sharded(pstar_step_result& r) {
         updated = true;
         const auto [lo, a, b] = shard_span(id);
         if (a >= b) continue;
-        segments.add(a - lo, b - lo, p.lr_scale, p.weight_decay);
+        segments.add(a - lo, b - lo, p.lr_scale, p.weight_decay, id, layout_->param(id).offset_elems);
       }
       return updated;
     };

@@ -63,14 +63,15 @@ namespace {
 // The bytes of chunk c's result buffers: a master, the two moment lists
 // and a payload.
 uint64_t OptimizerStep::result_bytes(const ChunkState& c) const {
-  return c.shard_elems * sizeof(float) + 2 * moment_bytes(c) + c.bytes;
+  return master_bytes(c) + 2 * moment_bytes(c) + c.bytes;
 }
 
 void OptimizerStep::add_segments(uint32_t k, optim::SegmentList& list) const {
   for (uint32_t id : layout_->chunks()[k].params) {
     if (!params_[id].has_grad) continue;
     const auto& place = layout_->param(id);
-    list.add(place.offset_elems, place.offset_elems + place.numel, params_[id].lr_scale, params_[id].weight_decay);
+    list.add(place.offset_elems, place.offset_elems + place.numel, params_[id].lr_scale, params_[id].weight_decay, id,
+             place.offset_elems);
   }
 }
 
@@ -129,7 +130,6 @@ void OptimizerStep::hand_over_speculation() {
     optim::SegmentList list = optimizer_.next_step_segments(1.0);
     add_segments(k, list);
     if (list.empty()) continue;
-    const uint64_t fp32_bytes = c.shard_elems * sizeof(float);
     const uint64_t need = result_bytes(c);
     if (need > spec_budget_ - spec_bytes_) continue;
     // With a host capacity: room left for every chunk still on the device
@@ -139,7 +139,7 @@ void OptimizerStep::hand_over_speculation() {
     s.chunk = k;
     s.segments = list.segments();
     try {
-      s.master = static_cast<float*>(host_->acquire(fp32_bytes));
+      s.master = static_cast<float*>(host_->acquire(master_bytes(c)));
       s.exp_avg = static_cast<float*>(host_->acquire(moment_bytes(c)));
       s.exp_avg_sq = static_cast<float*>(host_->acquire(moment_bytes(c)));
       s.payload = host_->acquire(c.bytes);
@@ -182,7 +182,7 @@ void OptimizerStep::hand_over_speculation() {
 
 void OptimizerStep::release_speculated(Speculated& s) noexcept {
   const ChunkState& c = chunks_[s.chunk];
-  host_->release(s.master, c.shard_elems * sizeof(float));
+  host_->release(s.master, master_bytes(c));
   s.master = nullptr;
   for (float** b : {&s.exp_avg, &s.exp_avg_sq}) {
     host_->release(*b, moment_bytes(c));

@@ -55,6 +55,10 @@ void CheckpointLists::read_list(uint32_t id, int list, float* out) {
   const chunk::ChunkState& c = (*parts_.chunks)[place.chunk];
   const auto [lo, a, b] = shard_span(id, rank());
   const float* src = list == 3 ? nullptr : list_base(c, list);
+  if (list == 0 && master_format_ != optim::MasterFormat::kFp32) {
+    if (a < b) optim::masters_to_f32(master_format_, src, a - lo, b - a, out);
+    return;
+  }
   if (list != 0 && list != 3 && src != nullptr && state_format_ != optim::StateFormat::kFp32) {
     if (a < b) moments_out(c, list, a - lo, b - a, out);
     return;
@@ -149,6 +153,12 @@ void CheckpointLists::copy_list(uint32_t id, int list, bool into_engine, float* 
       return;
     }
     ensure_moments(host_, c, moment_bytes(c), true);
+  }
+  if (list == 0 && master_format_ != optim::MasterFormat::kFp32) {
+    // Read only (values_.write writes masters); on the host: bf16 masters
+    // are neither on the drive nor on the device.
+    optim::masters_to_f32(master_format_, c.master, place.offset_elems, params_[id].numel, out);
+    return;
   }
   if (list != 0 && state_format_ != optim::StateFormat::kFp32) {
     // Hybrid placement keeps fp32 state only: these lists are on the host.

@@ -30,10 +30,12 @@ class CheckpointLists final : public checkpoint::EngineState {
   // `parts` as the engine's ParamValues has them; `params` the same table,
   // writable (a load sets parameter groups); `chunk_elems` the options'
   // (the compute layout a checkpoint records); `state_format` Adam's
-  // moments' (a checkpoint holds them as fp32 values in every format).
+  // moments' and `master_format` the masters' (a checkpoint holds both as
+  // fp32 values in every format).
   CheckpointLists(const ValueParts& parts, chunk::ParamTable& params, memory::HostPool& host, ParamValues& values,
                   optim::Optimizer& optimizer, const chunk::ChunkLayout& layout, pstar_dtype compute_dtype,
-                  uint64_t chunk_elems, optim::StateFormat state_format)
+                  uint64_t chunk_elems, optim::StateFormat state_format,
+                  optim::MasterFormat master_format = optim::MasterFormat::kFp32)
       : parts_(parts),
         params_(params),
         host_(host),
@@ -42,7 +44,8 @@ class CheckpointLists final : public checkpoint::EngineState {
         layout_(layout),
         compute_dtype_(compute_dtype),
         chunk_elems_(chunk_elems),
-        state_format_(state_format) {}
+        state_format_(state_format),
+        master_format_(master_format) {}
 
   uint32_t param_count() const override { return params_.size(); }
   checkpoint::ParamView param(uint32_t id) const override;
@@ -63,6 +66,7 @@ class CheckpointLists final : public checkpoint::EngineState {
   pstar_dtype compute_dtype() const override { return compute_dtype_; }
   uint64_t chunk_elems() const override { return chunk_elems_; }
   const char* state_format() const override { return optim::state_format_name(state_format_); }
+  const char* master_format() const override { return optim::master_format_name(master_format_); }
 
  private:
   chunk::ShardSpan shard_span(uint32_t id, int rank) const;
@@ -86,6 +90,7 @@ class CheckpointLists final : public checkpoint::EngineState {
   const pstar_dtype compute_dtype_;
   const uint64_t chunk_elems_;
   const optim::StateFormat state_format_;
+  const optim::MasterFormat master_format_;
 };
 
 }  // namespace pstar::values

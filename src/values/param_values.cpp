@@ -21,6 +21,14 @@ using HostLists = placement::HybridPlacement::HostLists;
 
 size_t ParamValues::elem_bytes() const { return dtype_size(compute_dtype_); }
 
+const float* ParamValues::masters_f32(const chunk::ChunkState& c, uint64_t lo, uint64_t n,
+                                      std::vector<float>& staging) const {
+  if (master_format_ == optim::MasterFormat::kFp32) return c.master + lo;
+  staging.resize(n);
+  optim::masters_to_f32(master_format_, c.master, lo, n, staging.data());
+  return staging.data();
+}
+
 chunk::ShardSpan ParamValues::shard_span(uint32_t id) const {
   const auto& place = layout_->param(id);
   return chunk::shard_span(place, (*parts_.chunks)[place.chunk].shard_elems, parts_.group->rank());
@@ -55,7 +63,7 @@ void ParamValues::write(uint32_t id, const void* src, uint64_t count, pstar_dtyp
     return;
   }
   parts_.nvme->access(place.chunk, true);
-  convert_to_f32(src, dtype, c.master + place.offset_elems, count);
+  optim::masters_from_dtype(master_format_, c.master, place.offset_elems, count, src, dtype);
   restore_slot(id);
 }
 
@@ -68,8 +76,8 @@ void ParamValues::read(uint32_t id, void* dst, uint64_t count, pstar_dtype dtype
   const chunk::ChunkState& c = (*parts_.chunks)[place.chunk];
   if (!(*parts_.params)[id].frozen()) {
     parts_.nvme->access(place.chunk, false);
-    const float* master = c.master + place.offset_elems;
     std::vector<float> staging;
+    const float* master = masters_f32(c, place.offset_elems, count, staging);
     if (c.opt_device != nullptr) {
       staging.resize(count);
       parts_.hybrid->read_list(place.chunk, master, staging.data(), count);
@@ -109,13 +117,14 @@ void ParamValues::restore_slot(uint32_t id) {
     return;
   }
   parts_.nvme->access(place.chunk, false);
+  std::vector<float> staging;
+  const float* master = masters_f32(c, place.offset_elems, place.numel, staging);
   if (c.tier == Tier::kDevice) {
     // Written where the chunk is (a skipped step keeps placement as it is).
-    write_slot_on_device(id, c.master + place.offset_elems);
+    write_slot_on_device(id, master);
     return;
   }
   void* payload = parts_.placement->host_view(place.chunk);
-  const float* master = c.master + place.offset_elems;
   for (uint64_t i = 0; i < place.numel; ++i) store_as(payload, compute_dtype_, place.offset_elems + i, master[i]);
 }
 
@@ -147,8 +156,14 @@ void ParamValues::write_sharded(uint32_t id, const void* src, pstar_dtype dtype)
   const bool shard_on_device = parts_.hybrid->shard_on_device(place.chunk);
   std::vector<unsigned char> rounded(shard_on_device && a < b ? (b - a) * elem_bytes() : 0);
   for (uint64_t i = a; i < b; ++i) {
-    const float v = load_as(src, dtype, i - place.offset_elems);
-    if (!p.frozen()) c.master[i - lo] = v;
+    float v = load_as(src, dtype, i - place.offset_elems);
+    if (!p.frozen() && master_format_ == optim::MasterFormat::kBf16) {
+      const uint16_t m = f32_to_bf16(v);  // the weight is the master's value
+      reinterpret_cast<uint16_t*>(c.master)[i - lo] = m;
+      v = bf16_to_f32(m);
+    } else if (!p.frozen()) {
+      c.master[i - lo] = v;
+    }
     if (shard_on_device) {
       store_as(rounded.data(), compute_dtype_, i - a, v);
     } else {
@@ -169,11 +184,13 @@ void ParamValues::read_sharded(uint32_t id, void* dst, pstar_dtype dtype) {
   if (!(*parts_.params)[id].frozen()) {
     parts_.nvme->access(place.chunk, false);
     const HostLists lists(*parts_.hybrid, place.chunk, HostLists::kMaster);
-    std::vector<float> full(c.elems);
+    std::vector<unsigned char> full(optim::master_list_bytes(master_format_, c.elems));
     parts_.group->all_gather_host("param_read: all-gather", kRead, place.chunk, c.master, full.data(),
-                                  c.shard_elems * sizeof(float));
-    bytes_all_gathered_ += c.elems * sizeof(float);
-    convert_from_f32(full.data() + place.offset_elems, dst, dtype, place.numel);
+                                  optim::master_list_bytes(master_format_, c.shard_elems));
+    bytes_all_gathered_ += full.size();
+    std::vector<float> values(place.numel);
+    optim::masters_to_f32(master_format_, full.data(), place.offset_elems, place.numel, values.data());
+    convert_from_f32(values.data(), dst, dtype, place.numel);
     return;
   }
   std::vector<unsigned char> full(c.bytes);
@@ -204,7 +221,10 @@ void ParamValues::restore_slot_sharded(uint32_t id) {
     return;
   }
   const HostLists lists(*parts_.hybrid, place.chunk, HostLists::kMaster);
-  for (uint64_t i = a; i < b; ++i) store_as(c.shard, compute_dtype_, i - lo, c.master[i - lo]);
+  if (a >= b) return;
+  std::vector<float> staging;
+  const float* master = masters_f32(c, a - lo, b - a, staging);
+  for (uint64_t i = a; i < b; ++i) store_as(c.shard, compute_dtype_, i - lo, master[i - a]);
 }
 
 }  // namespace pstar::values

@@ -30,6 +30,7 @@
 #include "memory/device.h"
 #include "memory/host_pool.h"
 #include "memory/nvme_tier.h"
+#include "optim/adam_masters.h"
 #include "placement/hybrid.h"
 #include "placement/runtime.h"
 #include "pstar/pstar.h"
@@ -60,8 +61,11 @@ class ParamValues {
  public:
   // `payloads`: false in a dry run (nothing is read or written; restore is
   // a no-op).
-  ParamValues(const ValueParts& parts, pstar_dtype compute_dtype, bool payloads)
-      : parts_(parts), compute_dtype_(compute_dtype), payloads_(payloads) {}
+  // `master_format`: the masters' (optim/adam_masters.h; bf16 masters are
+  // read as their exact fp32 values and written rounded to nearest even).
+  ParamValues(const ValueParts& parts, pstar_dtype compute_dtype, bool payloads,
+              optim::MasterFormat master_format = optim::MasterFormat::kFp32)
+      : parts_(parts), compute_dtype_(compute_dtype), payloads_(payloads), master_format_(master_format) {}
 
   // At build, once the chunks exist.
   void attach(const chunk::ChunkLayout* layout) { layout_ = layout; }
@@ -87,10 +91,14 @@ class ParamValues {
   void write_sharded(uint32_t id, const void* src, pstar_dtype dtype);
   void read_sharded(uint32_t id, void* dst, pstar_dtype dtype);
   void restore_slot_sharded(uint32_t id);
+  // Masters [lo, lo + n) of c's list as floats: the list itself (fp32) or
+  // `staging` filled with their values (bf16).
+  const float* masters_f32(const chunk::ChunkState& c, uint64_t lo, uint64_t n, std::vector<float>& staging) const;
 
   ValueParts parts_;
   const pstar_dtype compute_dtype_;
   const bool payloads_;
+  const optim::MasterFormat master_format_;
   const chunk::ChunkLayout* layout_ = nullptr;  // null until attach
   uint64_t bytes_all_gathered_ = 0;
 };

@@ -69,6 +69,7 @@ typedef struct scenario {
   int sync_step;             /* ranks turn the overlapped step off (pstar_x_engine_set_overlap_step) */
   int hybrid;                /* ranks (not the reference) have hybrid optimizer placement */
   uint64_t hybrid_capacity;  /* ... and odd ranks this device capacity (0: unlimited, every chunk placed) */
+  pstar_master_format master_format; /* the masters' format on every process (the reference too) */
 } scenario;
 
 typedef struct step_out {
@@ -296,6 +297,8 @@ static int run_one(const scenario *sc, int ref, int rank, rank_out *out) {
   o.comm_timeout_ms = sc->comm_timeout_ms;
   o.virtual_clock = sc->virtual_clock;
   o.state_format = sc->state_format;
+  o.master_format = sc->master_format;
+  o.master_seed = 77;
   if (ref) {
     o.world_size = 1;
   } else if (sc->from_env) {
@@ -1289,6 +1292,24 @@ Test(dist_engine, sharded_checkpoints_resume_exactly_at_other_world_sizes) {
   remove_checkpoints(&a);
 }
 
+/* Two ranks of `a` train 5 steps and save after step 2; the checkpoint
+ * resumes at two ranks (the same bits as the uninterrupted run) and at
+ * three (as one process). */
+static void check_resumed_at_two_and_three(scenario a, const char *name) {
+  static float uninterrupted[TOTAL_ELEMS];
+  a.steps = 5;
+  a.save_step = 2;
+  run_saving(&a, name, uninterrupted);
+  for (int world = 2; world <= 3; ++world) {
+    scenario b = a;
+    b.world = world;
+    b.save_step = 0;
+    b.resume_step = 2;
+    run_resuming(&b, world == 2 ? uninterrupted : NULL);
+  }
+  remove_checkpoints(&a);
+}
+
 /* Adam's moments in bf16 and int8 (pstar_engine_options.state_format):
  * sharded ranks update their shards with the same kernels as one process,
  * and with int8 every shard boundary is a block boundary (the layout aligns
@@ -1312,21 +1333,32 @@ Test(dist_engine, state_formats_sharded_and_hybrid_bit_identical_and_resumed_at_
       expect_equal_to_reference(&sc, oh, 0);
       for (int r = 0; r < world; ++r) cr_assert_gt(oh[r].stats.optimizer_chunks_on_device, 0, "rank %d", r);
     }
-    static float uninterrupted[TOTAL_ELEMS];
     scenario a = base(2, PSTAR_DTYPE_BF16);
     a.state_format = formats[i];
-    a.steps = 5;
-    a.save_step = 2;
-    run_saving(&a, i == 0 ? "dist-ckpt-bf16" : "dist-ckpt-int8", uninterrupted);
-    for (int world = 2; world <= 3; ++world) {
-      scenario b = a;
-      b.world = world;
-      b.save_step = 0;
-      b.resume_step = 2;
-      run_resuming(&b, world == 2 ? uninterrupted : NULL);
-    }
-    remove_checkpoints(&a);
+    check_resumed_at_two_and_three(a, i == 0 ? "dist-ckpt-bf16" : "dist-ckpt-int8");
   }
+}
+
+/* bf16 masters (pstar_engine_options.master_format) with int8 and fp32
+ * moments: the stochastic rounding's bits depend on the element's place in
+ * its parameter, not on the chunk layout (3 ranks pad chunks to 1152
+ * elements, which packs parameters otherwise than one process) or the rank
+ * that holds it, so 2 and 3 ranks match one process bit for bit, and a
+ * 2-rank checkpoint resumes exactly at 2 and 3 ranks. */
+Test(dist_engine, bf16_masters_sharded_bit_identical_and_resumed_at_other_world_sizes) {
+  for (int fp32_moments = 0; fp32_moments <= 1; ++fp32_moments) {
+    for (int world = 2; world <= 3; ++world) {
+      scenario sc = base(world, PSTAR_DTYPE_BF16);
+      sc.state_format = fp32_moments ? PSTAR_STATE_FP32 : PSTAR_STATE_INT8;
+      sc.master_format = PSTAR_MASTER_BF16;
+      sc.strict = world == 2;
+      expect_equal_to_reference(&sc, run_scenario(&sc, 1), 0);
+    }
+  }
+  scenario a = base(2, PSTAR_DTYPE_BF16);
+  a.state_format = PSTAR_STATE_INT8;
+  a.master_format = PSTAR_MASTER_BF16;
+  check_resumed_at_two_and_three(a, "dist-ckpt-m16");
 }
 
 /* A load that fails on one rank of a group fails on every rank: refused

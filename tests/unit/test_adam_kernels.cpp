@@ -53,6 +53,7 @@
 
 #include "optim/adam_kernel.h"
 #include "util/dtype.h"
+#include "splitmix_rng.h"
 #include "util/error.h"
 #include "util/thread_pool.h"
 
@@ -104,19 +105,7 @@ std::vector<Path> supported_paths() {
   return paths;
 }
 
-// splitmix64: a small, fixed generator (results must not depend on the
-// standard library's distributions).
-struct Rng {
-  uint64_t s;
-  explicit Rng(uint64_t seed) : s(seed) {}
-  uint64_t next() {
-    uint64_t z = (s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-  double uniform() { return static_cast<double>(next() >> 11) * (1.0 / 9007199254740992.0); }
-};
+using pstar_test::Rng;
 
 const char* dtype_str(pstar_dtype d) {
   return d == PSTAR_DTYPE_F32 ? "f32" : d == PSTAR_DTYPE_F16 ? "f16" : "bf16";

@@ -35,6 +35,7 @@
 #include "optim/adam_kernel.h"
 #include "optim/adam_states.h"
 #include "util/dtype.h"
+#include "splitmix_rng.h"
 #include "util/error.h"
 
 namespace pstar::optim {
@@ -111,18 +112,7 @@ std::vector<AdamIsa> vector_isas() {
   return isas;
 }
 
-// splitmix64.
-struct Rng {
-  uint64_t s;
-  explicit Rng(uint64_t seed) : s(seed) {}
-  uint64_t next() {
-    uint64_t z = (s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-  double uniform() { return static_cast<double>(next() >> 11) * (1.0 / 9007199254740992.0); }
-};
+using pstar_test::Rng;
 
 const char* dtype_str(pstar_dtype d) { return d == PSTAR_DTYPE_F32 ? "f32" : d == PSTAR_DTYPE_F16 ? "f16" : "bf16"; }
 

@@ -23,6 +23,7 @@ _STAGES = {
 }
 _POLICIES = {"opt": _c.PSTAR_POLICY_OPT, "lru": _c.PSTAR_POLICY_LRU, "static": _c.PSTAR_POLICY_STATIC}
 _STATE_FORMATS = {"fp32": _c.PSTAR_STATE_FP32, "bf16": _c.PSTAR_STATE_BF16, "int8": _c.PSTAR_STATE_INT8}
+_MASTER_FORMATS = {"fp32": _c.PSTAR_MASTER_FP32, "bf16": _c.PSTAR_MASTER_BF16}
 _HPARAMS = {
     "lr": _c.PSTAR_HPARAM_LR,
     "beta1": _c.PSTAR_HPARAM_BETA1,
@@ -56,7 +57,7 @@ class Options:
     """pstar_engine_options with the library's defaults; fields by name.
 
     ``Options(device="emulated", device_capacity_bytes=1 << 20, compute_dtype="bf16")``;
-    enum fields take names ("cuda", "f16", "lru", state_format "int8") or integers.  An unknown
+    enum fields take names ("cuda", "f16", "lru", state_format "int8", master_format "bf16") or integers.  An unknown
     field name raises TypeError.
     """
 
@@ -65,6 +66,7 @@ class Options:
         "compute_dtype": _DTYPES,
         "placement_policy": _POLICIES,
         "state_format": _STATE_FORMATS,
+        "master_format": _MASTER_FORMATS,
     }
 
     def __init__(self, **fields):

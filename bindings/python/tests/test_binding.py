@@ -186,6 +186,22 @@ def test_state_formats_train_in_fewer_host_bytes():
         pstar.Options(state_format="fp8")
 
 
+def test_bf16_masters_train_in_fewer_host_bytes():
+    # bf16 masters (stochastic rounding) with int8 moments: the loss falls,
+    # constrained and unlimited runs agree, reruns agree, and the host holds
+    # 2 bytes per trainable element less than with fp32 masters.
+    int8_losses, int8 = train_regression(capacity=0, steps=40, state_format="int8")
+    losses, stats = train_regression(capacity=0, steps=40, state_format="int8", master_format="bf16", master_seed=5)
+    assert losses[-1] < 0.5 * losses[0], losses[::10]
+    assert losses != int8_losses
+    again, _ = train_regression(capacity=2 * 1024 + 2 * 1024 + 512, steps=40, state_format="int8",
+                                master_format="bf16", master_seed=5)
+    assert again == losses
+    assert int8["host_bytes"] - stats["host_bytes"] == 6 * 256 * 2
+    with pytest.raises(pstar.InvalidArgumentError, match="master_format"):
+        pstar.Options(master_format="fp8")
+
+
 # -- buffer protocol and DLPack -------------------------------------------------
 
 def test_memoryview_is_zero_copy_and_read_only_unless_asked():

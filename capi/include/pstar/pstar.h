@@ -230,6 +230,21 @@ typedef enum pstar_state_format {
  *  each parameter's blocks start at its first element. */
 #define PSTAR_STATE_INT8_BLOCK 256
 
+/** The format of the master weights (pstar_engine_options.master_format;
+ *  docs/design.md, "Optimizer state formats"). */
+typedef enum pstar_master_format {
+  /** fp32 masters: 4 bytes per element (the default). */
+  PSTAR_MASTER_FP32 = 0,
+  /** bf16 masters: 2 bytes per element.  Each update computes the new
+   *  master in fp32 and rounds it to bf16 stochastically, with random bits
+   *  that are a function of master_seed, the step count and the element's
+   *  place in its parameter: reruns, placements and rank counts give the same
+   *  bits.  pstar_param_read and pstar_param_write still speak fp32 (a
+   *  write rounds to nearest even). */
+  PSTAR_MASTER_BF16 = 1,
+  PSTAR_MASTER_FORCE_32BIT_ = -0x7fffffff - 1
+} pstar_master_format;
+
 /** Eviction policy of the accelerator tier. */
 typedef enum pstar_policy {
   /** Belady's OPT from the warm-up trace: evict the chunk used furthest in
@@ -288,7 +303,7 @@ PSTAR_API void pstar_free(void *ptr);
 /* ------------------------------------------------------------------------ */
 
 /** Current version of pstar_engine_options. */
-#define PSTAR_ENGINE_OPTIONS_VERSION 5
+#define PSTAR_ENGINE_OPTIONS_VERSION 6
 
 /** Options for pstar_engine_create().  A field means what it says (a weight
  *  decay of zero is zero); only sizes and counts use 0 for "choose for me". */
@@ -459,6 +474,16 @@ typedef struct pstar_engine_options {
    *  compiled and checked by tests/gpu/run.sh, but have not yet run on a
    *  GPU). */
   pstar_state_format state_format;
+  /* Version 6 */
+  /** The format of the master weights (pstar_master_format; default
+   *  PSTAR_MASTER_FP32).  Fixed for the engine's life and part of its
+   *  checkpoints, as state_format.  PSTAR_MASTER_BF16 is not yet carried by
+   *  the NVMe tier, hybrid_optimizer or pstar_param_pin (refused:
+   *  PSTAR_ERR_UNSUPPORTED). */
+  pstar_master_format master_format;
+  /** The seed of PSTAR_MASTER_BF16's stochastic rounding (any value; the
+   *  same seed gives the same bits). */
+  uint64_t master_seed;
 } pstar_engine_options;
 
 /** Default modelled bandwidth of a host<->accelerator link: 12 GB/s, what a
@@ -474,7 +499,7 @@ typedef struct pstar_engine_options {
     sizeof(pstar_engine_options), PSTAR_ENGINE_OPTIONS_VERSION, PSTAR_DEVICE_EMULATED, \
         0, 0, 0, 0, 0, 0, 0, PSTAR_DTYPE_BF16, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, 1,    \
         0.0f, 65536.0f, 2.0f, 0.5f, 2000u, 2u, 1.0f, 0, PSTAR_POLICY_OPT, 0, 1, 0, 0,  \
-        0.0, 0.0, 0, 0, 0, 0, 0, 0, PSTAR_STATE_FP32                                \
+        0.0, 0.0, 0, 0, 0, 0, 0, 0, PSTAR_STATE_FP32, PSTAR_MASTER_FP32, 0            \
   }
 
 /** Writes the library's defaults into *options (the same as

@@ -66,6 +66,9 @@ const PSTAR_STATE_FP32 = Cint(0)
 const PSTAR_STATE_BF16 = Cint(1)
 const PSTAR_STATE_INT8 = Cint(2)
 
+const PSTAR_MASTER_FP32 = Cint(0)
+const PSTAR_MASTER_BF16 = Cint(1)
+
 const PSTAR_LOG_DEBUG = Cint(0)
 const PSTAR_LOG_INFO = Cint(1)
 const PSTAR_LOG_WARN = Cint(2)
@@ -124,6 +127,8 @@ mutable struct EngineOptions
     world_size::Int32
     comm_timeout_ms::UInt32
     state_format::Cint
+    master_format::Cint
+    master_seed::UInt64
     EngineOptions() = new()
 end
 

@@ -6,7 +6,7 @@ pub const PSTAR_VERSION_PATCH: u32 = 0;
 pub const PSTAR_VERSION_STRING: &[u8; 6usize] = b"0.1.0\0";
 pub const PSTAR_STRUCT_SIZE_MAX: u32 = 4096;
 pub const PSTAR_STATE_INT8_BLOCK: u32 = 256;
-pub const PSTAR_ENGINE_OPTIONS_VERSION: u32 = 5;
+pub const PSTAR_ENGINE_OPTIONS_VERSION: u32 = 6;
 pub const PSTAR_DEFAULT_LINK_BYTES_PER_S: f64 = 12000000000.0;
 pub const PSTAR_DEFAULT_CHUNK_ELEMS: u32 = 4194304;
 pub const PSTAR_STEP_RESULT_VERSION: u32 = 1;
@@ -149,6 +149,25 @@ pub const pstar_state_format_PSTAR_STATE_FORCE_32BIT_: pstar_state_format = -214
 #[doc = "  (pstar_engine_options.state_format; docs/design.md, \"Optimizer state"]
 #[doc = "  formats\").  The fp32 masters are the same in every format."]
 pub type pstar_state_format = ::std::os::raw::c_int;
+#[doc = " fp32 masters: 4 bytes per element (the default)."]
+pub const pstar_master_format_PSTAR_MASTER_FP32: pstar_master_format = 0;
+#[doc = " bf16 masters: 2 bytes per element.  Each update computes the new"]
+#[doc = "  master in fp32 and rounds it to bf16 stochastically, with random bits"]
+#[doc = "  that are a function of master_seed, the step count and the element's"]
+#[doc = "  place in its parameter: reruns, placements and rank counts give the same"]
+#[doc = "  bits.  pstar_param_read and pstar_param_write still speak fp32 (a"]
+#[doc = "  write rounds to nearest even)."]
+pub const pstar_master_format_PSTAR_MASTER_BF16: pstar_master_format = 1;
+#[doc = " bf16 masters: 2 bytes per element.  Each update computes the new"]
+#[doc = "  master in fp32 and rounds it to bf16 stochastically, with random bits"]
+#[doc = "  that are a function of master_seed, the step count and the element's"]
+#[doc = "  place in its parameter: reruns, placements and rank counts give the same"]
+#[doc = "  bits.  pstar_param_read and pstar_param_write still speak fp32 (a"]
+#[doc = "  write rounds to nearest even)."]
+pub const pstar_master_format_PSTAR_MASTER_FORCE_32BIT_: pstar_master_format = -2147483648;
+#[doc = " The format of the master weights (pstar_engine_options.master_format;"]
+#[doc = "  docs/design.md, \"Optimizer state formats\")."]
+pub type pstar_master_format = ::std::os::raw::c_int;
 #[doc = " Belady's OPT from the warm-up trace: evict the chunk used furthest in"]
 #[doc = "  the future; LRU during warm-up and after the access order diverges"]
 #[doc = "  from the trace (which is then recorded anew)."]
@@ -373,12 +392,21 @@ pub struct pstar_engine_options {
     #[doc = "  compiled and checked by tests/gpu/run.sh, but have not yet run on a"]
     #[doc = "  GPU)."]
     pub state_format: pstar_state_format,
+    #[doc = " The format of the master weights (pstar_master_format; default"]
+    #[doc = "  PSTAR_MASTER_FP32).  Fixed for the engine's life and part of its"]
+    #[doc = "  checkpoints, as state_format.  PSTAR_MASTER_BF16 is not yet carried by"]
+    #[doc = "  the NVMe tier, hybrid_optimizer or pstar_param_pin (refused:"]
+    #[doc = "  PSTAR_ERR_UNSUPPORTED)."]
+    pub master_format: pstar_master_format,
+    #[doc = " The seed of PSTAR_MASTER_BF16's stochastic rounding (any value; the"]
+    #[doc = "  same seed gives the same bits)."]
+    pub master_seed: u64,
 }
 #[test]
 fn bindgen_test_layout_pstar_engine_options() {
     assert_eq!(
         ::std::mem::size_of::<pstar_engine_options>(),
-        184usize,
+        200usize,
         concat!("Size of: ", stringify!(pstar_engine_options))
     );
     assert_eq!(
@@ -1049,6 +1077,40 @@ fn bindgen_test_layout_pstar_engine_options() {
         );
     }
     test_field_state_format();
+    fn test_field_master_format() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<pstar_engine_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).master_format) as usize - ptr as usize
+            },
+            184usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(pstar_engine_options),
+                "::",
+                stringify!(master_format)
+            )
+        );
+    }
+    test_field_master_format();
+    fn test_field_master_seed() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<pstar_engine_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).master_seed) as usize - ptr as usize
+            },
+            192usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(pstar_engine_options),
+                "::",
+                stringify!(master_seed)
+            )
+        );
+    }
+    test_field_master_seed();
 }
 extern "C" {
     #[doc = " Writes the library's defaults into *options (the same as"]

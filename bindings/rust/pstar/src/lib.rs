@@ -140,6 +140,23 @@ impl StateFormat {
     }
 }
 
+/// The format of the master weights (pstar_master_format): fp32 (the
+/// default), or bf16 rounded stochastically after each update.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MasterFormat {
+    Fp32,
+    Bf16,
+}
+
+impl MasterFormat {
+    fn raw(self) -> sys::pstar_master_format {
+        match self {
+            MasterFormat::Fp32 => sys::pstar_master_format_PSTAR_MASTER_FP32,
+            MasterFormat::Bf16 => sys::pstar_master_format_PSTAR_MASTER_BF16,
+        }
+    }
+}
+
 /// The accelerator tier.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Device {
@@ -222,6 +239,13 @@ impl Options {
     /// The format of Adam's moments, fixed for the engine's life.
     pub fn state_format(mut self, format: StateFormat) -> Self {
         self.raw.state_format = format.raw();
+        self
+    }
+    /// The format of the master weights, fixed for the engine's life; `seed`
+    /// picks bf16 masters' stochastic rounding bits.
+    pub fn master_format(mut self, format: MasterFormat, seed: u64) -> Self {
+        self.raw.master_format = format.raw();
+        self.raw.master_seed = seed;
         self
     }
     /// Every field of pstar_engine_options.

@@ -63,4 +63,13 @@ public final class Options {
     raw.setState_format(format);
     return this;
   }
+
+  /** The format of the master weights, fixed for the engine's life:
+   *  PstarC.PSTAR_MASTER_FP32 (the default) or _BF16 (stochastic rounding
+   *  with random bits from {@code seed}, the step and the element). */
+  public Options masterFormat(int format, long seed) {
+    raw.setMaster_format(format);
+    raw.setMaster_seed(seed);
+    return this;
+  }
 }
