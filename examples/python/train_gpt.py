@@ -90,12 +90,13 @@ def main(argv=None):
                     help="Adam's moments' format (pstar_engine_options.state_format)")
     ap.add_argument("--master-format", choices=["fp32", "bf16"], default="fp32",
                     help="the masters' format (pstar_engine_options.master_format; bf16: stochastic rounding)")
+    ap.add_argument("--seed", type=int, default=0, help="the initial weights' and the batches' seed")
     ap.add_argument("--eval-every", type=int, default=0, help="held-out loss every N steps (0: at the end only)")
     ap.add_argument("--json-out", help="write the training and held-out losses here")
     ap.add_argument("--check", action="store_true",
                     help="exit 1 unless the loss fell by a fifth and chunks moved (more than one eviction per step)")
     args = ap.parse_args(argv)
-    torch.manual_seed(0)
+    torch.manual_seed(args.seed)
     torch.set_num_threads(max(1, torch.get_num_threads()))
 
     text = toy_text()
@@ -115,7 +116,7 @@ def main(argv=None):
     capacity = compute_bytes * 7 // 10
     pm = ptorch.attach(model, device="emulated", compute_dtype=args.dtype, chunk_elems=chunk_elems,
                        device_capacity_bytes=capacity, lr=3e-3, weight_decay=0.01, state_format=args.state_format,
-                       master_format=args.master_format, master_seed=45)
+                       master_format=args.master_format, master_seed=45 + args.seed)
     print(f"{n_params} parameters, {len(pm.slots)} tensors, compute chunks {compute_bytes / 1e6:.2f} MB, "
           f"device capacity {capacity / 1e6:.2f} MB ({args.dtype} compute, {args.master_format} masters, "
           f"{args.state_format} Adam moments)")
@@ -138,7 +139,7 @@ def main(argv=None):
 
     held_curve = []
 
-    rng = torch.Generator().manual_seed(1)
+    rng = torch.Generator().manual_seed(1 + args.seed)
     steps = range(args.steps)
     bar = tqdm(steps, desc="train", ncols=80) if tqdm is not None else steps
     losses = []
@@ -167,7 +168,8 @@ def main(argv=None):
           f"peak host {stats['peak_host_bytes'] / n_params:.2f} bytes per parameter")
     if args.json_out:
         with open(args.json_out, "w") as f:
-            json.dump({"state_format": args.state_format, "master_format": args.master_format, "dtype": args.dtype, "steps": args.steps,
+            json.dump({"state_format": args.state_format, "master_format": args.master_format, "seed": args.seed,
+                       "dtype": args.dtype, "steps": args.steps,
                        "params": n_params, "train_loss": losses, "held_out": held_curve,
                        "peak_host_bytes": stats["peak_host_bytes"]}, f)
     if args.check and not (last < first * 0.8 and stats["evictions"] > args.steps):

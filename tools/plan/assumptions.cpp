@@ -16,14 +16,20 @@ namespace {
 // With --state-format other than fp32: what the format stores.  (fp32 adds
 // nothing: its report is today's, word for word.)
 std::string format_words(pstar_state_format f) {
-  return f == PSTAR_STATE_BF16 ? "m and v in bf16 (2 B each)"
-                               : "m and v as int8 codes with an fp32 maximum per 256-element block (1.016 B each)";
+  return f == PSTAR_STATE_BF16   ? "m and v in bf16 (2 B each)"
+         : f == PSTAR_STATE_INT8 ? "m and v as int8 codes with an fp32 maximum per 256-element block (1.016 B each)"
+                                 : "m and v in fp32 (4 B each)";
+}
+// The masters as the formats' sentences name them.
+const char* master_words(pstar_master_format m) {
+  return m == PSTAR_MASTER_BF16 ? "the bf16 master (2 B, stochastic rounding)" : "the fp32 master";
 }
 
 std::vector<std::string> common_assumptions(const Args& a) {
   const Hardware& hw = a.hw;
-  const bool fp32 = a.state_format == PSTAR_STATE_FP32;
-  const std::string fmt = state_format_name(a.state_format);
+  const bool fp32 = a.default_formats();
+  const std::string fmt =
+      std::string(state_format_name(a.state_format)) + (a.master_format == PSTAR_MASTER_BF16 ? " (bf16 masters)" : "");
   char buf[1024];
   std::vector<std::string> v;
   v.push_back(
@@ -38,7 +44,8 @@ std::vector<std::string> common_assumptions(const Args& a) {
                            "optimizer state of the trainable chunks that fit in the capacity less the warm-up's "
                            "device peak; the warm-up's chunk cache fills the device whenever the model's chunks "
                            "do not all fit beside its activations, and then nothing is placed)"
-                : a.hybrid_refused ? "off (turned off with another --state-format: every list is on the host "
+                : a.hybrid_refused ? "off (turned off with another --state-format or --master-format: every list is "
+                                     "on the host "
                                      "from the build, so these formats meet the host bound either way, and hybrid's "
                                      "device-side constraints can lower the maximum; picking the better per shape is "
                                      "not written yet; all optimizer state on the host)"
@@ -46,13 +53,13 @@ std::vector<std::string> common_assumptions(const Args& a) {
   v.push_back(buf);
   if (!fp32) {
     std::snprintf(buf, sizeof buf,
-                  "state format %s (options.state_format): the fp32 master and %s; every dry run's engine holds "
+                  "state format %s (options.state_format, options.master_format): %s and %s; every dry run's "
+                  "engine holds "
                   "its moments so (its host figures are the format's), int8 aligns parameters and chunks to 256 "
                   "elements; the four lists %.4g B/param, an Adam update moves %.4g B per element (with a %u-byte "
                   "dtype)",
-                  fmt.c_str(), format_words(a.state_format).c_str(),
-                  state_bytes_per_elem(a.state_format) + a.shape.dtype_bytes,
-                  adam_bytes_per_elem(a.state_format, a.shape.dtype_bytes), a.shape.dtype_bytes);
+                  fmt.c_str(), master_words(a.master_format), format_words(a.state_format).c_str(),
+                  a.state_bytes() + a.shape.dtype_bytes, a.adam_bytes(a.shape.dtype_bytes), a.shape.dtype_bytes);
     v.push_back(buf);
   }
   v.push_back(
@@ -75,11 +82,11 @@ std::vector<std::string> common_assumptions(const Args& a) {
   else
     std::snprintf(buf, sizeof buf,
                   "host per node = ranks x (share of the four chunk lists (%.4g B/param with a 2-byte dtype in %s: "
-                  "the compute copy, the fp32 master, %s; over all %u ranks, as the engine's ZeRO sharding, ZeRO "
+                  "the compute copy, %s, %s; over all %u ranks, as the engine's ZeRO sharding, ZeRO "
                   "and PatrickStar divide them) + the engine's host bytes beyond the lists + %.1f GiB reserved per "
                   "rank)",
-                  state_bytes_per_elem(a.state_format) + 2.0, fmt.c_str(), format_words(a.state_format).c_str(),
-                  hw.world(), hw.host_reserve / kGiB);
+                  a.state_bytes() + 2.0, fmt.c_str(), master_words(a.master_format),
+                  format_words(a.state_format).c_str(), hw.world(), hw.host_reserve / kGiB);
   v.push_back(buf);
   if (a.hybrid)
     v.push_back(
@@ -115,10 +122,9 @@ std::vector<std::string> common_assumptions(const Args& a) {
                   "written; fp32 moves %.4g) of the node's host-held share at the node's host Adam bandwidth, the "
                   "update being memory-bound (the engine's modelled overlapped update counts fp32's bytes, so it is "
                   "given that bandwidth scaled by %.4g / %.4g); one micro-batch per step",
-                  adam_bytes_per_elem(a.state_format, a.shape.dtype_bytes), fmt.c_str(),
+                  a.adam_bytes(a.shape.dtype_bytes), fmt.c_str(),
                   adam_bytes_per_elem(PSTAR_STATE_FP32, a.shape.dtype_bytes),
-                  adam_bytes_per_elem(PSTAR_STATE_FP32, a.shape.dtype_bytes),
-                  adam_bytes_per_elem(a.state_format, a.shape.dtype_bytes));
+                  adam_bytes_per_elem(PSTAR_STATE_FP32, a.shape.dtype_bytes), a.adam_bytes(a.shape.dtype_bytes));
   v.push_back(buf);
   if (hw.nvme > 0 && hw.world() == 1)
     v.push_back(

@@ -5,7 +5,10 @@
 # model than fp32 does: larger than fp32 with hybrid placement, and at least
 # 1.6x fp32 with all state on the host as int8's is (like for like).  fp32's
 # report carries no state_format key (its JSON is what it was).  --nvme with
-# int8 is a usage error (exit status 2).
+# int8 is a usage error (exit status 2).  With --master-format bf16 too
+# (bf16 masters): the report says so, its lists are 6.03125 B per parameter
+# and the engine's own peak at most 6.1 (issue 45's target), and it fits
+# more than int8 with fp32 masters.
 # Usage: cmake -DPLAN=<path to pstar-plan> -DPRESET=v100x8 -P check_plan_state_format.cmake
 include(${CMAKE_CURRENT_LIST_DIR}/run_plan.cmake)
 function(get json path var)
@@ -74,5 +77,23 @@ if(NOT rc EQUAL 2 OR NOT err MATCHES "--nvme with --state-format int8")
   message(FATAL_ERROR "--state-format int8 --nvme: exit ${rc} (expected 2, a usage error)\n${err}")
 endif()
 
+run_plan(json_m16 --state-format int8 --master-format bf16)
+get("${json_m16}" master_format mformat)
+if(NOT mformat STREQUAL "bf16")
+  message(FATAL_ERROR "master_format is '${mformat}', expected bf16")
+endif()
+get("${json_m16}" bytes_per_param bpp16)
+get("${json_m16}" max_engine_peak_host_bytes_per_param engine_bpp16)
+foreach(v bpp16 engine_bpp16)
+  if(NOT ${v} MATCHES "^[0-9]+(\\.[0-9]*)?$" OR ${v} LESS 6 OR ${v} GREATER 6.1)
+    message(FATAL_ERROR "${v} = '${${v}}' outside [6, 6.1]")
+  endif()
+endforeach()
+get("${json_m16}" max_params p_m16)
+if(NOT p_m16 GREATER p_int8)
+  message(FATAL_ERROR "int8 with bf16 masters fits ${p_m16} params, no more than int8's ${p_int8}")
+endif()
+
 message(STATUS "pstar-plan --preset ${PRESET}: max_params int8 ${p_int8}, fp32 ${p_fp32} (host-only ${p_fp32_host}); "
-               "int8 ${bpp} B/param (engine ${engine_bpp})")
+               "int8 ${bpp} B/param (engine ${engine_bpp}); int8 with bf16 masters ${p_m16}, ${bpp16} B/param "
+               "(engine ${engine_bpp16})")

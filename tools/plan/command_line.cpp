@@ -178,6 +178,18 @@ Args parse_args(int argc, char** argv, const std::vector<Preset>& known) {
              throw UsageError("--state-format: expected fp32, bf16 or int8, got '" + v + "'");
          });
 
+  option("Engine", "--master-format", "fp32|bf16",
+         "the masters: fp32 (default) or bf16 (stochastic rounding); bf16 turns hybrid placement off\n"
+         "and excludes --nvme, as --state-format does (the engine does not carry bf16 masters there yet)",
+         [&](const std::string&, const std::string& v) {
+           if (v == "fp32")
+             a.master_format = PSTAR_MASTER_FP32;
+           else if (v == "bf16")
+             a.master_format = PSTAR_MASTER_BF16;
+           else
+             throw UsageError("--master-format: expected fp32 or bf16, got '" + v + "'");
+         });
+
   const char* search = "Search";
   option(search, "--chunk-elems", "N",
          "elements per chunk, a multiple of 128 (256 with --state-format int8; default: one layer's parameters)",
@@ -226,8 +238,10 @@ Args parse_args(int argc, char** argv, const std::vector<Preset>& known) {
       throw UsageError("bandwidths must be positive");
     if (a.hw.device_capacity() == 0) throw UsageError("--gpu-reserve leaves no device memory");
     if (a.search_chunk && a.chunk_elems) throw UsageError("--chunk-elems and --search-chunk-size exclude each other");
-    if (a.state_format != PSTAR_STATE_FP32) {
-      const std::string f = state_format_name(a.state_format);
+    if (!a.default_formats()) {
+      const std::string f = a.master_format == PSTAR_MASTER_BF16 && a.state_format == PSTAR_STATE_FP32
+                                ? "fp32 --master-format bf16"
+                                : state_format_name(a.state_format);
       if (a.hw.nvme > 0)
         throw UsageError("--nvme with --state-format " + f +
                          ": the planner's NVMe model counts fp32 optimizer state only (the engine's tier takes the "

@@ -85,6 +85,8 @@ pstar_engine_options Planner::options(uint64_t chunk_elems, bool hybrid) const {
   o.d2h_bytes_per_s = args.hw.d2h;
   o.hybrid_optimizer = hybrid ? 1 : 0;
   o.state_format = args.state_format;
+  o.master_format = args.master_format;
+  o.master_seed = 45;
   return o;
 }
 
@@ -120,7 +122,7 @@ const Evaluation& Planner::evaluate(uint32_t layers, uint64_t chunk_elems, bool 
   const pstar_state_format fmt = args.state_format;
   const uint64_t align = layout_align(fmt);
   const ReplayResult built = layout(w, chunk_elems);
-  ev.opt_state_bytes = state_list_bytes(fmt, built.built.optimizer_list_bytes);
+  ev.opt_state_bytes = state_list_bytes(fmt, built.built.optimizer_list_bytes, args.master_format);
   ev.opt_share_per_rank = (ev.opt_state_bytes + world - 1) / world;
   ev.opt_chunks = built.built.optimizer_chunks;
 
@@ -135,8 +137,8 @@ const Evaluation& Planner::evaluate(uint32_t layers, uint64_t chunk_elems, bool 
   // bandwidth; each GPU updates its own at the device's, at the same time
   // (the engine queues the device updates, then updates the rest on the
   // CPU), so the optimizer takes the longer of the two.
-  const double update_bytes_per_elem = adam_bytes_per_elem(fmt, args.shape.dtype_bytes);
-  const double state_bytes = state_bytes_per_elem(fmt);
+  const double update_bytes_per_elem = args.adam_bytes(args.shape.dtype_bytes);
+  const double state_bytes = args.state_bytes();
   const double share_elems = double(built.built.optimizer_list_bytes) / 4.0 / world;
   const uint64_t share_bytes = ev.opt_share_per_rank;
   auto adam_times = [=](uint64_t placed, double* host_s, double* dev_s) {

@@ -64,19 +64,28 @@ inline uint64_t moment_list_bytes(pstar_state_format f, uint64_t elems) {
     default: return 4 * elems;
   }
 }
-// The three optimizer lists (fp32 master, m, v) per element: 12 B in fp32.
-inline double state_bytes_per_elem(pstar_state_format f) { return 4.0 + 2.0 * moment_bytes_per_elem(f); }
+// A master per element (--master-format; pstar_engine_options.master_format):
+// fp32 4 B, bf16 2 B.
+inline double master_bytes_per_elem(pstar_master_format m) { return m == PSTAR_MASTER_BF16 ? 2.0 : 4.0; }
+// The three optimizer lists (master, m, v) per element: 12 B in fp32.
+inline double state_bytes_per_elem(pstar_state_format f, pstar_master_format m = PSTAR_MASTER_FP32) {
+  return master_bytes_per_elem(m) + 2.0 * moment_bytes_per_elem(f);
+}
 // The three optimizer lists' bytes from the engine's pstar_stats
 // optimizer_list_bytes (one fp32 list): the master, then m and v.
-inline uint64_t state_list_bytes(pstar_state_format f, uint64_t fp32_list_bytes) {
-  return fp32_list_bytes + 2 * moment_list_bytes(f, fp32_list_bytes / 4);
+inline uint64_t state_list_bytes(pstar_state_format f, uint64_t fp32_list_bytes,
+                                 pstar_master_format m = PSTAR_MASTER_FP32) {
+  const uint64_t master = m == PSTAR_MASTER_BF16 ? fp32_list_bytes / 2 : fp32_list_bytes;
+  return master + 2 * moment_list_bytes(f, fp32_list_bytes / 4);
 }
 // Bytes one Adam update moves per element (optim::adam_state_bytes_per_elem
 // with compute-dtype gradients): the gradient read and the weight written
-// (the dtype's size each), the master read and written (8), m and v read
-// and written.  A 2-byte dtype: fp32 28, bf16 20, int8 16.0625.
-inline double adam_bytes_per_elem(pstar_state_format f, uint32_t dtype_bytes) {
-  return 2.0 * dtype_bytes + 8.0 + 4.0 * moment_bytes_per_elem(f);
+// (the dtype's size each), the master read and written (8 in fp32, 4 in
+// bf16), m and v read and written.  A 2-byte dtype and fp32 masters: fp32
+// 28, bf16 20, int8 16.0625.
+inline double adam_bytes_per_elem(pstar_state_format f, uint32_t dtype_bytes,
+                                  pstar_master_format m = PSTAR_MASTER_FP32) {
+  return 2.0 * dtype_bytes + 2.0 * master_bytes_per_elem(m) + 4.0 * moment_bytes_per_elem(f);
 }
 
 // ---------------------------------------------------------------------------
@@ -143,7 +152,16 @@ struct Args {
   // where it was on: docs/planner.md says why),
   // and refuses --nvme (its NVMe model counts fp32 state).
   pstar_state_format state_format = PSTAR_STATE_FP32;
+  // --master-format: the masters' format of every dry run (as
+  // --state-format: hybrid placement off, --nvme refused, with bf16).
+  pstar_master_format master_format = PSTAR_MASTER_FP32;
   bool hybrid_refused = false;
+  // fp32 moments and fp32 masters: today's report, word for word.
+  bool default_formats() const { return state_format == PSTAR_STATE_FP32 && master_format == PSTAR_MASTER_FP32; }
+  double state_bytes() const { return state_bytes_per_elem(state_format, master_format); }
+  double adam_bytes(uint32_t dtype_bytes) const {
+    return adam_bytes_per_elem(state_format, dtype_bytes, master_format);
+  }
   bool json = false;
   bool verbose = false;
   bool min_capacity = false;  // --min-capacity: the device floor of known shapes, nothing else

@@ -218,10 +218,11 @@ void print_json(const Planner& pl, const Plan& plan) {
   // whether the planner turned hybrid placement off for it, and the engine's
   // own peak host bytes per parameter at the largest model (its dry run: one
   // process holding the whole model).
-  if (a.state_format != PSTAR_STATE_FP32) {
+  if (!a.default_formats()) {
     o["state_format"] = state_format_name(a.state_format);
-    o["bytes_per_param"] = num(state_bytes_per_elem(a.state_format) + a.shape.dtype_bytes);
-    o["adam_bytes_per_elem"] = num(adam_bytes_per_elem(a.state_format, a.shape.dtype_bytes));
+    if (a.master_format != PSTAR_MASTER_FP32) o["master_format"] = "bf16";
+    o["bytes_per_param"] = num(a.state_bytes() + a.shape.dtype_bytes);
+    o["adam_bytes_per_elem"] = num(a.adam_bytes(a.shape.dtype_bytes));
     o["hybrid_optimizer_refused"] = a.hybrid_refused;
     o["max_engine_peak_host_bytes_per_param"] =
         top ? num(double(top->run.final_stats.peak_host_bytes) / double(top->params)) : Json(nullptr);
@@ -314,11 +315,11 @@ void print_text(const Planner& pl, const Plan& plan) {
       hw.nodes, hw.gpus_per_node, fmt_bytes(hw.gpu_mem).c_str(), fmt_bytes(double(hw.device_capacity())).c_str(),
       fmt_bytes(hw.host_mem).c_str(), fmt_bytes(hw.host_reserve).c_str(), hw.h2d / 1e9, hw.d2h / 1e9, hw.flops / 1e12,
       hw.host_adam / 1e9, hw.device_adam / 1e9);
-  if (a.state_format != PSTAR_STATE_FP32)
+  if (!a.default_formats())
     std::printf(
-        "state format: %s (fp32 masters; %.4g B/param for the four lists, %.4g B per element per Adam update)%s\n",
-        state_format_name(a.state_format), state_bytes_per_elem(a.state_format) + a.shape.dtype_bytes,
-        adam_bytes_per_elem(a.state_format, a.shape.dtype_bytes),
+        "state format: %s (%s masters; %.4g B/param for the four lists, %.4g B per element per Adam update)%s\n",
+        state_format_name(a.state_format), a.master_format == PSTAR_MASTER_BF16 ? "bf16" : "fp32",
+        a.state_bytes() + a.shape.dtype_bytes, a.adam_bytes(a.shape.dtype_bytes),
         a.hybrid_refused ? "; hybrid placement off with this format (docs/planner.md)" : "");
   std::printf("chunks: %" PRIu64 " elements (%u chunks, fill ratio %.3f)%s\n", chunk,
               requested.run.built.compute_chunks, requested.run.built.fill_ratio,

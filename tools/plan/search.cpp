@@ -132,7 +132,7 @@ Plan make_plan(Planner& pl) {
   // 8.03 in int8, with a 2-byte dtype) of all ranks' shares fit in the
   // nodes' host memory (plus, where device memory may hold state, the
   // devices' capacity).
-  const double bytes_per_param = state_bytes_per_elem(a.state_format) + a.shape.dtype_bytes;
+  const double bytes_per_param = a.state_bytes() + a.shape.dtype_bytes;
   const double per_layer = 12.0 * double(h) * double(h);
   const double host_total = hw.host_mem * hw.nodes;
   const double dev_total = double(hw.device_capacity()) * hw.world();
