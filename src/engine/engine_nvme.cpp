@@ -12,8 +12,6 @@ void Engine::set_nvme(const pstar_x_nvme_options& in) {
           "set_nvme: the engine is built; give it an NVMe tier before pstar_engine_build");
   nvme_.validate(in, payloads_);
   require(!options_.hybrid_optimizer, PSTAR_ERR_UNSUPPORTED, "set_nvme: not available with hybrid optimizer placement");
-  require(options_.master_format == PSTAR_MASTER_FP32, PSTAR_ERR_UNSUPPORTED,
-          "set_nvme: bf16 masters (master_format) are not yet carried by the NVMe tier");
   nvme_.open(in, payloads_, device_.get(), host_.get(), [this](uint32_t k, float* m, float* a, float* v) {
     ChunkState& c = chunks_[k];
     c.master = m;
@@ -31,12 +29,17 @@ void Engine::nvme_place_lists(std::vector<ChunkState>& chunks, uint64_t largest_
   }
   const optim::StateFormat format = state_format();
   auto moment_bytes = [format](uint64_t elems) { return optim::moment_list_bytes(format, elems); };
-  nvme_.place(fp32_elems, largest_trainable_elems, moment_bytes, [&chunks](uint32_t k, float* m, float* a, float* v) {
-    ChunkState& c = chunks[k];
-    c.master = m;
-    c.exp_avg = a;
-    c.exp_avg_sq = v;
-  });
+  const optim::MasterFormat masters = master_format();
+  auto master_bytes = [masters](uint64_t elems) { return optim::master_list_bytes(masters, elems); };
+  nvme_.place(
+      fp32_elems, largest_trainable_elems, moment_bytes,
+      [&chunks](uint32_t k, float* m, float* a, float* v) {
+        ChunkState& c = chunks[k];
+        c.master = m;
+        c.exp_avg = a;
+        c.exp_avg_sq = v;
+      },
+      master_bytes);
 }
 
 void Engine::fill_nvme_stats(pstar_x_nvme_stats* out) const {

@@ -112,19 +112,20 @@ void NvmeTier::point_at(uint32_t k, float* base) const {
     point_lists_(k, nullptr, nullptr, nullptr);
     return;
   }
-  const uint64_t n = slots_[k].fp32_elems;
+  const uint64_t mb = slots_[k].master_bytes;
   char* bytes = reinterpret_cast<char*>(base);
-  point_lists_(k, base, reinterpret_cast<float*>(bytes + m_offset(n)),
-               reinterpret_cast<float*>(bytes + v_offset(n, slots_[k].moment_bytes)));
+  point_lists_(k, base, reinterpret_cast<float*>(bytes + m_offset(mb)),
+               reinterpret_cast<float*>(bytes + v_offset(mb, slots_[k].moment_bytes)));
 }
 
 void NvmeTier::place(const std::vector<uint64_t>& fp32_elems, uint64_t largest_elems, const MomentBytes& moment_bytes,
-                     const PointLists& host_lists) {
+                     const PointLists& host_lists, const MomentBytes& master_bytes_of) {
 #if PSTAR_HAVE_NVME
   if (!requested_ || largest_elems == 0) return;
+  auto master_bytes = [&](uint64_t n) { return master_bytes_of ? master_bytes_of(n) : n * sizeof(float); };
   slots_.assign(fp32_elems.size(), ChunkSlots{});
   // The staging buffers first: they are what makes the drive usable at all.
-  buffer_bytes_ = NvmeStore::padded(lists_bytes(largest_elems, moment_bytes(largest_elems)));
+  buffer_bytes_ = NvmeStore::padded(lists_bytes(master_bytes(largest_elems), moment_bytes(largest_elems)));
   auto take = [&](StagingBuffer& b) {
     b.raw = host_->acquire(buffer_bytes_ + kNvmeAlignBytes);
     const auto addr = reinterpret_cast<uintptr_t>(b.raw);
@@ -147,13 +148,13 @@ void NvmeTier::place(const std::vector<uint64_t>& fp32_elems, uint64_t largest_e
     ChunkSlots& c = slots_[k];
     c.fp32_elems = fp32_elems[k];
     c.moment_bytes = moment_bytes(fp32_elems[k]);
+    c.master_bytes = master_bytes(fp32_elems[k]);
     // With world > 1 this rank's shards of the lists.
-    const uint64_t fp32_bytes = fp32_elems[k] * sizeof(float);
     const uint64_t bytes = chunk_bytes(k);
-    if (host_->can_acquire(fp32_bytes + 2 * c.moment_bytes)) {
+    if (host_->can_acquire(c.master_bytes + 2 * c.moment_bytes)) {
       float* lists[3] = {nullptr, nullptr, nullptr};
       for (int i = 0; i < 3; ++i) {
-        const uint64_t b = i == 0 ? fp32_bytes : c.moment_bytes;
+        const uint64_t b = i == 0 ? c.master_bytes : c.moment_bytes;
         lists[i] = static_cast<float*>(host_->acquire(b));
         if (io) std::memset(lists[i], 0, b);
         // Handed over at once, so that the caller releases it on an error.
@@ -187,6 +188,7 @@ void NvmeTier::place(const std::vector<uint64_t>& fp32_elems, uint64_t largest_e
   (void)largest_elems;
   (void)moment_bytes;
   (void)host_lists;
+  (void)master_bytes_of;
 #endif
 }
 

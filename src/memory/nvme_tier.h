@@ -86,14 +86,15 @@ class NvmeTier {
   // At build: fp32_elems[k] is the element count of each of chunk k's three
   // lists (0: frozen, no lists), largest_elems the largest of them, and
   // moment_bytes(n) the bytes of one moment list of n elements (4n for
-  // fp32 moments; the master is always fp32).  Lists that fit in host
+  // fp32 moments), master_bytes(n) those of the master list (null: 4n,
+  // fp32 masters; 2n for bf16 masters).  Lists that fit in host
   // memory are acquired from the host pool, zero-filled (with payloads),
   // and handed to `host_lists`; the others get slots holding zeros.  On an
   // error the caller releases what `host_lists` got, and calls release().
   // Without a tier, nothing.
   using MomentBytes = std::function<uint64_t(uint64_t elems)>;
   void place(const std::vector<uint64_t>& fp32_elems, uint64_t largest_elems, const MomentBytes& moment_bytes,
-             const PointLists& host_lists);
+             const PointLists& host_lists, const MomentBytes& master_bytes = nullptr);
   // Gives the staging buffers back (waiting for requests in flight) and
   // forgets the slots; the staged chunk's lists are pointed at null.
   void release();
@@ -148,21 +149,24 @@ class NvmeTier {
     uint32_t first_slot = kNoSlot;  // of the consecutive slots holding master, m, v; kNoSlot: in host memory
     uint64_t fp32_elems = 0;        // of each list
     uint64_t moment_bytes = 0;      // of m and of v each
+    uint64_t master_bytes = 0;      // of the master list
   };
   // A chunk's lists staged back to back: the master, then m and v, each at
   // a kListAlignBytes boundary (fp32 lists of whole 128-element units end
   // on one: the layout is the same as three fp32 lists end to end).
   static constexpr uint64_t kListAlignBytes = 256;
   static uint64_t list_align(uint64_t b) { return (b + kListAlignBytes - 1) / kListAlignBytes * kListAlignBytes; }
-  static uint64_t m_offset(uint64_t elems) { return list_align(elems * sizeof(float)); }
-  static uint64_t v_offset(uint64_t elems, uint64_t moment_bytes) { return m_offset(elems) + list_align(moment_bytes); }
-  static uint64_t lists_bytes(uint64_t elems, uint64_t moment_bytes) {
-    return v_offset(elems, moment_bytes) + moment_bytes;
+  static uint64_t m_offset(uint64_t master_bytes) { return list_align(master_bytes); }
+  static uint64_t v_offset(uint64_t master_bytes, uint64_t moment_bytes) {
+    return m_offset(master_bytes) + list_align(moment_bytes);
+  }
+  static uint64_t lists_bytes(uint64_t master_bytes, uint64_t moment_bytes) {
+    return v_offset(master_bytes, moment_bytes) + moment_bytes;
   }
   struct StoreDeleter {
     void operator()(NvmeStore* s) const;
   };
-  uint64_t chunk_bytes(uint32_t k) const { return lists_bytes(slots_[k].fp32_elems, slots_[k].moment_bytes); }
+  uint64_t chunk_bytes(uint32_t k) const { return lists_bytes(slots_[k].master_bytes, slots_[k].moment_bytes); }
   void point_at(uint32_t k, float* base) const;
   [[noreturn]] void fail(const std::string& error, const char* what);
 

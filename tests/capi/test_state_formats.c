@@ -12,8 +12,8 @@
  * fp32 format's (quantized moments) while staying close to them.
  *
  * bf16 masters (pstar_engine_options.master_format) with each moment format:
- * the same ways but the NVMe tier and hybrid placement (refused, as
- * pstar_param_pin, which are tested too), reruns with the same seed give
+ * the same ways but hybrid placement (refused, as pstar_param_pin, which
+ * are tested too), reruns with the same seed give
  * the same bits and another seed other bits, every master read is a bf16
  * value, and the host holds exactly 2 bytes per trainable element less.
  */
@@ -387,6 +387,20 @@ static void check_bf16_masters(pstar_state_format f) {
   check_modes(&c, &ref);
   check_accumulation_with_a_skip(&c);
 
+  /* Some chunks' lists on the NVMe drive (the master list at 2 bytes per
+   * element there too), synchronous and overlapped: the same bits. */
+  for (int overlap = 0; overlap <= 1; ++overlap) {
+    c = masters_config(f);
+    c.overlap = overlap;
+    /* The unlimited run's peak and a quarter more: room for the staging
+     * buffers, which take a larger share beside these smaller lists. */
+    c.nvme_host = ref.stats.peak_host_bytes + ref.stats.peak_host_bytes / 4;
+    run(&c, NULL, &other);
+    cr_assert_gt(other.nvme.chunks_on_nvme, 0, "bf16 masters, format %d: no chunk on the drive", (int)f);
+    assert_same_bits(&ref, &other, overlap ? "bf16 masters, NVMe tier, overlapped" : "bf16 masters, NVMe tier");
+    free_result(&other);
+  }
+
   /* Saved after 3 steps and resumed: the same bits. */
   c = masters_config(f);
   c.save_at = 3;
@@ -422,7 +436,7 @@ Test(state_formats, bf16_masters_with_bf16_moments, .timeout = 120) { check_bf16
 Test(state_formats, bf16_masters_with_int8_moments, .timeout = 120) { check_bf16_masters(PSTAR_STATE_INT8); }
 
 Test(state_formats, bf16_masters_refusals, .timeout = 60) {
-  /* Not yet carried: hybrid placement, the NVMe tier, pinning. */
+  /* Not yet carried: hybrid placement, pinning. */
   pstar_engine_options o = t_options(PSTAR_DTYPE_BF16, CHUNK_ELEMS);
   o.master_format = PSTAR_MASTER_BF16;
   o.hybrid_optimizer = 1;
@@ -433,10 +447,6 @@ Test(state_formats, bf16_masters_refusals, .timeout = 60) {
   T_FAIL(pstar_engine_create(&o, &e), PSTAR_ERR_INVALID_ARGUMENT, "master format");
   o.master_format = PSTAR_MASTER_BF16;
   e = t_create(&o);
-  pstar_x_nvme_options n;
-  T_OK(pstar_x_nvme_options_init(&n));
-  n.dir = PSTAR_TEST_TMP_DIR;
-  T_FAIL(pstar_x_engine_set_nvme(e, &n), PSTAR_ERR_UNSUPPORTED, "NVMe");
   const uint32_t id = t_register(e, "w", 300, 0);
   T_OK(pstar_engine_build(e));
   void *p = NULL;

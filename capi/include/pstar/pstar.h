@@ -478,8 +478,8 @@ typedef struct pstar_engine_options {
   /** The format of the master weights (pstar_master_format; default
    *  PSTAR_MASTER_FP32).  Fixed for the engine's life and part of its
    *  checkpoints, as state_format.  PSTAR_MASTER_BF16 is not yet carried by
-   *  the NVMe tier, hybrid_optimizer or pstar_param_pin (refused:
-   *  PSTAR_ERR_UNSUPPORTED). */
+   *  hybrid_optimizer or pstar_param_pin (refused: PSTAR_ERR_UNSUPPORTED);
+   *  the NVMe tier stores the masters' 2 bytes. */
   pstar_master_format master_format;
   /** The seed of PSTAR_MASTER_BF16's stochastic rounding (any value; the
    *  same seed gives the same bits). */
