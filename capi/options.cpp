@@ -139,8 +139,6 @@ engine::EngineOptions engine_options(const pstar_engine_options& in) {
           });
   require(o.master_format == PSTAR_MASTER_FP32 || o.master_format == PSTAR_MASTER_BF16, PSTAR_ERR_INVALID_ARGUMENT,
           [&] { return "options: unknown master format " + std::to_string(static_cast<int>(o.master_format)); });
-  require(!(o.master_format == PSTAR_MASTER_BF16 && o.hybrid_optimizer), PSTAR_ERR_UNSUPPORTED,
-          "options: bf16 masters (master_format) are not yet carried by hybrid_optimizer; unset one of them");
   require(o.chunk_elems <= chunk::kMaxNumel, PSTAR_ERR_INVALID_ARGUMENT, "options: chunk_elems is too large");
   require(o.placement_policy == PSTAR_POLICY_OPT || o.placement_policy == PSTAR_POLICY_LRU ||
               o.placement_policy == PSTAR_POLICY_STATIC,

@@ -84,6 +84,9 @@ Engine::Engine(const EngineOptions& options, std::unique_ptr<distributed::Commun
     const optim::StateFormat format = state_format();
     ho.moment_bytes = [format](uint64_t n) { return optim::moment_list_bytes(format, n); };
   }
+  const optim::MasterFormat masters = master_format();
+  if (masters != optim::MasterFormat::kFp32)
+    ho.master_bytes = [masters](uint64_t n) { return optim::master_list_bytes(masters, n); };
   hybrid_ = std::make_unique<placement::HybridPlacement>(device_.get(), placement_.get(), ho);
   values_ = std::make_unique<values::ParamValues>(value_parts(), options_.compute_dtype, payloads_, master_format());
   step_ = std::make_unique<step::OptimizerStep>(

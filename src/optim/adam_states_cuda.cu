@@ -470,6 +470,10 @@ void update_fp32(cudaStream_t s, const AdamStepConstants& c, const AdamStateRang
 
 void adam_update_states_cuda(void* stream, StateFormat f, const AdamStepConstants& c, const AdamStateRange& r) {
   const auto s = static_cast<cudaStream_t>(stream);
+  if (r.bf16.master != nullptr) {
+    adam_update_bf16_masters_cuda(stream, f, c, r);
+    return;
+  }
   if (f == StateFormat::kFp32) {
     update_fp32(s, c, r);
     return;

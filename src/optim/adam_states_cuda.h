@@ -29,6 +29,9 @@ namespace pstar::optim {
 // one-time copy of the int8 tables fails.  The int8 tables are copied to the
 // current device on its first int8 call (that call waits for `stream`).
 void adam_update_states_cuda(void* stream, StateFormat f, const AdamStepConstants& c, const AdamStateRange& r);
+// The same with bf16 masters (r.bf16.master set; adam_update_states_cuda
+// calls it): optim/adam_masters_cuda.cu.
+void adam_update_bf16_masters_cuda(void* stream, StateFormat f, const AdamStepConstants& c, const AdamStateRange& r);
 
 // ---- the int8 quantizer on the device (conversions, tests) ------------------
 

@@ -230,14 +230,14 @@ void HybridPlacement::sync(uint32_t k) {
   runtime_->check_ready(ready_[k], "optimizer state");
 }
 
-void HybridPlacement::read_list(uint32_t k, const float* on_device, float* out, uint64_t n) {
+void HybridPlacement::read_list(uint32_t k, const void* on_device, void* out, uint64_t bytes) {
   sync(k);
-  device_->copy_sync(out, on_device, n * sizeof(float), memory::CopyKind::kDeviceToHost);
+  device_->copy_sync(out, on_device, bytes, memory::CopyKind::kDeviceToHost);
 }
 
-void HybridPlacement::write_list(uint32_t k, float* on_device, const float* in, uint64_t n) {
+void HybridPlacement::write_list(uint32_t k, void* on_device, const void* in, uint64_t bytes) {
   sync(k);
-  device_->copy_sync(on_device, in, n * sizeof(float), memory::CopyKind::kHostToDevice);
+  device_->copy_sync(on_device, in, bytes, memory::CopyKind::kHostToDevice);
 }
 
 void HybridPlacement::write_shard(uint32_t k, uint64_t offset_elems, const void* in, uint64_t bytes) {

@@ -85,6 +85,9 @@ struct HybridOptions {
   // Bytes of one of Adam's moment lists of n elements in the engine's state
   // format (optim::moment_list_bytes); null: fp32, 4n.
   std::function<uint64_t(uint64_t n)> moment_bytes;
+  // Bytes of the master list of n elements (optim::master_list_bytes);
+  // null: fp32, 4n.
+  std::function<uint64_t(uint64_t n)> master_bytes;
 };
 
 class HybridPlacement {
@@ -150,12 +153,12 @@ class HybridPlacement {
 
   // Host access to the lists of a chunk whose state is on the device.
   // sync: the host waits until they may be read or written by host code
-  // (emulated device) or copied (CUDA).  read_list and write_list copy `n`
-  // floats between one of its lists (`on_device`) and host memory, after
-  // that wait.
+  // (emulated device) or copied (CUDA).  read_list and write_list copy
+  // `bytes` between one of its lists (`on_device`, anywhere in it) and host
+  // memory, after that wait.
   void sync(uint32_t k);
-  void read_list(uint32_t k, const float* on_device, float* out, uint64_t n);
-  void write_list(uint32_t k, float* on_device, const float* in, uint64_t n);
+  void read_list(uint32_t k, const void* on_device, void* out, uint64_t bytes);
+  void write_list(uint32_t k, void* on_device, const void* in, uint64_t bytes);
   // world > 1, a compute shard on the device: `bytes` from `in` into it at
   // element `offset_elems`, after that wait.
   void write_shard(uint32_t k, uint64_t offset_elems, const void* in, uint64_t bytes);
@@ -213,10 +216,12 @@ class HybridPlacement {
   // list with accumulation in one process.
   size_t device_lists() const { return options_.grad_accumulation && !sharded_ ? 4 : 3; }
   // The bytes of chunk k's list `i` (0 master, 1 m, 2 v, 3 the gradient
-  // list): fp32 but Adam's moments, which are in the state format.
+  // list): fp32 but Adam's moments, which are in the state format, and the
+  // master, in the master format.
   uint64_t list_bytes(uint32_t k) const { return chunks_->list_elems(k) * sizeof(float); }
   uint64_t list_bytes(uint32_t k, size_t i) const {
     if ((i == 1 || i == 2) && options_.moment_bytes) return options_.moment_bytes(chunks_->list_elems(k));
+    if (i == 0 && options_.master_bytes) return options_.master_bytes(chunks_->list_elems(k));
     return list_bytes(k);
   }
   // Where list `i` starts in chunk k's device buffer: the lists back to

@@ -336,10 +336,10 @@ void OptimizerStep::run_local(pstar_step_result& r) {
       placement_->mark_written(k);
       const optim::ChunkLists lists = chunk_lists(c, c.device);
       for (const optim::Segment& sg : segments.segments()) {
-        if (lists.format == optim::StateFormat::kFp32) {
+        if (lists.fp32_only()) {
           device_->adam_update_async(cs, sg.constants, lists.range(sg.begin, sg.end));
         } else {
-          device_->adam_update_states_async(cs, lists.format, sg.constants, lists.state_range(sg.begin, sg.end));
+          device_->adam_update_states_async(cs, lists.format, sg.constants, lists.state_range(sg.begin, sg.end, &sg));
         }
       }
       const memory::EventPtr done = device_->record(cs);

@@ -121,10 +121,10 @@ memory::EventPtr OptimizerStep::queue_shard_update(uint32_t k, const std::vector
   optim::ChunkLists lists = chunk_lists(c, slot);
   lists.grad_f32 = grad;
   for (const optim::Segment& sg : segments) {
-    if (lists.format == optim::StateFormat::kFp32) {
+    if (lists.fp32_only()) {
       device_->adam_update_async(cs, sg.constants, lists.range(sg.begin, sg.end));
     } else {
-      device_->adam_update_states_async(cs, lists.format, sg.constants, lists.state_range(sg.begin, sg.end));
+      device_->adam_update_states_async(cs, lists.format, sg.constants, lists.state_range(sg.begin, sg.end, &sg));
     }
   }
   return device_->record(cs);

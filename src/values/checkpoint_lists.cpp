@@ -155,9 +155,9 @@ void CheckpointLists::copy_list(uint32_t id, int list, bool into_engine, float* 
     ensure_moments(host_, c, moment_bytes(c), true);
   }
   if (list == 0 && master_format_ != optim::MasterFormat::kFp32) {
-    // Read only (values_.write writes masters); in host memory or staged
-    // in from the drive above (hybrid placement does not take bf16 masters).
-    optim::masters_to_f32(master_format_, c.master, place.offset_elems, params_[id].numel, out);
+    // Read only (values_.write writes masters): their values, wherever they
+    // are (host, drive, device).
+    read_values(id, out);
     return;
   }
   if (list != 0 && state_format_ != optim::StateFormat::kFp32) {

@@ -34,6 +34,28 @@ chunk::ShardSpan ParamValues::shard_span(uint32_t id) const {
   return chunk::shard_span(place, (*parts_.chunks)[place.chunk].shard_elems, parts_.group->rank());
 }
 
+void ParamValues::read_device_masters(uint32_t k, uint64_t lo, uint64_t n, float* out) {
+  const chunk::ChunkState& c = (*parts_.chunks)[k];
+  if (master_format_ == optim::MasterFormat::kFp32) {
+    parts_.hybrid->read_list(k, c.master + lo, out, n * sizeof(float));
+    return;
+  }
+  std::vector<uint16_t> bits(n);
+  parts_.hybrid->read_list(k, reinterpret_cast<const uint16_t*>(c.master) + lo, bits.data(), n * sizeof(uint16_t));
+  optim::masters_to_f32(master_format_, bits.data(), 0, n, out);
+}
+
+void ParamValues::write_device_masters(uint32_t k, uint64_t lo, uint64_t n, const float* in) {
+  chunk::ChunkState& c = (*parts_.chunks)[k];
+  if (master_format_ == optim::MasterFormat::kFp32) {
+    parts_.hybrid->write_list(k, c.master + lo, in, n * sizeof(float));
+    return;
+  }
+  std::vector<uint16_t> bits(n);
+  optim::masters_from_f32(master_format_, bits.data(), 0, n, in);
+  parts_.hybrid->write_list(k, reinterpret_cast<uint16_t*>(c.master) + lo, bits.data(), n * sizeof(uint16_t));
+}
+
 void ParamValues::write(uint32_t id, const void* src, uint64_t count, pstar_dtype dtype) {
   if (parts_.group->sharded()) {
     write_sharded(id, src, dtype);
@@ -55,10 +77,13 @@ void ParamValues::write(uint32_t id, const void* src, uint64_t count, pstar_dtyp
     return;
   }
   if (c.opt_device != nullptr) {
-    // The master lives in device memory: staged through the host.
+    // The master lives in device memory: staged through the host; the
+    // weight is the master's value.
     std::vector<float> staging(count);
     convert_to_f32(src, dtype, staging.data(), count);
-    parts_.hybrid->write_list(place.chunk, c.master + place.offset_elems, staging.data(), count);
+    write_device_masters(place.chunk, place.offset_elems, count, staging.data());
+    if (master_format_ != optim::MasterFormat::kFp32)
+      read_device_masters(place.chunk, place.offset_elems, count, staging.data());
     write_slot_on_device(id, staging.data());
     return;
   }
@@ -77,11 +102,13 @@ void ParamValues::read(uint32_t id, void* dst, uint64_t count, pstar_dtype dtype
   if (!(*parts_.params)[id].frozen()) {
     parts_.nvme->access(place.chunk, false);
     std::vector<float> staging;
-    const float* master = masters_f32(c, place.offset_elems, count, staging);
+    const float* master = nullptr;
     if (c.opt_device != nullptr) {
       staging.resize(count);
-      parts_.hybrid->read_list(place.chunk, master, staging.data(), count);
+      read_device_masters(place.chunk, place.offset_elems, count, staging.data());
       master = staging.data();
+    } else {
+      master = masters_f32(c, place.offset_elems, count, staging);
     }
     convert_from_f32(master, dst, dtype, count);
     return;
@@ -112,7 +139,7 @@ void ParamValues::restore_slot(uint32_t id) {
   chunk::ChunkState& c = (*parts_.chunks)[place.chunk];
   if (c.opt_device != nullptr) {
     std::vector<float> staging(place.numel);
-    parts_.hybrid->read_list(place.chunk, c.master + place.offset_elems, staging.data(), place.numel);
+    read_device_masters(place.chunk, place.offset_elems, place.numel, staging.data());
     write_slot_on_device(id, staging.data());
     return;
   }
@@ -214,7 +241,7 @@ void ParamValues::restore_slot_sharded(uint32_t id) {
     // rounded weights out.
     if (a >= b) return;
     std::vector<float> master(b - a);
-    parts_.hybrid->read_list(place.chunk, c.master + (a - lo), master.data(), b - a);
+    read_device_masters(place.chunk, a - lo, b - a, master.data());
     std::vector<unsigned char> rounded((b - a) * elem_bytes());
     for (uint64_t i = 0; i < b - a; ++i) store_as(rounded.data(), compute_dtype_, i, master[i]);
     parts_.hybrid->write_shard(place.chunk, a - lo, rounded.data(), rounded.size());

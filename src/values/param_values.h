@@ -94,6 +94,10 @@ class ParamValues {
   // Masters [lo, lo + n) of c's list as floats: the list itself (fp32) or
   // `staging` filled with their values (bf16).
   const float* masters_f32(const chunk::ChunkState& c, uint64_t lo, uint64_t n, std::vector<float>& staging) const;
+  // Hybrid placement: masters [lo, lo + n) of chunk k's list on the device
+  // as floats, or written from floats (bf16: rounded to nearest even).
+  void read_device_masters(uint32_t k, uint64_t lo, uint64_t n, float* out);
+  void write_device_masters(uint32_t k, uint64_t lo, uint64_t n, const float* in);
 
   ValueParts parts_;
   const pstar_dtype compute_dtype_;

@@ -1292,6 +1292,20 @@ Test(dist_engine, sharded_checkpoints_resume_exactly_at_other_world_sizes) {
   remove_checkpoints(&a);
 }
 
+/* The ranks of `sc` match one process: in strict mode at two ranks, and
+ * with hybrid placement on the ranks (their shards' state on the emulated
+ * device, updated there in the formats). */
+static void check_strict_and_hybrid(scenario sc) {
+  sc.strict = sc.world == 2;
+  expect_equal_to_reference(&sc, run_scenario(&sc, 1), 0);
+  sc.strict = 0;
+  sc.hybrid = 1;
+  sc.hybrid_capacity = 0;
+  rank_out *oh = run_scenario(&sc, 1);
+  expect_equal_to_reference(&sc, oh, 0);
+  for (int r = 0; r < sc.world; ++r) cr_assert_gt(oh[r].stats.optimizer_chunks_on_device, 0, "rank %d", r);
+}
+
 /* Two ranks of `a` train 5 steps and save after step 2; the checkpoint
  * resumes at two ranks (the same bits as the uninterrupted run) and at
  * three (as one process). */
@@ -1322,16 +1336,7 @@ Test(dist_engine, state_formats_sharded_and_hybrid_bit_identical_and_resumed_at_
     for (int world = 2; world <= 3; ++world) {
       scenario sc = base(world, PSTAR_DTYPE_BF16);
       sc.state_format = formats[i];
-      sc.strict = world == 2;
-      expect_equal_to_reference(&sc, run_scenario(&sc, 1), 0);
-      /* Hybrid placement on the ranks: their shards' state on the emulated
-       * device, updated there in the format. */
-      sc.strict = 0;
-      sc.hybrid = 1;
-      sc.hybrid_capacity = 0;
-      rank_out *oh = run_scenario(&sc, 1);
-      expect_equal_to_reference(&sc, oh, 0);
-      for (int r = 0; r < world; ++r) cr_assert_gt(oh[r].stats.optimizer_chunks_on_device, 0, "rank %d", r);
+      check_strict_and_hybrid(sc);
     }
     scenario a = base(2, PSTAR_DTYPE_BF16);
     a.state_format = formats[i];
@@ -1351,8 +1356,7 @@ Test(dist_engine, bf16_masters_sharded_bit_identical_and_resumed_at_other_world_
       scenario sc = base(world, PSTAR_DTYPE_BF16);
       sc.state_format = fp32_moments ? PSTAR_STATE_FP32 : PSTAR_STATE_INT8;
       sc.master_format = PSTAR_MASTER_BF16;
-      sc.strict = world == 2;
-      expect_equal_to_reference(&sc, run_scenario(&sc, 1), 0);
+      check_strict_and_hybrid(sc);
     }
   }
   scenario a = base(2, PSTAR_DTYPE_BF16);

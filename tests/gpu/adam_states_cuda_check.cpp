@@ -8,8 +8,10 @@
 //     and out of place (ping-pong between two sets of lists); ragged lengths
 //     (a last int8 block of n % 256 elements), ranges inside a longer list
 //     (a block-aligned start; bf16 also unaligned, the one-element kernel);
-//     blocks whose moments stay zero (absmax 0).  Every byte of every buffer
-//     is compared after every step, inputs of the out-of-place update too.
+//     blocks whose moments stay zero (absmax 0); and with bf16 masters
+//     (optim/adam_masters_cuda.cu: stochastic rounding, every format, bf16
+//     and f16 slots).  Every byte of every buffer is compared after every
+//     step, inputs of the out-of-place update too.
 //  2. The quantizer: int8_codes_cuda() against int8_code() on every float
 //     within 256 ulps of every threshold of both maps (both signs, through
 //     both maps), the maps' values, the special values, and a sample of all
@@ -102,12 +104,13 @@ struct Case {
   bool oop;
   size_t n_total, lo, n;
   int steps;
+  bool bf16_masters = false;  // optim/adam_masters.h: bf16 masters, stochastic rounding
 };
 
 std::string describe(const Case& k) {
   return std::string(state_format_name(k.f)) + " " + dtype_name(k.dtype) + (k.grad_list ? " +fp32 grads" : "") +
          (k.oop ? " out of place" : " in place") + ", list " + std::to_string(k.n_total) + ", range [" +
-         std::to_string(k.lo) + ", " + std::to_string(k.lo + k.n) + ")";
+         std::to_string(k.lo) + ", " + std::to_string(k.lo + k.n) + ")" + (k.bf16_masters ? ", bf16 masters" : "");
 }
 
 // Block b's scale of gradients and initial moments: 1e-2 .. 1e-6; every
@@ -126,7 +129,7 @@ void bit_identity(const Case& k) {
   const int sets = k.oop ? 2 : 1;
   std::vector<Buf*> master, m, v;
   for (int s = 0; s < sets; ++s) {
-    master.push_back(new Buf("master[" + std::to_string(s) + "]", k.n_total * 4));
+    master.push_back(new Buf("master[" + std::to_string(s) + "]", k.n_total * (k.bf16_masters ? 2 : 4)));
     m.push_back(new Buf("exp_avg[" + std::to_string(s) + "]", lb));
     v.push_back(new Buf("exp_avg_sq[" + std::to_string(s) + "]", lb));
   }
@@ -135,7 +138,11 @@ void bit_identity(const Case& k) {
   // second set of an out-of-place case starts as a byte pattern.
   std::vector<float> mf(k.n_total), vf(k.n_total);
   for (size_t i = 0; i < k.n_total; ++i) {
-    master[0]->hf()[i] = normal(rng) * 0.1f;
+    if (k.bf16_masters) {
+      reinterpret_cast<uint16_t*>(master[0]->host.data())[i] = f32_to_bf16(normal(rng) * 0.1f);
+    } else {
+      master[0]->hf()[i] = normal(rng) * 0.1f;
+    }
     const float s = block_scale(i);
     mf[i] = normal(rng) * s;
     vf[i] = mf[i] * mf[i] * (1.0f + std::fabs(normal(rng)));
@@ -187,6 +194,12 @@ void bit_identity(const Case& k) {
       r.dtype = k.dtype;
       r.grad_f32 = k.grad_list ? static_cast<const float*>(p(&g32)) + k.lo : nullptr;
       r.n = k.n;
+      if (k.bf16_masters) {
+        r.bf16.master = static_cast<uint16_t*>(p(master[out])) + k.lo;
+        if (k.oop) r.bf16.master_in = static_cast<const uint16_t*>(p(master[in])) + k.lo;
+        r.bf16.stream = sr_stream(7, static_cast<uint64_t>(step), 3);
+        r.bf16.offset = 100 + k.lo;
+      }
       return r;
     };
     adam_update_states(AdamIsa::kScalar, k.f, c, range(false));
@@ -460,6 +473,13 @@ int main(int argc, char** argv) {
           bit_identity({f, d, false, oop, 5000, 3, 3001, 4});
           bit_identity({f, d, true, oop, 5000, 4, 3002, 4});
         }
+      }
+    }
+    // bf16 masters: widened, updated, rounded stochastically on the device.
+    for (pstar_dtype d : {PSTAR_DTYPE_BF16, PSTAR_DTYPE_F16}) {
+      for (bool oop : {false, true}) {
+        bit_identity({f, d, false, oop, 5000, 512, 3001, 4, true});
+        bit_identity({f, d, true, oop, 4097, 0, 4097, 4, true});
       }
     }
     if (!quick) {

@@ -141,7 +141,7 @@ struct Fixture {
     const float* lists[] = {c.master, c.exp_avg, c.exp_avg_sq, c.grad32};
     const uint64_t n = layout.chunks()[k].capacity_elems;
     std::vector<float> got(n);
-    hy.read_list(k, lists[list], got.data(), n);
+    hy.read_list(k, lists[list], got.data(), n * sizeof(float));
     for (uint64_t i = 0; i < n; ++i) {
       if (got[i] != pattern(k, list, i)) return false;
     }
@@ -293,8 +293,8 @@ Test(placement_hybrid, lists_are_copied_back_to_back_and_read_and_written_on_the
   cr_assert_eq(f.host.in_use_bytes(), 0u);
   // A write reaches the device list.
   std::vector<float> in(8, 3.5f), out(8, 0.0f);
-  f.hy.write_list(1, f.chunks.v[1].exp_avg + 16, in.data(), in.size());
-  f.hy.read_list(1, f.chunks.v[1].exp_avg + 16, out.data(), out.size());
+  f.hy.write_list(1, f.chunks.v[1].exp_avg + 16, in.data(), in.size() * sizeof(float));
+  f.hy.read_list(1, f.chunks.v[1].exp_avg + 16, out.data(), out.size() * sizeof(float));
   cr_assert_eq(std::memcmp(in.data(), out.data(), in.size() * sizeof(float)), 0);
 }
 

@@ -477,9 +477,9 @@ typedef struct pstar_engine_options {
   /* Version 6 */
   /** The format of the master weights (pstar_master_format; default
    *  PSTAR_MASTER_FP32).  Fixed for the engine's life and part of its
-   *  checkpoints, as state_format.  PSTAR_MASTER_BF16 is not yet carried by
-   *  hybrid_optimizer or pstar_param_pin (refused: PSTAR_ERR_UNSUPPORTED);
-   *  the NVMe tier stores the masters' 2 bytes. */
+   *  checkpoints, as state_format.  The NVMe tier and hybrid_optimizer
+   *  store the masters' 2 bytes (on CUDA through a kernel not yet run on a
+   *  GPU); pstar_param_pin is refused (PSTAR_ERR_UNSUPPORTED). */
   pstar_master_format master_format;
   /** The seed of PSTAR_MASTER_BF16's stochastic rounding (any value; the
    *  same seed gives the same bits). */

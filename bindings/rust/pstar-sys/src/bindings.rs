@@ -394,9 +394,9 @@ pub struct pstar_engine_options {
     pub state_format: pstar_state_format,
     #[doc = " The format of the master weights (pstar_master_format; default"]
     #[doc = "  PSTAR_MASTER_FP32).  Fixed for the engine's life and part of its"]
-    #[doc = "  checkpoints, as state_format.  PSTAR_MASTER_BF16 is not yet carried by"]
-    #[doc = "  hybrid_optimizer or pstar_param_pin (refused: PSTAR_ERR_UNSUPPORTED);"]
-    #[doc = "  the NVMe tier stores the masters' 2 bytes."]
+    #[doc = "  checkpoints, as state_format.  The NVMe tier and hybrid_optimizer"]
+    #[doc = "  store the masters' 2 bytes (on CUDA through a kernel not yet run on a"]
+    #[doc = "  GPU); pstar_param_pin is refused (PSTAR_ERR_UNSUPPORTED)."]
     pub master_format: pstar_master_format,
     #[doc = " The seed of PSTAR_MASTER_BF16's stochastic rounding (any value; the"]
     #[doc = "  same seed gives the same bits)."]
