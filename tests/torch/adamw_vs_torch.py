@@ -33,7 +33,7 @@ TRAIN, FORWARD, BACKWARD, HOST = 0, 0, 1, 0
 
 
 class Options(ctypes.Structure):
-    """Mirror of pstar_engine_options (version 4) in pstar.h."""
+    """Mirror of pstar_engine_options (version 6) in pstar.h."""
 
     _fields_ = [
         ("size", ctypes.c_uint32), ("version", ctypes.c_uint32),
@@ -53,6 +53,7 @@ class Options(ctypes.Structure):
         ("device_margin_bytes", ctypes.c_uint64), ("record_timeline", ctypes.c_int32),
         ("hybrid_optimizer", ctypes.c_int32),
         ("rank", ctypes.c_int32), ("world_size", ctypes.c_int32), ("comm_timeout_ms", ctypes.c_uint32),
+        ("state_format", ctypes.c_int32), ("master_format", ctypes.c_int32), ("master_seed", ctypes.c_uint64),
     ]
 
 
