@@ -81,9 +81,12 @@ void ParamValues::write(uint32_t id, const void* src, uint64_t count, pstar_dtyp
     // weight is the master's value.
     std::vector<float> staging(count);
     convert_to_f32(src, dtype, staging.data(), count);
+    if (master_format_ != optim::MasterFormat::kFp32) {
+      // The values as the masters will hold them (rounding a bf16 value
+      // again leaves it as it is).
+      for (float& v : staging) v = bf16_to_f32(f32_to_bf16(v));
+    }
     write_device_masters(place.chunk, place.offset_elems, count, staging.data());
-    if (master_format_ != optim::MasterFormat::kFp32)
-      read_device_masters(place.chunk, place.offset_elems, count, staging.data());
     write_slot_on_device(id, staging.data());
     return;
   }
@@ -215,9 +218,14 @@ void ParamValues::read_sharded(uint32_t id, void* dst, pstar_dtype dtype) {
     parts_.group->all_gather_host("param_read: all-gather", kRead, place.chunk, c.master, full.data(),
                                   optim::master_list_bytes(master_format_, c.shard_elems));
     bytes_all_gathered_ += full.size();
-    std::vector<float> values(place.numel);
-    optim::masters_to_f32(master_format_, full.data(), place.offset_elems, place.numel, values.data());
-    convert_from_f32(values.data(), dst, dtype, place.numel);
+    std::vector<float> staging;
+    const float* values = reinterpret_cast<const float*>(full.data()) + place.offset_elems;
+    if (master_format_ != optim::MasterFormat::kFp32) {
+      staging.resize(place.numel);
+      optim::masters_to_f32(master_format_, full.data(), place.offset_elems, place.numel, staging.data());
+      values = staging.data();
+    }
+    convert_from_f32(values, dst, dtype, place.numel);
     return;
   }
   std::vector<unsigned char> full(c.bytes);

@@ -61,6 +61,19 @@ struct Lists {
   bool operator==(const Lists& o) const { return master == o.master && m == o.m && v == o.v && slot == o.slot; }
 };
 
+// Updates `in` out of place with `isa` and returns the results (new lists
+// with in's slot: its gradients on entry).
+Lists updated_out_of_place(AdamIsa isa, const Lists& in, const AdamStepConstants& c, SrStream s, uint64_t offset) {
+  Lists out(in.f, in.n, in.dtype);
+  out.slot = in.slot;
+  AdamStateRange o = out.range(0, in.n, s, offset);
+  o.bf16.master_in = in.master.data();
+  o.exp_avg_in = moment_list_at(in.f, static_cast<const void*>(in.m.data()), in.n, 0);
+  o.exp_avg_sq_in = moment_list_at(in.f, static_cast<const void*>(in.v.data()), in.n, 0);
+  adam_update_states(isa, in.f, c, o);
+  return out;
+}
+
 Lists initial(StateFormat f, size_t n, pstar_dtype d, uint64_t seed) {
   Lists l(f, n, d);
   Rng rng(seed);
@@ -182,21 +195,14 @@ Test(adam_masters, every_path_every_format_same_bits) {
           for (uint64_t step = 1; step <= 4; ++step) {
             gradients(l, 200 + step);
             const SrStream s = sr_stream(3, step, 1);
-            AdamStateRange r = l.range(0, n, s, 512);
             if (oop) {
               const Lists in = l;  // the inputs, kept to check they stay
-              Lists out(f, n, d);
-              out.slot = l.slot;
-              AdamStateRange o = out.range(0, n, s, 512);
-              o.bf16.master_in = l.master.data();
-              o.exp_avg_in = moment_list_at(f, static_cast<const void*>(l.m.data()), n, 0);
-              o.exp_avg_sq_in = moment_list_at(f, static_cast<const void*>(l.v.data()), n, 0);
-              adam_update_states(isa, f, constants(step), o);
+              Lists out = updated_out_of_place(isa, l, constants(step), s, 512);
               cr_assert(l.master == in.master && l.m == in.m && l.v == in.v, "%s: inputs changed",
                         adam_isa_name(isa));
               l = out;
             } else {
-              adam_update_states(isa, f, constants(step), r);
+              adam_update_states(isa, f, constants(step), l.range(0, n, s, 512));
             }
           }
           runs.push_back(l);
@@ -225,14 +231,7 @@ Test(adam_masters, out_of_place_equals_in_place_and_splits_do_not_matter) {
       const size_t cut = 256 * (step + 2);  // a block boundary, not a tile's
       adam_update_states(AdamIsa::kScalar, f, constants(step), split.range(0, cut, s, 0));
       adam_update_states(AdamIsa::kScalar, f, constants(step), split.range(cut, n, s, 0));
-      Lists out(f, n, PSTAR_DTYPE_BF16);
-      out.slot = oop.slot;
-      AdamStateRange o = out.range(0, n, s, 0);
-      o.bf16.master_in = oop.master.data();
-      o.exp_avg_in = moment_list_at(f, static_cast<const void*>(oop.m.data()), n, 0);
-      o.exp_avg_sq_in = moment_list_at(f, static_cast<const void*>(oop.v.data()), n, 0);
-      adam_update_states(AdamIsa::kScalar, f, constants(step), o);
-      oop = out;
+      oop = updated_out_of_place(AdamIsa::kScalar, oop, constants(step), s, 0);
       cr_assert(split == whole, "format %s: a split at %zu changed the bits", state_format_name(f), cut);
       cr_assert(oop == whole, "format %s: out of place differs from in place", state_format_name(f));
     }
