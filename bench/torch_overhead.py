@@ -27,12 +27,29 @@ through pstar.torch over plain PyTorch's step beside it, the median over the
 timed steps), ``forward_ratio``, ``backward_ratio``, ``optimizer_ratio``
 (the same per part), the median seconds of each part for both
 (``pstar_step_s``, ``plain_forward_s``...), and the losses of both runs
-(``pstar_losses`` and, as exact bit patterns, ``pstar_losses_hex``).  With
+(``pstar_losses`` and, as exact bit patterns, ``pstar_losses_hex``).
+By default the device holds every chunk (four times their bytes) and the
+optimizer state stays on the host, so each step takes the chunks down for
+the CPU update and back up; ``--hybrid`` puts the state on the device too
+(hybrid placement, ``--hybrid-bytes-per-param`` of capacity per parameter),
+as plain PyTorch keeps its AdamW state on its own device
+(``hybrid_optimizer``, ``optimizer_chunks_on_device`` of
+``optimizer_chunks`` say what was placed).  With
 ``--reference FILE`` (an earlier ``--json`` output) each line says whether
 pstar's losses are the same bits as there, over the steps both ran
 (``losses_match_reference``).  Plain PyTorch's losses differ slightly (its
 AdamW's arithmetic is not the engine's): ``max_loss_diff_vs_plain`` says by
 how much.
+
+Where the CPU time goes (the ratios alone do not say whether pstar's extra
+time is its caller's own work or waiting): ``pstar_main_cpu_s`` and
+``plain_main_cpu_s``, the calling thread's CPU time per step
+(``time.thread_time``, medians), and ``engine_threads_cpu_s``, the CPU time
+per pstar step of the threads the engine started (its device streams, update
+and optimizer threads; each thread's /proc schedstat, the total over the
+timed steps divided by their count; absent without /proc).  On a host with
+as many cores as PyTorch's threads, every second of the engine's threads is
+taken from PyTorch's.
 
 ``--quick`` (CI): a tiny model and 2 timed steps; ``--check`` exits nonzero
 when a key above is missing, when a loss is not finite, when pstar's losses drift from plain PyTorch's by
@@ -44,6 +61,7 @@ is ever checked.
 import argparse
 import json
 import math
+import os
 import statistics
 import struct
 import sys
@@ -57,6 +75,23 @@ DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
 # What every --json line carries (--check: each a number).
 REQUIRED_KEYS = ["ratio", "forward_ratio", "backward_ratio", "optimizer_ratio"] + [
     f"{side}_{part}_s" for side in ("pstar", "plain") for part in ("step", "forward", "backward", "optimizer")]
+
+
+def thread_cpu_seconds():
+    """CPU time of each of this process's threads, by id, from /proc (the
+    scheduler's nanoseconds on the CPU, schedstat); {} where there is none."""
+    out = {}
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                out[tid] = int(f.read().split()[0]) * 1e-9
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
 
 
 def log(msg):
@@ -87,8 +122,13 @@ class PstarRun:
         self.model = gpt2(args)
         # Every chunk fits: the capacity is four times the compute bytes.
         compute_bytes = sum(p.numel() for p in self.model.parameters()) * (4 if dtype == "f32" else 2)
+        capacity = 4 * compute_bytes + (64 << 20)
+        if args.hybrid:
+            # --hybrid: the optimizer state on the device beside the chunks
+            # (hybrid placement), with room for it and the gradient buffers.
+            capacity = args.hybrid_bytes_per_param * (compute_bytes // (4 if dtype == "f32" else 2)) + (64 << 20)
         self.pm = ptorch.attach(self.model, device="emulated", compute_dtype=dtype, chunk_elems=args.chunk_elems,
-                                device_capacity_bytes=4 * compute_bytes + (64 << 20), lr=args.lr,
+                                device_capacity_bytes=capacity, hybrid_optimizer=1 if args.hybrid else 0, lr=args.lr,
                                 beta1=args.beta1, beta2=args.beta2, eps=args.eps, weight_decay=args.weight_decay,
                                 adamw=1, threads=args.engine_threads)
 
@@ -149,16 +189,30 @@ def hexf(v):
 
 def measure(args, dtype, reference):
     data = batches(args)
-    runs = {"pstar": PstarRun(args, dtype), "plain": PlainRun(args, dtype)}
+    # PyTorch's intra-op threads exist before the engine's are told apart
+    # from them (threads that appear while attaching are the engine's).
+    torch.ones(1 << 22).mul_(2)
+    before = set(thread_cpu_seconds())
+    pstar_run = PstarRun(args, dtype)
+    engine_tids = set(thread_cpu_seconds()) - before
+    runs = {"pstar": pstar_run, "plain": PlainRun(args, dtype)}
     losses = {k: [] for k in runs}
     parts = {k: [] for k in runs}
+    main_cpu = {k: [] for k in runs}
+    engine_cpu = 0.0
     for i, x in enumerate(data):
         order = ("pstar", "plain") if i % 2 == 0 else ("plain", "pstar")
+        if i == args.warmup:
+            engine_cpu = -sum(v for t, v in thread_cpu_seconds().items() if t in engine_tids)
         for k in order:
+            c0 = time.thread_time()
             loss, t = runs[k].step(x)
+            c1 = time.thread_time()
             losses[k].append(loss)
             if i >= args.warmup:
                 parts[k].append(t)
+                main_cpu[k].append(c1 - c0)
+    engine_cpu += sum(v for t, v in thread_cpu_seconds().items() if t in engine_tids)
 
     def part(t, j):
         return sum(t) if j is None else t[j]
@@ -175,6 +229,11 @@ def measure(args, dtype, reference):
     for k in runs:
         for name, j in (("step", None), ("forward", 0), ("backward", 1), ("optimizer", 2)):
             row[f"{k}_{name}_s"] = med(k, j)
+    for k in runs:
+        row[f"{k}_main_cpu_s"] = statistics.median(main_cpu[k])
+    if engine_tids:
+        row["engine_threads"] = len(engine_tids)
+        row["engine_threads_cpu_s"] = engine_cpu / len(parts["pstar"])
     row["steps_timed"] = len(parts["pstar"])
     row["warmup_steps"] = args.warmup
     row["pstar_losses"] = losses["pstar"]
@@ -188,6 +247,10 @@ def measure(args, dtype, reference):
         row["losses_match_reference"] = n > 0 and ref[:n] == row["pstar_losses_hex"][:n]
     row["shape"] = {"layers": args.layers, "hidden": args.hidden, "heads": args.heads, "vocab": args.vocab,
                     "seq": args.seq, "batch": args.batch, "chunk_elems": args.chunk_elems}
+    st = pstar_run.pm.engine.stats
+    row["hybrid_optimizer"] = bool(args.hybrid)
+    row["optimizer_chunks_on_device"] = st["optimizer_chunks_on_device"]
+    row["optimizer_chunks"] = st["optimizer_chunks"]
     row["torch_threads"] = torch.get_num_threads()
     row["plain_adamw"] = "fused" if args.fused else "default"
     return row
@@ -215,6 +278,11 @@ def main(argv=None):
     ap.add_argument("--beta2", type=float, default=0.999)
     ap.add_argument("--eps", type=float, default=1e-8)
     ap.add_argument("--weight-decay", type=float, default=0.01)
+    ap.add_argument("--hybrid", action="store_true",
+                    help="hybrid placement: the optimizer state on the device too, with a capacity of "
+                         "--hybrid-bytes-per-param per parameter (default: the chunks fit, the state stays on the host)")
+    ap.add_argument("--hybrid-bytes-per-param", type=int, default=32,
+                    help="--hybrid: device bytes per parameter, beside 64 MiB (default 32)")
     ap.add_argument("--no-fused", dest="fused", action="store_false",
                     help="plain PyTorch with torch's default AdamW instead of AdamW(fused=True), its fastest here")
     ap.add_argument("--reference", help="an earlier --json output: are pstar's losses the same bits?")

@@ -57,6 +57,12 @@ struct Param {
   // parameter whose last use comes with no gradient costs no pass over a
   // 4 B/element buffer.
   bool grad_zero_pending = false;
+  // grad_acc holds the finalized gradient of the parameter's one
+  // contribution, in the compute dtype (its first bytes), and grad_sumsq
+  // and grad_nonfinite its norm, instead of an fp32 sum: the last backward
+  // use's first contribution, on a device that packs (Device::
+  // packs_gradients()).  A second contribution unpacks it first.
+  bool grad_packed = false;
   // Written by the device when the gradient is finalized.
   double grad_sumsq = 0.0;
   int grad_nonfinite = 0;

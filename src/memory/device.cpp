@@ -22,4 +22,12 @@ double Device::completion_time(const EventPtr&) const { return std::numeric_limi
 
 void Device::check_caller_buffer(const void*, size_t, pstar_mem_space, const char*) const {}
 
+void Device::grad_pack(Stream*, void*, const void*, pstar_dtype, pstar_mem_space, size_t, double*, int*) {
+  internal_error("grad_pack on a device that does not pack gradients");
+}
+
+void Device::grad_unpack(Stream*, float*, pstar_dtype, size_t) {
+  internal_error("grad_unpack on a device that does not pack gradients");
+}
+
 }  // namespace pstar::memory

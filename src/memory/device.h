@@ -160,6 +160,21 @@ class Device {
   virtual void grad_finalize(Stream* stream, const float* acc, void* slot, pstar_dtype dtype, size_t n, double* sumsq,
                              int* nonfinite) = 0;
 
+  // Whether the device implements grad_pack and grad_unpack (the
+  // emulated device; elsewhere a gradient is always summed in fp32 first).
+  virtual bool packs_gradients() const { return false; }
+  // The finalize of a sum with one contribution, from it directly
+  // (memory/host_kernels.h, host_grad_pack): packed[0..n) = src rounded
+  // to `dtype` through +0 + src[i], and the squared sum and flag of the
+  // rounded values, the bits grad_accumulate onto zero and grad_finalize
+  // give.  src is in `dtype`, in `space`; the caller may reuse it once
+  // `stream` reaches this point.
+  virtual void grad_pack(Stream* stream, void* packed, const void* src, pstar_dtype dtype, pstar_mem_space space,
+                         size_t n, double* sumsq, int* nonfinite);
+  // A packed sum (n values of `dtype` in acc's first bytes) back to its
+  // fp32 sum in place: acc[i] = +0 + packed[i].
+  virtual void grad_unpack(Stream* stream, float* acc, pstar_dtype dtype, size_t n);
+
   // ---- device-side optimizer update, queued on `stream` ------------------
 
   // The fused Adam update of range `r` (optim/adam_kernel.h): every pointer

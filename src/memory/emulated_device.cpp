@@ -379,6 +379,18 @@ void EmulatedDevice::grad_finalize(Stream* stream, const float* acc, void* slot,
   enqueue(stream, [=] { host_grad_finalize(acc, slot, dtype, n, sumsq, nonfinite); });
 }
 
+void EmulatedDevice::grad_pack(Stream* stream, void* packed, const void* src, pstar_dtype dtype, pstar_mem_space,
+                               size_t n, double* sumsq, int* nonfinite) {
+  if (strict_) std::memset(packed, kPoisonByte, n * dtype_size(dtype));
+  auto work = [=] { host_grad_pack(packed, src, dtype, n, sumsq, nonfinite); };
+  if (queue_of(stream)->run_if_idle(work)) return;
+  enqueue(stream, work);
+}
+
+void EmulatedDevice::grad_unpack(Stream* stream, float* acc, pstar_dtype dtype, size_t n) {
+  enqueue(stream, [=] { host_grad_unpack(acc, dtype, n); });
+}
+
 void EmulatedDevice::adam_update_states_async(Stream* stream, optim::StateFormat f, const optim::AdamStepConstants& c,
                                               const optim::AdamStateRange& r) {
   const optim::AdamIsa isa = adam_isa_;

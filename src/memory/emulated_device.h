@@ -88,6 +88,12 @@ class EmulatedDevice final : public Device {
                        size_t n, bool onto_zero) override;
   void grad_finalize(Stream* stream, const float* acc, void* slot, pstar_dtype dtype, size_t n, double* sumsq,
                      int* nonfinite) override;
+  // Packing: the host kernels, on the calling thread when the stream is
+  // idle (the caller waits for it at once, as for grad_accumulate).
+  bool packs_gradients() const override { return true; }
+  void grad_pack(Stream* stream, void* packed, const void* src, pstar_dtype dtype, pstar_mem_space space, size_t n,
+                 double* sumsq, int* nonfinite) override;
+  void grad_unpack(Stream* stream, float* acc, pstar_dtype dtype, size_t n) override;
   // The CPU kernel (optim::adam_update with the default instruction set) on
   // the stream's worker thread.
   void adam_update_async(Stream* stream, const optim::AdamStepConstants& c, const optim::AdamRange& r) override;

@@ -14,12 +14,15 @@ static_assert((kNormLanes & (kNormLanes - 1)) == 0, "the lane tree halves down t
 
 // One block of the norm (host_kernels.h): the lanes, then the tree.  With
 // `slot`, each value is first rounded through `dtype` and stored there.
-double block_sumsq_scalar(const float* acc, void* slot, pstar_dtype dtype, size_t n) {
+// value(j) is the block's j-th fp32 sum.
+template <typename Value>
+double block_sumsq_scalar(const Value& value, void* slot, pstar_dtype dtype, size_t n) {
   double lanes[kNormLanes] = {};
   for (size_t j = 0; j < n; ++j) {
-    double g = acc[j];
+    const float x = value(j);
+    double g = x;
     if (slot != nullptr) {
-      store_as(slot, dtype, j, acc[j]);
+      store_as(slot, dtype, j, x);
       g = load_as(slot, dtype, j);
     }
     lanes[j % kNormLanes] += g * g;
@@ -36,7 +39,22 @@ void finalize_scalar(const float* acc, void* slot, pstar_dtype dtype, size_t n, 
   for (size_t b = 0; b < n; b += kNormBlockElems) {
     const size_t len = n - b < kNormBlockElems ? n - b : kNormBlockElems;
     void* block_slot = slot == nullptr ? nullptr : static_cast<char*>(slot) + b * esize;
-    total += block_sumsq_scalar(acc + b, block_slot, dtype, len);
+    const float* block = acc + b;
+    total += block_sumsq_scalar([block](size_t j) { return block[j]; }, block_slot, dtype, len);
+  }
+  *sumsq = total;
+}
+
+// The sum of one contribution: +0 + src[i] in fp32, as accumulate_scalar
+// onto zero computes it.
+void pack_scalar(void* packed, const void* src, pstar_dtype dtype, size_t n, double* sumsq) {
+  const size_t esize = dtype_size(dtype);
+  double total = 0.0;
+  for (size_t b = 0; b < n; b += kNormBlockElems) {
+    const size_t len = n - b < kNormBlockElems ? n - b : kNormBlockElems;
+    const void* block_src = static_cast<const char*>(src) + b * esize;
+    total += block_sumsq_scalar([block_src, dtype](size_t j) { return 0.0f + load_as(block_src, dtype, j); },
+                                static_cast<char*>(packed) + b * esize, dtype, len);
   }
   *sumsq = total;
 }
@@ -79,6 +97,24 @@ void host_grad_finalize(HostKernelIsa isa, const float* acc, void* slot, pstar_d
   *nonfinite = std::isfinite(*sumsq) ? 0 : 1;
 }
 
+void host_grad_pack(HostKernelIsa isa, void* packed, const void* src, pstar_dtype dtype, size_t n, double* sumsq,
+                    int* nonfinite) {
+  if (isa == HostKernelIsa::kAvx2) {
+    detail::grad_pack_avx2(packed, src, dtype, n, sumsq);
+  } else {
+    pack_scalar(packed, src, dtype, n, sumsq);
+  }
+  *nonfinite = std::isfinite(*sumsq) ? 0 : 1;
+}
+
+// Highest index first: value i moves from byte i * esize to byte i * 4,
+// never below where it was, so every packed value is read before a wider
+// store reaches it.  A second contribution to one use's gradient is rare
+// (the engine packs only a parameter's last backward use): no vector path.
+void host_grad_unpack(float* acc, pstar_dtype dtype, size_t n) {
+  for (size_t i = n; i-- > 0;) acc[i] = 0.0f + load_as(acc, dtype, i);
+}
+
 void host_grad_norm(HostKernelIsa isa, const float* g, size_t n, double* sumsq, int* nonfinite) {
   host_grad_finalize(isa, g, nullptr, PSTAR_DTYPE_F32, n, sumsq, nonfinite);
 }
@@ -93,6 +129,10 @@ void host_grad_norm(const float* g, size_t n, double* sumsq, int* nonfinite) {
 
 void host_grad_finalize(const float* acc, void* slot, pstar_dtype dtype, size_t n, double* sumsq, int* nonfinite) {
   host_grad_finalize(host_kernel_default_isa(), acc, slot, dtype, n, sumsq, nonfinite);
+}
+
+void host_grad_pack(void* packed, const void* src, pstar_dtype dtype, size_t n, double* sumsq, int* nonfinite) {
+  host_grad_pack(host_kernel_default_isa(), packed, src, dtype, n, sumsq, nonfinite);
 }
 
 }  // namespace pstar::memory

@@ -48,18 +48,34 @@ void host_grad_norm(const float* g, size_t n, double* sumsq, int* nonfinite);
 // the flag of the rounded values, as host_grad_norm.
 void host_grad_finalize(const float* acc, void* slot, pstar_dtype dtype, size_t n, double* sumsq, int* nonfinite);
 
+// The finalize of a sum that has exactly one contribution, from that
+// contribution itself: packed[0..n) = src rounded to `dtype` through the
+// fp32 sum +0 + src[i] (the bits host_grad_accumulate onto zero and then
+// host_grad_finalize give: -0 becomes +0), with the squared sum and the
+// flag of the rounded values, without an fp32 buffer.  src is in `dtype`.
+// packed may not overlap src.
+void host_grad_pack(void* packed, const void* src, pstar_dtype dtype, size_t n, double* sumsq, int* nonfinite);
+// A packed sum back to fp32, in place: acc[i] = +0 + packed[i], where the
+// n packed values of `dtype` occupy the first bytes of acc (its fp32 sum
+// when a second contribution comes).
+void host_grad_unpack(float* acc, pstar_dtype dtype, size_t n);
+
 // The same, on a chosen path (tests compare the paths).
 void host_grad_accumulate(HostKernelIsa isa, float* acc, const void* src, pstar_dtype src_dtype, size_t n,
                           bool onto_zero = false);
 void host_grad_norm(HostKernelIsa isa, const float* g, size_t n, double* sumsq, int* nonfinite);
 void host_grad_finalize(HostKernelIsa isa, const float* acc, void* slot, pstar_dtype dtype, size_t n, double* sumsq,
                         int* nonfinite);
+void host_grad_pack(HostKernelIsa isa, void* packed, const void* src, pstar_dtype dtype, size_t n, double* sumsq,
+                    int* nonfinite);
 
 namespace detail {
 // The AVX2 path (host_kernels_avx2.cpp): call only where kAvx2 is supported.
 void grad_accumulate_avx2(float* acc, const void* src, pstar_dtype src_dtype, size_t n, bool onto_zero);
 // slot == nullptr: the norm of acc itself (host_grad_norm).
 void grad_finalize_avx2(const float* acc, void* slot, pstar_dtype dtype, size_t n, double* sumsq);
+// host_grad_pack's sum: src in `dtype`, read as the fp32 +0 + src[i].
+void grad_pack_avx2(void* packed, const void* src, pstar_dtype dtype, size_t n, double* sumsq);
 }  // namespace detail
 
 }  // namespace pstar::memory

@@ -25,11 +25,46 @@ namespace {
 constexpr size_t kGroupLanes = 16;  // lanes per group: four vectors of four doubles
 static_assert(kNormLanes % kGroupLanes == 0, "lane groups tile the lanes");
 
-// Sixteen values from `acc` rounded through dtype D, stored into `slot`
-// (unless it is null), returned as fp32 in g0 (first eight) and g1.
+// Eight gradient values of dtype D from src + i, exactly, as fp32.
 template <pstar_dtype D>
-PSTAR_AVX2 void round16(const float* acc, void* slot, size_t i, __m256& g0, __m256& g1) {
-  const __m256 x0 = _mm256_loadu_ps(acc + i), x1 = _mm256_loadu_ps(acc + i + 8);
+PSTAR_AVX2 __m256 load8_as_f32(const void* src, size_t i) {
+  if (D == PSTAR_DTYPE_F32) return _mm256_loadu_ps(static_cast<const float*>(src) + i);
+  if (D == PSTAR_DTYPE_F16) return simd::load_f16x8(static_cast<const uint16_t*>(src) + i);
+  return simd::load_bf16x8(static_cast<const uint16_t*>(src) + i);
+}
+
+// Where a block's fp32 sums come from.  AccSource: an fp32 accumulator
+// (the finalize, the norm).  PackSource<D>: the one contribution of a
+// packed gradient, in dtype D, as the sum +0 + src[i] that accumulating it
+// onto zero would have stored (host_grad_pack).
+struct AccSource {
+  const float* acc;
+  PSTAR_AVX2 void load16(size_t i, __m256& x0, __m256& x1) const {
+    x0 = _mm256_loadu_ps(acc + i);
+    x1 = _mm256_loadu_ps(acc + i + 8);
+  }
+  float at(size_t i) const { return acc[i]; }
+  AccSource offset(size_t b) const { return {acc + b}; }
+};
+
+template <pstar_dtype D>
+struct PackSource {
+  const void* src;
+  PSTAR_AVX2 __m256 load8(size_t i) const { return _mm256_add_ps(_mm256_setzero_ps(), load8_as_f32<D>(src, i)); }
+  PSTAR_AVX2 void load16(size_t i, __m256& x0, __m256& x1) const {
+    x0 = load8(i);
+    x1 = load8(i + 8);
+  }
+  float at(size_t i) const { return 0.0f + load_as(src, D, i); }
+  PackSource offset(size_t b) const { return {static_cast<const char*>(src) + b * dtype_size(D)}; }
+};
+
+// Sixteen values from `from` rounded through dtype D, stored into `slot`
+// (unless it is null), returned as fp32 in g0 (first eight) and g1.
+template <pstar_dtype D, typename Source>
+PSTAR_AVX2 void round16(const Source& from, void* slot, size_t i, __m256& g0, __m256& g1) {
+  __m256 x0, x1;
+  from.load16(i, x0, x1);
   if (D == PSTAR_DTYPE_F32) {
     if (slot != nullptr) {
       _mm256_storeu_ps(static_cast<float*>(slot) + i, x0);
@@ -62,10 +97,10 @@ PSTAR_AVX2 __m256d square_add(__m256d sum, __m128 g) {
 
 // Sixteen values from i on (rounded through D into the slot) squared into
 // sixteen lanes' partials.
-template <pstar_dtype D>
-PSTAR_AVX2 void add_group(const float* acc, void* slot, size_t i, double* lanes) {
+template <pstar_dtype D, typename Source>
+PSTAR_AVX2 void add_group(const Source& from, void* slot, size_t i, double* lanes) {
   __m256 g0, g1;
-  round16<D>(acc, slot, i, g0, g1);
+  round16<D>(from, slot, i, g0, g1);
   _mm256_store_pd(lanes, square_add(_mm256_load_pd(lanes), _mm256_castps256_ps128(g0)));
   _mm256_store_pd(lanes + 4, square_add(_mm256_load_pd(lanes + 4), _mm256_extractf128_ps(g0, 1)));
   _mm256_store_pd(lanes + 8, square_add(_mm256_load_pd(lanes + 8), _mm256_castps256_ps128(g1)));
@@ -80,22 +115,23 @@ PSTAR_AVX2 void add_group(const float* acc, void* slot, size_t i, double* lanes)
 // lane group (a column of rows at a time, 1 KiB apart) made the finalize
 // memory-latency bound: as much CPU time as the Adam update in
 // pstar-bench overlap's backward.
-template <pstar_dtype D>
-__attribute__((target("avx2,fma,f16c"))) double block_sumsq(const float* acc, void* slot, size_t n) {
+template <pstar_dtype D, typename Source>
+__attribute__((target("avx2,fma,f16c"))) double block_sumsq(const Source& from, void* slot, size_t n) {
   alignas(32) double lanes[kNormLanes];
   for (size_t t = 0; t < kNormLanes; t += 4) _mm256_store_pd(lanes + t, _mm256_setzero_pd());
   const size_t rows = n / kNormLanes, rem = n % kNormLanes;
   for (size_t r = 0; r < rows; ++r) {
-    for (size_t t0 = 0; t0 < kNormLanes; t0 += kGroupLanes) add_group<D>(acc, slot, r * kNormLanes + t0, lanes + t0);
+    for (size_t t0 = 0; t0 < kNormLanes; t0 += kGroupLanes) add_group<D>(from, slot, r * kNormLanes + t0, lanes + t0);
   }
   // The last, partial row: whole groups, then lane by lane.
   size_t t = 0;
-  for (; t + kGroupLanes <= rem; t += kGroupLanes) add_group<D>(acc, slot, rows * kNormLanes + t, lanes + t);
+  for (; t + kGroupLanes <= rem; t += kGroupLanes) add_group<D>(from, slot, rows * kNormLanes + t, lanes + t);
   for (; t < rem; ++t) {
     const size_t i = rows * kNormLanes + t;
-    double g = acc[i];
+    const float x = from.at(i);
+    double g = x;
     if (D != PSTAR_DTYPE_F32 || slot != nullptr) {
-      store_as(slot, D, i, acc[i]);
+      store_as(slot, D, i, x);
       g = load_as(slot, D, i);
     }
     lanes[t] += g * g;
@@ -112,13 +148,13 @@ __attribute__((target("avx2,fma,f16c"))) double block_sumsq(const float* acc, vo
   return lanes[0];
 }
 
-template <pstar_dtype D>
-double sumsq(const float* acc, void* slot, size_t n) {
+template <pstar_dtype D, typename Source>
+double sumsq(const Source& from, void* slot, size_t n) {
   double total = 0.0;
   for (size_t b = 0; b < n; b += kNormBlockElems) {
     const size_t len = n - b < kNormBlockElems ? n - b : kNormBlockElems;
     void* block_slot = slot == nullptr ? nullptr : static_cast<char*>(slot) + b * dtype_size(D);
-    total += block_sumsq<D>(acc + b, block_slot, len);
+    total += block_sumsq<D>(from.offset(b), block_slot, len);
   }
   return total;
 }
@@ -129,14 +165,7 @@ template <pstar_dtype D, bool OntoZero>
 __attribute__((target("avx2,fma,f16c"))) void accumulate(float* acc, const void* src, size_t n) {
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    __m256 g;
-    if (D == PSTAR_DTYPE_F32) {
-      g = _mm256_loadu_ps(static_cast<const float*>(src) + i);
-    } else if (D == PSTAR_DTYPE_F16) {
-      g = simd::load_f16x8(static_cast<const uint16_t*>(src) + i);
-    } else {
-      g = simd::load_bf16x8(static_cast<const uint16_t*>(src) + i);
-    }
+    const __m256 g = load8_as_f32<D>(src, i);
     const __m256 sum = OntoZero ? _mm256_setzero_ps() : _mm256_loadu_ps(acc + i);
     _mm256_storeu_ps(acc + i, _mm256_add_ps(sum, g));
   }
@@ -163,10 +192,19 @@ void grad_accumulate_avx2(float* acc, const void* src, pstar_dtype src_dtype, si
 }
 
 void grad_finalize_avx2(const float* acc, void* slot, pstar_dtype dtype, size_t n, double* out) {
+  const AccSource from{acc};
   switch (dtype) {
-    case PSTAR_DTYPE_F32: *out = sumsq<PSTAR_DTYPE_F32>(acc, slot, n); return;
-    case PSTAR_DTYPE_F16: *out = sumsq<PSTAR_DTYPE_F16>(acc, slot, n); return;
-    default: *out = sumsq<PSTAR_DTYPE_BF16>(acc, slot, n); return;
+    case PSTAR_DTYPE_F32: *out = sumsq<PSTAR_DTYPE_F32>(from, slot, n); return;
+    case PSTAR_DTYPE_F16: *out = sumsq<PSTAR_DTYPE_F16>(from, slot, n); return;
+    default: *out = sumsq<PSTAR_DTYPE_BF16>(from, slot, n); return;
+  }
+}
+
+void grad_pack_avx2(void* packed, const void* src, pstar_dtype dtype, size_t n, double* out) {
+  switch (dtype) {
+    case PSTAR_DTYPE_F32: *out = sumsq<PSTAR_DTYPE_F32>(PackSource<PSTAR_DTYPE_F32>{src}, packed, n); return;
+    case PSTAR_DTYPE_F16: *out = sumsq<PSTAR_DTYPE_F16>(PackSource<PSTAR_DTYPE_F16>{src}, packed, n); return;
+    default: *out = sumsq<PSTAR_DTYPE_BF16>(PackSource<PSTAR_DTYPE_BF16>{src}, packed, n); return;
   }
 }
 
@@ -177,6 +215,7 @@ void grad_finalize_avx2(const float* acc, void* slot, pstar_dtype dtype, size_t 
 namespace pstar::memory::detail {
 void grad_accumulate_avx2(float*, const void*, pstar_dtype, size_t, bool) {}
 void grad_finalize_avx2(const float*, void*, pstar_dtype, size_t, double* out) { *out = 0.0; }
+void grad_pack_avx2(void*, const void*, pstar_dtype, size_t, double* out) { *out = 0.0; }
 }  // namespace pstar::memory::detail
 
 #endif

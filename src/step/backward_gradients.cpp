@@ -130,10 +130,39 @@ void BackwardGradients::write(uint32_t id, const void* grad, uint64_t count, pst
   // its content: the zeroing and the addition in one pass.
   const bool onto_zero = p.grad_zero_pending;
   p.grad_zero_pending = false;
-  device_->grad_accumulate(s, p.grad_acc, grad, dtype, space, count, onto_zero);
+  if (onto_zero && packs(p, dtype)) {
+    // The last use's first contribution, in the compute dtype: finalized
+    // now, from the caller's gradient while it is in cache, into the
+    // buffer's first bytes (the release copies it into the slot).
+    device_->grad_pack(s, p.grad_acc, grad, dtype, space, count, &p.grad_sumsq, &p.grad_nonfinite);
+    p.grad_packed = true;
+  } else {
+    unpack(p, s);
+    device_->grad_accumulate(s, p.grad_acc, grad, dtype, space, count, onto_zero);
+  }
   // A host source may be reused as soon as this returns; on the emulated
   // device the caller's compute is host code, so it sees the result now.
   if (space == PSTAR_MEM_HOST || device_->host_accessible()) device_->synchronize(s);
+}
+
+// Packing (Param::grad_packed): the sum of one contribution is its
+// finalize, so the fp32 pass over the buffer (4 B per element written by
+// the addition, read again by the finalize) is skipped where that sum is
+// all there will be: the parameter's last backward use (a tied weight's
+// earlier uses add into fp32 as before), its gradient in the compute dtype,
+// one process without accumulation (the reduce-scatter and the fold read
+// fp32 sums), on a device that packs.  A second contribution to the same
+// use unpacks first; the bits are those of the fp32 path either way
+// (host_grad_pack).
+bool BackwardGradients::packs(const chunk::Param& p, pstar_dtype dtype) const {
+  return dtype == compute_dtype_ && payloads_ && device_->packs_gradients() && !group_.sharded() &&
+         !grad_accumulation_ && p.backward_uses == p.forward_uses;
+}
+
+void BackwardGradients::unpack(chunk::Param& p, memory::Stream* s) {
+  if (!p.grad_packed) return;
+  p.grad_packed = false;
+  device_->grad_unpack(s, p.grad_acc, compute_dtype_, p.numel);
 }
 
 float* BackwardGradients::slot_acquire(uint32_t id, memory::Stream* s) {
@@ -142,6 +171,7 @@ float* BackwardGradients::slot_acquire(uint32_t id, memory::Stream* s) {
     alloc_device(id);
     device_->copy_async(s, p.grad_acc, p.grad_host, p.numel * sizeof(float), memory::CopyKind::kHostToDevice);
   }
+  unpack(p, s);
   zero_pending(p, s);
   if (device_->host_accessible()) device_->synchronize(s);
   return p.grad_acc;
@@ -190,6 +220,10 @@ memory::EventPtr BackwardGradients::finalize_into_slot(uint32_t id, memory::Stre
       device_->memset_async(s, slot, 0, slot_bytes);
       p.grad_sumsq = 0.0;
       p.grad_nonfinite = 0;
+    } else if (p.grad_packed) {
+      // Finalized at its write (its norm too): a copy into the slot.
+      p.grad_packed = false;
+      device_->copy_async(s, slot, p.grad_acc, slot_bytes, memory::CopyKind::kDeviceToDevice);
     } else {
       device_->grad_finalize(s, p.grad_acc, slot, compute_dtype_, p.numel, &p.grad_sumsq, &p.grad_nonfinite);
     }
@@ -211,6 +245,7 @@ void BackwardGradients::discard(const memory::EventPtr& done) {
       placement_->defer_free_device(done, p.grad_acc, p.numel * sizeof(float), Use::kGradients);
       p.grad_acc = nullptr;
       p.grad_zero_pending = false;
+      p.grad_packed = false;
     }
     if (p.grad_host != nullptr) {
       placement_->defer_free_host(done, p.grad_host, p.numel * sizeof(float));
@@ -224,6 +259,7 @@ void BackwardGradients::release_all() {
     chunk::Param& p = params_[id];
     if (p.grad_acc != nullptr) device_->deallocate(p.grad_acc, p.numel * sizeof(float));
     p.grad_acc = nullptr;
+    p.grad_packed = false;
     if (p.grad_host != nullptr) host_->release(p.grad_host, p.numel * sizeof(float));
     p.grad_host = nullptr;
   }

@@ -31,6 +31,11 @@
 // a chunk whose fp32 lists are on the device (hybrid: the fold adds on the
 // device).
 //
+// One process without accumulation, on a device that packs (the emulated
+// one), the last backward use's first contribution in the compute dtype is
+// finalized at its write instead of summed (Param::grad_packed): the
+// fp32 pass is skipped, the bits are the same.
+//
 // What happens to the sum at the last use is the caller's sequence: one
 // process without accumulation finalizes it into the slot here
 // (finalize_into_slot); accumulation folds it (OptimizerStep::fold_gradient);
@@ -100,6 +105,8 @@ class BackwardGradients {
 
  private:
   bool host_allowed(uint32_t chunk) const;
+  bool packs(const chunk::Param& p, pstar_dtype dtype) const;
+  void unpack(chunk::Param& p, memory::Stream* s);
   void alloc_device(uint32_t id);
   void accumulate_on_host(chunk::Param& p, const void* grad, pstar_dtype dtype, pstar_mem_space space,
                           memory::Stream* s);

@@ -201,3 +201,51 @@ Test(host_kernels, accumulate_paths_agree) {
     }
   }
 }
+
+// A packed gradient (host_grad_pack) is the finalize of its one
+// contribution accumulated onto zero: the same packed values as the slot,
+// the same squared sum and flag, on every path, over every size, with -0
+// (which becomes +0), subnormals, overflow, infinities and NaN among the
+// values.  Unpacking in place gives the fp32 sum accumulating onto zero
+// gives.
+Test(host_kernels, pack_is_accumulate_onto_zero_then_finalize) {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  const float specials[] = {-0.0f, 1e-40f, -1e-45f, 65520.0f, 3.0e38f, inf, -inf, nan};
+  for (pstar_dtype dt : kDtypes) {
+    const size_t esize = pstar::dtype_size(dt);
+    for (size_t n : kSizes) {
+      for (int variant = 0; variant < 2; ++variant) {
+        std::vector<float> src32 = gradients(n, n * 3 + dt);
+        for (size_t i = 0; i < n; i += 5) src32[i] = -0.0f;
+        if (variant == 1 && n > 0) src32[n / 2] = specials[(n + dt) % (sizeof specials / sizeof specials[0])];
+        std::vector<uint8_t> src(n * esize);
+        for (size_t i = 0; i < n; ++i) pstar::store_as(src.data(), dt, i, src32[i]);
+        for (HostKernelIsa isa : paths()) {
+          std::vector<float> acc(n);
+          pstar::memory::host_grad_accumulate(isa, acc.data(), src.data(), dt, n, true);
+          std::vector<uint8_t> slot(n * esize);
+          double want_sum = -1.0;
+          int want_flag = -1;
+          pstar::memory::host_grad_finalize(isa, acc.data(), slot.data(), dt, n, &want_sum, &want_flag);
+          // Packed into the first bytes of an fp32 buffer, as the engine
+          // packs into its accumulator (poisoned first).
+          std::vector<float> buf(n, nan);
+          double sum = -1.0;
+          int flag = -1;
+          pstar::memory::host_grad_pack(isa, buf.data(), src.data(), dt, n, &sum, &flag);
+          cr_assert(n == 0 || std::memcmp(buf.data(), slot.data(), n * esize) == 0, "dtype %d n %zu: packed values",
+                    dt, n);
+          cr_assert(bits(sum) == bits(want_sum) || (std::isnan(sum) && std::isnan(want_sum)),
+                    "dtype %d n %zu: squared sum %.17g, finalize's %.17g", dt, n, sum, want_sum);
+          cr_assert_eq(flag, want_flag, "dtype %d n %zu", dt, n);
+          pstar::memory::host_grad_unpack(buf.data(), dt, n);
+          for (size_t i = 0; i < n; ++i) {
+            const bool same = std::memcmp(&buf[i], &acc[i], sizeof(float)) == 0 ||
+                              (dt != PSTAR_DTYPE_F32 && std::isnan(buf[i]) && std::isnan(acc[i]));
+            cr_assert(same, "dtype %d n %zu: unpacked [%zu] %g, accumulated %g", dt, n, i, buf[i], acc[i]);
+          }
+        }
+      }
+    }
+  }
+}
