@@ -14,12 +14,12 @@ static_assert((kNormLanes & (kNormLanes - 1)) == 0, "the lane tree halves down t
 
 // One block of the norm (host_kernels.h): the lanes, then the tree.  With
 // `slot`, each value is first rounded through `dtype` and stored there.
-// value(j) is the block's j-th fp32 sum.
+// value(begin + j) is the block's j-th fp32 sum.
 template <typename Value>
-double block_sumsq_scalar(const Value& value, void* slot, pstar_dtype dtype, size_t n) {
+double block_sumsq_scalar(const Value& value, size_t begin, void* slot, pstar_dtype dtype, size_t n) {
   double lanes[kNormLanes] = {};
   for (size_t j = 0; j < n; ++j) {
-    const float x = value(j);
+    const float x = value(begin + j);
     double g = x;
     if (slot != nullptr) {
       store_as(slot, dtype, j, x);
@@ -33,30 +33,28 @@ double block_sumsq_scalar(const Value& value, void* slot, pstar_dtype dtype, siz
   return lanes[0];
 }
 
-void finalize_scalar(const float* acc, void* slot, pstar_dtype dtype, size_t n, double* sumsq) {
+// The blocks' partials added in block order: the finalize of the fp32 sums
+// value(0..n), rounded into slot (unless it is null).
+template <typename Value>
+double sumsq_scalar(const Value& value, void* slot, pstar_dtype dtype, size_t n) {
   const size_t esize = dtype_size(dtype);
   double total = 0.0;
   for (size_t b = 0; b < n; b += kNormBlockElems) {
     const size_t len = n - b < kNormBlockElems ? n - b : kNormBlockElems;
     void* block_slot = slot == nullptr ? nullptr : static_cast<char*>(slot) + b * esize;
-    const float* block = acc + b;
-    total += block_sumsq_scalar([block](size_t j) { return block[j]; }, block_slot, dtype, len);
+    total += block_sumsq_scalar(value, b, block_slot, dtype, len);
   }
-  *sumsq = total;
+  return total;
+}
+
+void finalize_scalar(const float* acc, void* slot, pstar_dtype dtype, size_t n, double* sumsq) {
+  *sumsq = sumsq_scalar([acc](size_t i) { return acc[i]; }, slot, dtype, n);
 }
 
 // The sum of one contribution: +0 + src[i] in fp32, as accumulate_scalar
 // onto zero computes it.
 void pack_scalar(void* packed, const void* src, pstar_dtype dtype, size_t n, double* sumsq) {
-  const size_t esize = dtype_size(dtype);
-  double total = 0.0;
-  for (size_t b = 0; b < n; b += kNormBlockElems) {
-    const size_t len = n - b < kNormBlockElems ? n - b : kNormBlockElems;
-    const void* block_src = static_cast<const char*>(src) + b * esize;
-    total += block_sumsq_scalar([block_src, dtype](size_t j) { return 0.0f + load_as(block_src, dtype, j); },
-                                static_cast<char*>(packed) + b * esize, dtype, len);
-  }
-  *sumsq = total;
+  *sumsq = sumsq_scalar([src, dtype](size_t i) { return 0.0f + load_as(src, dtype, i); }, packed, dtype, n);
 }
 
 void accumulate_scalar(float* acc, const void* src, pstar_dtype src_dtype, size_t n, bool onto_zero) {

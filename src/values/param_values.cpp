@@ -45,15 +45,16 @@ void ParamValues::read_device_masters(uint32_t k, uint64_t lo, uint64_t n, float
   optim::masters_to_f32(master_format_, bits.data(), 0, n, out);
 }
 
-void ParamValues::write_device_masters(uint32_t k, uint64_t lo, uint64_t n, const float* in) {
+void ParamValues::write_device_masters(uint32_t k, uint64_t lo, uint64_t n, float* values) {
   chunk::ChunkState& c = (*parts_.chunks)[k];
   if (master_format_ == optim::MasterFormat::kFp32) {
-    parts_.hybrid->write_list(k, c.master + lo, in, n * sizeof(float));
+    parts_.hybrid->write_list(k, c.master + lo, values, n * sizeof(float));
     return;
   }
   std::vector<uint16_t> bits(n);
-  optim::masters_from_f32(master_format_, bits.data(), 0, n, in);
+  optim::masters_from_f32(master_format_, bits.data(), 0, n, values);
   parts_.hybrid->write_list(k, reinterpret_cast<uint16_t*>(c.master) + lo, bits.data(), n * sizeof(uint16_t));
+  optim::masters_to_f32(master_format_, bits.data(), 0, n, values);
 }
 
 void ParamValues::write(uint32_t id, const void* src, uint64_t count, pstar_dtype dtype) {
@@ -78,14 +79,9 @@ void ParamValues::write(uint32_t id, const void* src, uint64_t count, pstar_dtyp
   }
   if (c.opt_device != nullptr) {
     // The master lives in device memory: staged through the host; the
-    // weight is the master's value.
+    // weight is the master's value (staging holds it after the write).
     std::vector<float> staging(count);
     convert_to_f32(src, dtype, staging.data(), count);
-    if (master_format_ != optim::MasterFormat::kFp32) {
-      // The values as the masters will hold them (rounding a bf16 value
-      // again leaves it as it is).
-      for (float& v : staging) v = bf16_to_f32(f32_to_bf16(v));
-    }
     write_device_masters(place.chunk, place.offset_elems, count, staging.data());
     write_slot_on_device(id, staging.data());
     return;

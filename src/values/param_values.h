@@ -95,9 +95,10 @@ class ParamValues {
   // `staging` filled with their values (bf16).
   const float* masters_f32(const chunk::ChunkState& c, uint64_t lo, uint64_t n, std::vector<float>& staging) const;
   // Hybrid placement: masters [lo, lo + n) of chunk k's list on the device
-  // as floats, or written from floats (bf16: rounded to nearest even).
+  // as floats, or written from floats (bf16: rounded to nearest even, and
+  // `values` then holds what the masters hold).
   void read_device_masters(uint32_t k, uint64_t lo, uint64_t n, float* out);
-  void write_device_masters(uint32_t k, uint64_t lo, uint64_t n, const float* in);
+  void write_device_masters(uint32_t k, uint64_t lo, uint64_t n, float* values);
 
   ValueParts parts_;
   const pstar_dtype compute_dtype_;
