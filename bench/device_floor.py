@@ -62,7 +62,9 @@ def train(model, dtype, capacity, iters):
     """Trains `iters` iterations at `capacity`; returns (ok, stats, weights or error)."""
     torch.manual_seed(0)
     m, run = MODELS[model](dtype)
-    pm = ptorch.attach(m, compute_dtype=dtype, device_capacity_bytes=capacity)
+    # The engine's fixed default chunk size, as the planner's floor assumes
+    # (attach's own, searched size would lay the model out otherwise).
+    pm = ptorch.attach(m, compute_dtype=dtype, device_capacity_bytes=capacity, chunk_elems=0)
     try:
         for _ in range(iters):
             with pm.train_iteration():

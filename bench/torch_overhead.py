@@ -47,7 +47,12 @@ time is its caller's own work or waiting): ``pstar_main_cpu_s`` and
 (``time.thread_time``, medians), and ``engine_threads_cpu_s``, the CPU time
 per pstar step of the threads the engine started (its device streams, update
 and optimizer threads; each thread's /proc schedstat, the total over the
-timed steps divided by their count; absent without /proc).  On a host with
+timed steps divided by their count; absent without /proc), and
+``engine_wait_s``, the seconds per step the caller waited in the engine for
+chunk moves (the stats' wait_seconds).  ``compute_chunks`` and
+``fill_ratio`` say how the model was laid out: ``attach`` sizes the chunks
+to the model unless ``--chunk-elems`` names a size (0: the engine's fixed
+2^22).  On a host with
 as many cores as PyTorch's threads, every second of the engine's threads is
 taken from PyTorch's.
 
@@ -127,7 +132,9 @@ class PstarRun:
             # --hybrid: the optimizer state on the device beside the chunks
             # (hybrid placement), with room for it and the gradient buffers.
             capacity = args.hybrid_bytes_per_param * (compute_bytes // (4 if dtype == "f32" else 2)) + (64 << 20)
-        self.pm = ptorch.attach(self.model, device="emulated", compute_dtype=dtype, chunk_elems=args.chunk_elems,
+        # attach's own chunk size unless --chunk-elems names one.
+        sized = {} if args.chunk_elems is None else {"chunk_elems": args.chunk_elems}
+        self.pm = ptorch.attach(self.model, device="emulated", compute_dtype=dtype, **sized,
                                 device_capacity_bytes=capacity, hybrid_optimizer=1 if args.hybrid else 0, lr=args.lr,
                                 beta1=args.beta1, beta2=args.beta2, eps=args.eps, weight_decay=args.weight_decay,
                                 adamw=1, threads=args.engine_threads)
@@ -200,10 +207,12 @@ def measure(args, dtype, reference):
     parts = {k: [] for k in runs}
     main_cpu = {k: [] for k in runs}
     engine_cpu = 0.0
+    engine_wait = 0.0
     for i, x in enumerate(data):
         order = ("pstar", "plain") if i % 2 == 0 else ("plain", "pstar")
         if i == args.warmup:
             engine_cpu = -sum(v for t, v in thread_cpu_seconds().items() if t in engine_tids)
+            engine_wait = -pstar_run.pm.engine.stats["wait_seconds"]
         for k in order:
             c0 = time.thread_time()
             loss, t = runs[k].step(x)
@@ -213,6 +222,7 @@ def measure(args, dtype, reference):
                 parts[k].append(t)
                 main_cpu[k].append(c1 - c0)
     engine_cpu += sum(v for t, v in thread_cpu_seconds().items() if t in engine_tids)
+    engine_wait += pstar_run.pm.engine.stats["wait_seconds"]
 
     def part(t, j):
         return sum(t) if j is None else t[j]
@@ -234,6 +244,7 @@ def measure(args, dtype, reference):
     if engine_tids:
         row["engine_threads"] = len(engine_tids)
         row["engine_threads_cpu_s"] = engine_cpu / len(parts["pstar"])
+    row["engine_wait_s"] = engine_wait / len(parts["pstar"])
     row["steps_timed"] = len(parts["pstar"])
     row["warmup_steps"] = args.warmup
     row["pstar_losses"] = losses["pstar"]
@@ -247,6 +258,8 @@ def measure(args, dtype, reference):
         row["losses_match_reference"] = n > 0 and ref[:n] == row["pstar_losses_hex"][:n]
     row["shape"] = {"layers": args.layers, "hidden": args.hidden, "heads": args.heads, "vocab": args.vocab,
                     "seq": args.seq, "batch": args.batch, "chunk_elems": args.chunk_elems}
+    row["compute_chunks"] = pstar_run.pm.engine.stats["compute_chunks"]
+    row["fill_ratio"] = pstar_run.pm.engine.stats["fill_ratio"]
     st = pstar_run.pm.engine.stats
     row["hybrid_optimizer"] = bool(args.hybrid)
     row["optimizer_chunks_on_device"] = st["optimizer_chunks_on_device"]
@@ -270,7 +283,8 @@ def main(argv=None):
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--steps", type=int, default=30, help="timed steps of each run")
     ap.add_argument("--warmup", type=int, default=3, help="steps not timed, before them")
-    ap.add_argument("--chunk-elems", type=int, default=0, help="0: the engine's default")
+    ap.add_argument("--chunk-elems", type=int, default=None,
+                    help="elements per chunk (default: attach's, sized to the model; 0: the engine's fixed default)")
     ap.add_argument("--engine-threads", type=int, default=0,
                     help="the engine's CPU update threads (options.threads; 0: one per hardware thread)")
     ap.add_argument("--lr", type=float, default=1e-3)

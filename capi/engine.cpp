@@ -343,6 +343,12 @@ pstar_status pstar_grad_write(pstar_engine* engine, uint32_t id, const void* gra
   return guarded([&] { EngineCall(engine, "pstar_grad_write")->grad_write(id, grad, count, dtype, space, stream); });
 }
 
+pstar_status pstar_grad_write_release(pstar_engine* engine, uint32_t id, const void* grad, uint64_t count,
+                                      pstar_dtype dtype, pstar_mem_space space, void* stream) {
+  return guarded(
+      [&] { EngineCall(engine, "pstar_grad_write_release")->grad_write(id, grad, count, dtype, space, stream, true); });
+}
+
 pstar_status pstar_grad_slot_acquire(pstar_engine* engine, uint32_t id, void* stream, float** out_ptr) {
   return guarded([&] {
     EngineCall e(engine, "pstar_grad_slot_acquire");

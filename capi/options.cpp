@@ -124,7 +124,9 @@ engine::EngineOptions engine_options(const pstar_engine_options& in) {
   });
   if (o.comm_timeout_ms == 0) o.comm_timeout_ms = 60000;
   if (o.chunk_elems == 0) o.chunk_elems = PSTAR_DEFAULT_CHUNK_ELEMS;
-  require(o.chunk_elems % chunk::kAlignElems == 0, PSTAR_ERR_INVALID_ARGUMENT, [&] {
+  // PSTAR_CHUNK_ELEMS_AUTO stays as it is until the build sizes it.
+  const bool auto_chunk = o.chunk_elems == PSTAR_CHUNK_ELEMS_AUTO;
+  require(auto_chunk || o.chunk_elems % chunk::kAlignElems == 0, PSTAR_ERR_INVALID_ARGUMENT, [&] {
     return "options: chunk_elems (" + std::to_string(o.chunk_elems) + ") must be a multiple of " +
            std::to_string(chunk::kAlignElems);
   });
@@ -132,8 +134,8 @@ engine::EngineOptions engine_options(const pstar_engine_options& in) {
       o.state_format == PSTAR_STATE_FP32 || o.state_format == PSTAR_STATE_BF16 || o.state_format == PSTAR_STATE_INT8,
       PSTAR_ERR_INVALID_ARGUMENT,
       [&] { return "options: unknown state format " + std::to_string(static_cast<int>(o.state_format)); });
-  require(o.state_format != PSTAR_STATE_INT8 || o.chunk_elems % PSTAR_STATE_INT8_BLOCK == 0, PSTAR_ERR_INVALID_ARGUMENT,
-          [&] {
+  require(auto_chunk || o.state_format != PSTAR_STATE_INT8 || o.chunk_elems % PSTAR_STATE_INT8_BLOCK == 0,
+          PSTAR_ERR_INVALID_ARGUMENT, [&] {
             return "options: chunk_elems (" + std::to_string(o.chunk_elems) + ") must be a multiple of " +
                    std::to_string(PSTAR_STATE_INT8_BLOCK) + " with the int8 state format (its block)";
           });

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <exception>
 
+#include "chunk/size_search.h"
 #include "memory/device_factory.h"
 #include "util/dtype.h"
 #include "util/error.h"
@@ -195,6 +196,8 @@ void Engine::build() {
   // first element: its parameters (and shards) start on block boundaries.
   const uint64_t align = options_.state_format == PSTAR_STATE_INT8 ? PSTAR_STATE_INT8_BLOCK : chunk::kAlignElems;
   const uint64_t shard_unit = align * static_cast<uint64_t>(group_.world());
+  if (options_.chunk_elems == PSTAR_CHUNK_ELEMS_AUTO)
+    options_.chunk_elems = chunk::search_chunk_elems(numels, frozen, align, PSTAR_DEFAULT_CHUNK_ELEMS);
   const uint64_t chunk_elems = sharded() ? chunk::align_up(options_.chunk_elems, shard_unit) : options_.chunk_elems;
   if (sharded()) check_layout_agrees(chunk_elems);
   auto layout = std::make_unique<chunk::ChunkLayout>(numels, frozen, chunk_elems, align);
@@ -647,19 +650,17 @@ void Engine::release(uint32_t id, void* stream) {
 // pstar_grad_write and pstar_grad_slot_acquire: the checks here, the
 // gradient's sum in step/backward_gradients.h.
 void Engine::grad_write(uint32_t id, const void* grad, uint64_t count, pstar_dtype dtype, pstar_mem_space space,
-                        void* stream) {
-  Param& p = backward_param("grad_write", id);
-  group_.require_ok("grad_write");
-  require(dtype_valid(dtype), PSTAR_ERR_INVALID_ARGUMENT, "grad_write: unknown dtype");
-  require(space == PSTAR_MEM_HOST || space == PSTAR_MEM_DEVICE, PSTAR_ERR_INVALID_ARGUMENT,
-          "grad_write: unknown memory space");
-  require(count == p.numel, PSTAR_ERR_INVALID_ARGUMENT, [&] {
-    return "grad_write: count " + std::to_string(count) + " differs from the element count " + std::to_string(p.numel) +
-           " of '" + p.name + "'";
-  });
-  require(grad != nullptr || count == 0 || !payloads_, PSTAR_ERR_INVALID_ARGUMENT, "grad_write: grad is NULL");
-  if (payloads_) device_->check_caller_buffer(grad, count * dtype_size(dtype), space, "grad_write");
-  grads_->write(id, grad, count, dtype, space, device_->caller_stream(stream));
+                        void* stream, bool release_after) {
+  const char* what = release_after ? "grad_write_release" : "grad_write";
+  Param& p = backward_param(what, id);
+  group_.require_ok(what);
+  grads_->check_write(what, p, grad, count, dtype, space);
+  // pstar_grad_write_release: a gradient that can go straight into the
+  // slot is handed to the release (BackwardGradients::defer_to_slot).
+  if (!release_after || !grads_->defer_to_slot(id, grad, count, dtype, space))
+    grads_->write(id, grad, count, dtype, space, device_->caller_stream(stream));
+  step::BackwardGradients::DeferredScope scope(*grads_);  // forgotten whether the release takes it or fails
+  if (release_after) release(id, stream);
 }
 
 float* Engine::grad_slot_acquire(uint32_t id, void* stream) {

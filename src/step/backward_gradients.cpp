@@ -165,6 +165,30 @@ void BackwardGradients::unpack(chunk::Param& p, memory::Stream* s) {
   device_->grad_unpack(s, p.grad_acc, compute_dtype_, p.numel);
 }
 
+void BackwardGradients::check_write(const char* what, const chunk::Param& p, const void* grad, uint64_t count,
+                                    pstar_dtype dtype, pstar_mem_space space) const {
+  const std::string w(what);
+  require(dtype_valid(dtype), PSTAR_ERR_INVALID_ARGUMENT, [&] { return w + ": unknown dtype"; });
+  require(space == PSTAR_MEM_HOST || space == PSTAR_MEM_DEVICE, PSTAR_ERR_INVALID_ARGUMENT,
+          [&] { return w + ": unknown memory space"; });
+  require(count == p.numel, PSTAR_ERR_INVALID_ARGUMENT, [&] {
+    return w + ": count " + std::to_string(count) + " differs from the element count " + std::to_string(p.numel) +
+           " of '" + p.name + "'";
+  });
+  require(grad != nullptr || count == 0 || !payloads_, PSTAR_ERR_INVALID_ARGUMENT,
+          [&] { return w + ": grad is NULL"; });
+  if (payloads_) device_->check_caller_buffer(grad, count * dtype_size(dtype), space, what);
+}
+
+bool BackwardGradients::defer_to_slot(uint32_t id, const void* grad, uint64_t count, pstar_dtype dtype,
+                                      pstar_mem_space space) {
+  chunk::Param& p = params_[id];
+  deferred_ = Deferred{};
+  if (p.grad_acc == nullptr || !p.grad_zero_pending || !packs(p, dtype) || p.frozen()) return false;
+  deferred_ = Deferred{id, grad, count, dtype, space};
+  return true;
+}
+
 float* BackwardGradients::slot_acquire(uint32_t id, memory::Stream* s) {
   chunk::Param& p = params_[id];
   if (p.grad_acc == nullptr) {
@@ -212,7 +236,17 @@ memory::EventPtr BackwardGradients::finalize_into_slot(uint32_t id, memory::Stre
     done = device_->record(s);
     placement_->defer_free_host(done, staging, slot_bytes);
   } else {
-    if (p.grad_zero_pending) {
+    if (p.grad_zero_pending && deferred_.grad != nullptr && deferred_.id == id) {
+      // pstar_grad_write_release of the only contribution: finalized from
+      // the caller's gradient straight into the slot (the caller reads the
+      // weight no more), its norm too.  The buffer was never written.
+      const Deferred d = deferred_;
+      deferred_ = Deferred{};
+      p.grad_zero_pending = false;
+      device_->grad_pack(s, slot, d.grad, d.dtype, d.space, d.count, &p.grad_sumsq, &p.grad_nonfinite);
+      // The caller may reuse its gradient once the call returns.
+      device_->synchronize(s);
+    } else if (p.grad_zero_pending) {
       // No contribution came: the finalize of a +0 sum is +0 in every
       // dtype (all bits clear), a squared sum of +0 and no non-finite
       // value, written without a pass over the buffer.

@@ -34,7 +34,9 @@
 // One process without accumulation, on a device that packs (the emulated
 // one), the last backward use's first contribution in the compute dtype is
 // finalized at its write instead of summed (Param::grad_packed): the
-// fp32 pass is skipped, the bits are the same.
+// fp32 pass is skipped, the bits are the same.  Given with its release
+// (pstar_grad_write_release, defer_to_slot), such a gradient is finalized
+// straight into the slot: no buffer in between, no copy.
 //
 // What happens to the sum at the last use is the caller's sequence: one
 // process without accumulation finalizes it into the slot here
@@ -81,6 +83,29 @@ class BackwardGradients {
   // `s` (device buffer) or done now (host sum).
   void write(uint32_t id, const void* grad, uint64_t count, pstar_dtype dtype, pstar_mem_space space,
              memory::Stream* s);
+  // pstar_grad_write_release after the engine's checks, before its
+  // release: true when the gradient is to go straight into the slot at
+  // that release (the parameter's last backward use, its first and only
+  // contribution, and one that packs): it is kept (the caller's pointer,
+  // valid through the call) for finalize_into_slot, which packs it there.
+  // False: nothing kept, the caller writes it as pstar_grad_write does.
+  bool defer_to_slot(uint32_t id, const void* grad, uint64_t count, pstar_dtype dtype, pstar_mem_space space);
+  // Forgets a deferred gradient at the end of the call, whether its
+  // release took it or failed.
+  class DeferredScope {
+   public:
+    explicit DeferredScope(BackwardGradients& g) : g_(g) {}
+    ~DeferredScope() { g_.deferred_ = Deferred{}; }
+    DeferredScope(const DeferredScope&) = delete;
+    DeferredScope& operator=(const DeferredScope&) = delete;
+
+   private:
+    BackwardGradients& g_;
+  };
+  // pstar_grad_write's checks of its arguments (`what` names the call);
+  // PSTAR_ERR_INVALID_ARGUMENT.
+  void check_write(const char* what, const chunk::Param& p, const void* grad, uint64_t count, pstar_dtype dtype,
+                   pstar_mem_space space) const;
   // pstar_grad_slot_acquire after the engine's checks: the device buffer
   // holding the sum (a host-accumulated parameter borrows one for this use,
   // starting from the host sum).
@@ -123,6 +148,15 @@ class BackwardGradients {
   const bool payloads_;                         // false in a dry run: buffers are address space only
   const chunk::ChunkLayout* layout_ = nullptr;  // null until attach
   bool host_logged_ = false;                    // the first host-accumulated gradient is logged, once
+  // defer_to_slot's gradient, for the release within the same call.
+  struct Deferred {
+    uint32_t id = 0;
+    const void* grad = nullptr;  // null: none
+    uint64_t count = 0;
+    pstar_dtype dtype = PSTAR_DTYPE_F32;
+    pstar_mem_space space = PSTAR_MEM_HOST;
+  };
+  Deferred deferred_;
 };
 
 }  // namespace pstar::step

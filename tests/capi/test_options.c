@@ -383,3 +383,44 @@ Test(options, create_rejects_null_pointers) {
   T_FAIL(pstar_engine_create(NULL, &e), PSTAR_ERR_INVALID_ARGUMENT, "options");
   cr_assert_null(e);
 }
+
+/* PSTAR_CHUNK_ELEMS_AUTO: the build sizes the chunks to the parameters. */
+static pstar_stats built_with_chunk(uint64_t chunk_elems, pstar_state_format format) {
+  /* Sizes whose fixed-size packing wastes: 3000 + 3000 do not share a
+   * chunk of 4096, and neither do 2500 + 2500. */
+  const int64_t sizes[] = {3000, 3000, 2500, 2500, 700, 90};
+  pstar_engine_options o = t_options(PSTAR_DTYPE_BF16, chunk_elems);
+  o.state_format = format;
+  pstar_engine *e = t_create(&o);
+  for (int i = 0; i < 6; ++i) {
+    char name[16];
+    snprintf(name, sizeof name, "p%d", i);
+    uint32_t id;
+    T_OK(pstar_param_register(e, name, 1, &sizes[i], 0, &id));
+  }
+  T_OK(pstar_engine_build(e));
+  pstar_stats s = t_stats(e);
+  T_OK(pstar_engine_destroy(e));
+  return s;
+}
+
+Test(options, chunk_elems_auto_sizes_the_chunks_at_build) {
+  cr_assert_neq(PSTAR_CHUNK_ELEMS_AUTO % 128, 0, "AUTO must never be a valid size");
+  const pstar_state_format formats[] = {PSTAR_STATE_FP32, PSTAR_STATE_INT8};
+  for (int f = 0; f < 2; ++f) {
+    const pstar_stats fixed = built_with_chunk(4096, formats[f]);
+    const pstar_stats def = built_with_chunk(0, formats[f]);
+    const pstar_stats autos = built_with_chunk(PSTAR_CHUNK_ELEMS_AUTO, formats[f]);
+    /* 11790 elements: at 4096 four chunks; at the default 2^22 one chunk
+     * of mostly padding; sized, the fewest elements of padding. */
+    cr_assert_eq(fixed.compute_chunks, 4);
+    cr_assert_eq(def.compute_chunks, 1);
+    cr_assert_gt(autos.fill_ratio, 0.95, "format %d: fill %f", f, autos.fill_ratio);
+    cr_assert_gt(autos.fill_ratio, fixed.fill_ratio);
+    cr_assert_gt(autos.fill_ratio, def.fill_ratio);
+    /* The same parameters, the same size: the build is a function of them. */
+    const pstar_stats again = built_with_chunk(PSTAR_CHUNK_ELEMS_AUTO, formats[f]);
+    cr_assert_eq(again.fill_ratio, autos.fill_ratio);
+    cr_assert_eq(again.compute_chunks, autos.compute_chunks);
+  }
+}

@@ -57,7 +57,8 @@ class Options:
     """pstar_engine_options with the library's defaults; fields by name.
 
     ``Options(device="emulated", device_capacity_bytes=1 << 20, compute_dtype="bf16")``;
-    enum fields take names ("cuda", "f16", "lru", state_format "int8", master_format "bf16") or integers.  An unknown
+    enum fields take names ("cuda", "f16", "lru", state_format "int8", master_format "bf16") or integers, and
+    ``chunk_elems="auto"`` is PSTAR_CHUNK_ELEMS_AUTO (the build sizes the chunks to the parameters).  An unknown
     field name raises TypeError.
     """
 
@@ -83,6 +84,8 @@ class Options:
             raise TypeError(f"Options: no field {name!r}")
         if name in self._ENUMS:
             value = _enum(value, self._ENUMS[name], name)
+        elif name == "chunk_elems" and value == "auto":
+            value = _c.PSTAR_CHUNK_ELEMS_AUTO
         setattr(self._raw, name, value)
 
     def __getattr__(self, name):

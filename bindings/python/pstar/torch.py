@@ -908,10 +908,22 @@ class ParameterModel:
             # the engine reads it there, so the caching allocator may reuse
             # its memory once that stream's work is done.
             space = _c.PSTAR_MEM_HOST if g.device.type == "cpu" else _c.PSTAR_MEM_DEVICE
+            if slot.held_count == 1 and not slot.held._exports and not self._views_alive(slot):
+                # This use ends the engine's acquire and nothing reads the
+                # weight after it: the gradient and the release in one call
+                # (the engine may write it straight into the slot).
+                check(_c.pstar_grad_write_release(self.engine._handle(), slot.param.id, g.data_ptr(),
+                                                  slot.param.numel, dtype, space, self._stream()),
+                      "pstar_grad_write_release")
+                slot.held.released = True
+                slot.held = None
+                slot.held_count = 0
+                return
             check(_c.pstar_grad_write(self.engine._handle(), slot.param.id, g.data_ptr(), slot.param.numel, dtype,
                                       space, self._stream()), "pstar_grad_write")
         finally:
-            self._release(slot)
+            if slot.held is not None:
+                self._release(slot)
 
     # -- values ------------------------------------------------------------------
     def read(self, name_or_param) -> torch.Tensor:
@@ -976,7 +988,14 @@ def attach(module: torch.nn.Module, options: Options = None, init=None, **fields
     ``named_parameters()``), called once per parameter after the engine is
     built, so that only one parameter's values exist outside the engine at
     a time.  Buffers are not initialised: a model with buffers on the meta
-    device must materialise them itself."""
+    device must materialise them itself.
+
+    Without ``options`` or a ``chunk_elems`` field, the chunks are sized to
+    the module (``chunk_elems="auto"``: the size of least padding, see
+    PSTAR_CHUNK_ELEMS_AUTO); ``chunk_elems=0`` asks for the engine's fixed
+    default instead."""
+    if options is None:
+        fields.setdefault("chunk_elems", "auto")
     engine = Engine(options, **fields) if options is not None else Engine(**fields)
     pm = ParameterModel(module, engine)
     pm._adopt(module, init)

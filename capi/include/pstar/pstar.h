@@ -327,7 +327,10 @@ typedef struct pstar_engine_options {
    *  and v too, which an unlimited host gets at each chunk's first update),
    *  so that a capacity too small fails there. */
   uint64_t host_capacity_bytes;
-  /** Elements per chunk; 0 = default (PSTAR_DEFAULT_CHUNK_ELEMS). */
+  /** Elements per chunk; 0 = default (PSTAR_DEFAULT_CHUNK_ELEMS);
+   *  PSTAR_CHUNK_ELEMS_AUTO = sized to the registered parameters by
+   *  pstar_engine_build() (the stats' fill_ratio and compute_chunks show
+   *  the outcome; a checkpoint's manifest records the size). */
   uint64_t chunk_elems;
   /** Worker threads for the CPU optimizer; 0 = one per core. */
   uint32_t threads;
@@ -492,6 +495,16 @@ typedef struct pstar_engine_options {
 
 /** Default elements per chunk. */
 #define PSTAR_DEFAULT_CHUNK_ELEMS (1u << 22)
+
+/** chunk_elems that asks pstar_engine_build() for the size of least
+ *  padding for the registered parameters: among the sizes from a quarter
+ *  of PSTAR_DEFAULT_CHUNK_ELEMS to PSTAR_DEFAULT_CHUNK_ELEMS (or the
+ *  largest parameter, where it is larger), the one whose chunks hold the
+ *  fewest unused elements; on a tie within 0.5%, the smallest.  It
+ *  depends on the parameters' sizes, order and flags and the state format
+ *  alone, so every rank computes the same.  (Not a multiple of 128, so
+ *  never a size itself.) */
+#define PSTAR_CHUNK_ELEMS_AUTO 1
 
 /** The library's defaults, as an initializer. */
 #define PSTAR_ENGINE_OPTIONS_INIT                                                   \
@@ -732,6 +745,20 @@ PSTAR_API pstar_status pstar_param_release(pstar_engine *engine, uint32_t id, vo
 PSTAR_API pstar_status pstar_grad_write(pstar_engine *engine, uint32_t id, const void *grad,
                                         uint64_t count, pstar_dtype dtype,
                                         pstar_mem_space space, void *stream);
+
+/** pstar_grad_write() of the use's gradient, then pstar_param_release() of
+ *  the use, in one call, for a caller that reads the weight no more after
+ *  its gradient: the engine may then write the gradient straight into the
+ *  parameter's slot, with no accumulator in between and no copy (the
+ *  emulated device does, for the last backward use's only contribution in
+ *  the compute dtype, one process without accumulation); elsewhere it is
+ *  the two calls.  The same bits either way.  Work on `stream` that reads
+ *  the weight must have been queued before this call.  A failed check of
+ *  the gradient (as pstar_grad_write()'s) adds nothing and releases
+ *  nothing. */
+PSTAR_API pstar_status pstar_grad_write_release(pstar_engine *engine, uint32_t id, const void *grad,
+                                                uint64_t count, pstar_dtype dtype,
+                                                pstar_mem_space space, void *stream);
 
 /** Returns the address of parameter `id`'s fp32 gradient accumulator on the
  *  accelerator (element count floats), for the caller to add its

@@ -245,6 +245,9 @@ pstar_param_release(engine, id, stream) =
 pstar_grad_write(engine, id, grad, count, dtype, space, stream) =
     ccall((:pstar_grad_write, libpstar), Cint, (Ptr{Cvoid}, UInt32, Ptr{Cvoid}, UInt64, Cint, Cint, Ptr{Cvoid}),
           engine, id, grad, count, dtype, space, stream)
+pstar_grad_write_release(engine, id, grad, count, dtype, space, stream) =
+    ccall((:pstar_grad_write_release, libpstar), Cint,
+          (Ptr{Cvoid}, UInt32, Ptr{Cvoid}, UInt64, Cint, Cint, Ptr{Cvoid}), engine, id, grad, count, dtype, space, stream)
 pstar_grad_slot_acquire(engine, id, stream, out_ptr) =
     ccall((:pstar_grad_slot_acquire, libpstar), Cint, (Ptr{Cvoid}, UInt32, Ptr{Cvoid}, Ref{Ptr{Float32}}),
           engine, id, stream, out_ptr)

@@ -9,6 +9,7 @@ pub const PSTAR_STATE_INT8_BLOCK: u32 = 256;
 pub const PSTAR_ENGINE_OPTIONS_VERSION: u32 = 6;
 pub const PSTAR_DEFAULT_LINK_BYTES_PER_S: f64 = 12000000000.0;
 pub const PSTAR_DEFAULT_CHUNK_ELEMS: u32 = 4194304;
+pub const PSTAR_CHUNK_ELEMS_AUTO: u32 = 1;
 pub const PSTAR_STEP_RESULT_VERSION: u32 = 1;
 pub const PSTAR_STATS_VERSION: u32 = 3;
 pub type __int32_t = ::std::os::raw::c_int;
@@ -251,7 +252,10 @@ pub struct pstar_engine_options {
     #[doc = "  and v too, which an unlimited host gets at each chunk's first update),"]
     #[doc = "  so that a capacity too small fails there."]
     pub host_capacity_bytes: u64,
-    #[doc = " Elements per chunk; 0 = default (PSTAR_DEFAULT_CHUNK_ELEMS)."]
+    #[doc = " Elements per chunk; 0 = default (PSTAR_DEFAULT_CHUNK_ELEMS);"]
+    #[doc = "  PSTAR_CHUNK_ELEMS_AUTO = sized to the registered parameters by"]
+    #[doc = "  pstar_engine_build() (the stats' fill_ratio and compute_chunks show"]
+    #[doc = "  the outcome; a checkpoint's manifest records the size)."]
     pub chunk_elems: u64,
     #[doc = " Worker threads for the CPU optimizer; 0 = one per core."]
     pub threads: u32,
@@ -1414,6 +1418,27 @@ extern "C" {
     #[doc = "  emulated device accepts either space for any host-readable memory, and"]
     #[doc = "  CUDA does not check (a wrong space fails in the copy or the kernel)."]
     pub fn pstar_grad_write(
+        engine: *mut pstar_engine,
+        id: u32,
+        grad: *const ::std::os::raw::c_void,
+        count: u64,
+        dtype: pstar_dtype,
+        space: pstar_mem_space,
+        stream: *mut ::std::os::raw::c_void,
+    ) -> pstar_status;
+}
+extern "C" {
+    #[doc = " pstar_grad_write() of the use's gradient, then pstar_param_release() of"]
+    #[doc = "  the use, in one call, for a caller that reads the weight no more after"]
+    #[doc = "  its gradient: the engine may then write the gradient straight into the"]
+    #[doc = "  parameter's slot, with no accumulator in between and no copy (the"]
+    #[doc = "  emulated device does, for the last backward use's only contribution in"]
+    #[doc = "  the compute dtype, one process without accumulation); elsewhere it is"]
+    #[doc = "  the two calls.  The same bits either way.  Work on `stream` that reads"]
+    #[doc = "  the weight must have been queued before this call.  A failed check of"]
+    #[doc = "  the gradient (as pstar_grad_write()'s) adds nothing and releases"]
+    #[doc = "  nothing."]
+    pub fn pstar_grad_write_release(
         engine: *mut pstar_engine,
         id: u32,
         grad: *const ::std::os::raw::c_void,
