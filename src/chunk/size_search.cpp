@@ -27,8 +27,8 @@ SearchRange search_range(const std::vector<uint64_t>& numels, const std::vector<
   return r;
 }
 
-uint64_t search_chunk_elems(const std::vector<uint64_t>& numels, const std::vector<bool>& frozen,
-                            uint64_t align_elems, uint64_t ceiling_elems) {
+uint64_t search_chunk_elems(const std::vector<uint64_t>& numels, const std::vector<bool>& frozen, uint64_t align_elems,
+                            uint64_t ceiling_elems) {
   const SearchRange range = search_range(numels, frozen, align_elems, ceiling_elems);
   const uint64_t lo = range.lo, hi = range.hi;
   if (lo >= hi) return hi;

@@ -74,7 +74,7 @@ SearchRange search_range(const std::vector<uint64_t>& numels, const std::vector<
 // apart, as ChunkLayout does), a multiple of align_elems (itself a
 // multiple of kAlignElems); ceiling_elems as above.  Depends on its
 // arguments alone, so every rank of a group computes the same size.
-uint64_t search_chunk_elems(const std::vector<uint64_t>& numels, const std::vector<bool>& frozen,
-                            uint64_t align_elems, uint64_t ceiling_elems);
+uint64_t search_chunk_elems(const std::vector<uint64_t>& numels, const std::vector<bool>& frozen, uint64_t align_elems,
+                            uint64_t ceiling_elems);
 
 }  // namespace pstar::chunk

@@ -61,22 +61,35 @@ struct PackSource {
 
 // Sixteen values from `from` rounded through dtype D, stored into `slot`
 // (unless it is null), returned as fp32 in g0 (first eight) and g1.
-template <pstar_dtype D, typename Source>
+// Nt: the slot is 32-byte aligned and large; its stores bypass the cache
+// (non-temporal), so that writing it does not first read it from memory.
+template <pstar_dtype D, bool Nt, typename Source>
 PSTAR_AVX2 void round16(const Source& from, void* slot, size_t i, __m256& g0, __m256& g1) {
   __m256 x0, x1;
   from.load16(i, x0, x1);
   if (D == PSTAR_DTYPE_F32) {
     if (slot != nullptr) {
-      _mm256_storeu_ps(static_cast<float*>(slot) + i, x0);
-      _mm256_storeu_ps(static_cast<float*>(slot) + i + 8, x1);
+      float* s = static_cast<float*>(slot) + i;
+      if (Nt) {
+        _mm256_stream_ps(s, x0);
+        _mm256_stream_ps(s + 8, x1);
+      } else {
+        _mm256_storeu_ps(s, x0);
+        _mm256_storeu_ps(s + 8, x1);
+      }
     }
     g0 = x0;
     g1 = x1;
   } else if (D == PSTAR_DTYPE_F16) {
     const __m128i h0 = simd::f16_pack8(x0), h1 = simd::f16_pack8(x1);
     __m128i* s = reinterpret_cast<__m128i*>(static_cast<uint16_t*>(slot) + i);
-    _mm_storeu_si128(s, h0);
-    _mm_storeu_si128(s + 1, h1);
+    if (Nt) {
+      _mm_stream_si128(s, h0);
+      _mm_stream_si128(s + 1, h1);
+    } else {
+      _mm_storeu_si128(s, h0);
+      _mm_storeu_si128(s + 1, h1);
+    }
     g0 = _mm256_cvtph_ps(h0);
     g1 = _mm256_cvtph_ps(h1);
   } else {
@@ -86,7 +99,12 @@ PSTAR_AVX2 void round16(const Source& from, void* slot, size_t i, __m256& g0, __
     const __m256i hi_mask = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
     g0 = _mm256_castsi256_ps(_mm256_and_si256(ha, hi_mask));
     g1 = _mm256_castsi256_ps(_mm256_and_si256(hb, hi_mask));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(slot) + i), simd::bf16_pack_hi16(ha, hb));
+    __m256i* s = reinterpret_cast<__m256i*>(static_cast<uint16_t*>(slot) + i);
+    if (Nt) {
+      _mm256_stream_si256(s, simd::bf16_pack_hi16(ha, hb));
+    } else {
+      _mm256_storeu_si256(s, simd::bf16_pack_hi16(ha, hb));
+    }
   }
 }
 
@@ -97,10 +115,10 @@ PSTAR_AVX2 __m256d square_add(__m256d sum, __m128 g) {
 
 // Sixteen values from i on (rounded through D into the slot) squared into
 // sixteen lanes' partials.
-template <pstar_dtype D, typename Source>
+template <pstar_dtype D, bool Nt, typename Source>
 PSTAR_AVX2 void add_group(const Source& from, void* slot, size_t i, double* lanes) {
   __m256 g0, g1;
-  round16<D>(from, slot, i, g0, g1);
+  round16<D, Nt>(from, slot, i, g0, g1);
   _mm256_store_pd(lanes, square_add(_mm256_load_pd(lanes), _mm256_castps256_ps128(g0)));
   _mm256_store_pd(lanes + 4, square_add(_mm256_load_pd(lanes + 4), _mm256_extractf128_ps(g0, 1)));
   _mm256_store_pd(lanes + 8, square_add(_mm256_load_pd(lanes + 8), _mm256_castps256_ps128(g1)));
@@ -115,17 +133,18 @@ PSTAR_AVX2 void add_group(const Source& from, void* slot, size_t i, double* lane
 // lane group (a column of rows at a time, 1 KiB apart) made the finalize
 // memory-latency bound: as much CPU time as the Adam update in
 // pstar-bench overlap's backward.
-template <pstar_dtype D, typename Source>
+template <pstar_dtype D, bool Nt, typename Source>
 __attribute__((target("avx2,fma,f16c"))) double block_sumsq(const Source& from, void* slot, size_t n) {
   alignas(32) double lanes[kNormLanes];
   for (size_t t = 0; t < kNormLanes; t += 4) _mm256_store_pd(lanes + t, _mm256_setzero_pd());
   const size_t rows = n / kNormLanes, rem = n % kNormLanes;
   for (size_t r = 0; r < rows; ++r) {
-    for (size_t t0 = 0; t0 < kNormLanes; t0 += kGroupLanes) add_group<D>(from, slot, r * kNormLanes + t0, lanes + t0);
+    for (size_t t0 = 0; t0 < kNormLanes; t0 += kGroupLanes)
+      add_group<D, Nt>(from, slot, r * kNormLanes + t0, lanes + t0);
   }
   // The last, partial row: whole groups, then lane by lane.
   size_t t = 0;
-  for (; t + kGroupLanes <= rem; t += kGroupLanes) add_group<D>(from, slot, rows * kNormLanes + t, lanes + t);
+  for (; t + kGroupLanes <= rem; t += kGroupLanes) add_group<D, Nt>(from, slot, rows * kNormLanes + t, lanes + t);
   for (; t < rem; ++t) {
     const size_t i = rows * kNormLanes + t;
     const float x = from.at(i);
@@ -148,15 +167,32 @@ __attribute__((target("avx2,fma,f16c"))) double block_sumsq(const Source& from, 
   return lanes[0];
 }
 
-template <pstar_dtype D, typename Source>
-double sumsq(const Source& from, void* slot, size_t n) {
+template <pstar_dtype D, bool Nt, typename Source>
+double sumsq_blocks(const Source& from, void* slot, size_t n) {
   double total = 0.0;
   for (size_t b = 0; b < n; b += kNormBlockElems) {
     const size_t len = n - b < kNormBlockElems ? n - b : kNormBlockElems;
     void* block_slot = slot == nullptr ? nullptr : static_cast<char*>(slot) + b * dtype_size(D);
-    total += block_sumsq<D>(from.offset(b), block_slot, len);
+    total += block_sumsq<D, Nt>(from.offset(b), block_slot, len);
   }
   return total;
+}
+
+// Slots of at least this many bytes are written with non-temporal stores
+// (when 32-byte aligned, as a chunk's parameters are): a gradient of this
+// size is not read again before it leaves the cache, and a cached store
+// would first read each line from memory, a third more traffic on the
+// memory PyTorch's threads compute from.  Below it, the slot stays cached.
+constexpr size_t kNtSlotBytes = size_t{32} << 10;
+
+template <pstar_dtype D, typename Source>
+double sumsq(const Source& from, void* slot, size_t n) {
+  if (slot != nullptr && n * dtype_size(D) >= kNtSlotBytes && reinterpret_cast<uintptr_t>(slot) % 32 == 0) {
+    const double total = sumsq_blocks<D, true>(from, slot, n);
+    _mm_sfence();  // the stores are visible before whatever reads the slot next is signalled
+    return total;
+  }
+  return sumsq_blocks<D, false>(from, slot, n);
 }
 
 // acc += src, or with OntoZero acc = +0 + src without reading acc (the same

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <cstdlib>
 #include <limits>
 #include <random>
 #include <vector>
@@ -245,6 +246,45 @@ Test(host_kernels, pack_is_accumulate_onto_zero_then_finalize) {
             cr_assert(same, "dtype %d n %zu: unpacked [%zu] %g, accumulated %g", dt, n, i, buf[i], acc[i]);
           }
         }
+      }
+    }
+  }
+}
+
+// Large slots on the vector path: 32-byte aligned ones are written with
+// non-temporal stores (host_kernels_avx2.cpp, kNtSlotBytes), others with
+// cached stores; both give the scalar path's bits, for the finalize and the
+// pack, with a partial last row.
+Test(host_kernels, large_aligned_and_unaligned_slots_same_bits) {
+  const size_t n = 3 * 65536 + 300;
+  for (pstar_dtype dt : kDtypes) {
+    const size_t esize = pstar::dtype_size(dt);
+    std::vector<float> src32 = gradients(n, 77 + dt);
+    src32[n / 3] = -0.0f;
+    std::vector<uint8_t> src(n * esize);
+    for (size_t i = 0; i < n; ++i) pstar::store_as(src.data(), dt, i, src32[i]);
+    std::vector<uint8_t> want(n * esize);
+    double want_sum = -1.0;
+    int want_flag = -1;
+    pstar::memory::host_grad_pack(HostKernelIsa::kScalar, want.data(), src.data(), dt, n, &want_sum, &want_flag);
+    for (HostKernelIsa isa : paths()) {
+      for (size_t offset : {size_t{0}, size_t{2}, size_t{32}}) {  // aligned (non-temporal), unaligned, aligned
+        uint8_t* base = static_cast<uint8_t*>(std::aligned_alloc(64, n * esize + 64));
+        cr_assert_not_null(base);
+        uint8_t* slot = base + offset;
+        double sum = -1.0;
+        int flag = -1;
+        pstar::memory::host_grad_pack(isa, slot, src.data(), dt, n, &sum, &flag);
+        cr_assert(std::memcmp(slot, want.data(), n * esize) == 0, "dtype %d offset %zu: packed values", dt, offset);
+        cr_assert(bits(sum) == bits(want_sum), "dtype %d offset %zu: pack's squared sum", dt, offset);
+        cr_assert_eq(flag, want_flag);
+        std::vector<float> acc(n);
+        pstar::memory::host_grad_accumulate(isa, acc.data(), src.data(), dt, n, true);
+        std::memset(slot, 0xA5, n * esize);
+        pstar::memory::host_grad_finalize(isa, acc.data(), slot, dt, n, &sum, &flag);
+        cr_assert(std::memcmp(slot, want.data(), n * esize) == 0, "dtype %d offset %zu: finalized values", dt, offset);
+        cr_assert(bits(sum) == bits(want_sum), "dtype %d offset %zu: finalize's squared sum", dt, offset);
+        std::free(base);
       }
     }
   }
