@@ -268,8 +268,8 @@ Test(host_kernels, large_aligned_and_unaligned_slots_same_bits) {
     int want_flag = -1;
     pstar::memory::host_grad_pack(HostKernelIsa::kScalar, want.data(), src.data(), dt, n, &want_sum, &want_flag);
     for (HostKernelIsa isa : paths()) {
-      for (size_t offset : {size_t{0}, size_t{2}, size_t{32}}) {  // aligned (non-temporal), unaligned, aligned
-        uint8_t* base = static_cast<uint8_t*>(std::aligned_alloc(64, n * esize + 64));
+      for (size_t offset : {size_t{0}, esize, size_t{32}}) {  // 32-byte aligned (non-temporal), not, aligned
+        uint8_t* base = static_cast<uint8_t*>(std::aligned_alloc(64, (n * esize + 64 + 63) / 64 * 64));
         cr_assert_not_null(base);
         uint8_t* slot = base + offset;
         double sum = -1.0;
