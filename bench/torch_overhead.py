@@ -52,9 +52,8 @@ timed steps divided by their count; absent without /proc), and
 chunk moves (the stats' wait_seconds).  ``compute_chunks`` and
 ``fill_ratio`` say how the model was laid out: ``attach`` sizes the chunks
 to the model unless ``--chunk-elems`` names a size (0: the engine's fixed
-2^22).  On a host with
-as many cores as PyTorch's threads, every second of the engine's threads is
-taken from PyTorch's.
+2^22).  On a host with as many cores as PyTorch's threads, every second of
+the engine's threads is taken from PyTorch's.
 
 ``--quick`` (CI): a tiny model and 2 timed steps; ``--check`` exits nonzero
 when a key above is missing, when a loss is not finite, when pstar's losses drift from plain PyTorch's by
@@ -126,12 +125,12 @@ class PstarRun:
     def __init__(self, args, dtype):
         self.model = gpt2(args)
         # Every chunk fits: the capacity is four times the compute bytes.
-        compute_bytes = sum(p.numel() for p in self.model.parameters()) * (4 if dtype == "f32" else 2)
-        capacity = 4 * compute_bytes + (64 << 20)
+        numel = sum(p.numel() for p in self.model.parameters())
+        capacity = 4 * numel * (4 if dtype == "f32" else 2) + (64 << 20)
         if args.hybrid:
             # --hybrid: the optimizer state on the device beside the chunks
             # (hybrid placement), with room for it and the gradient buffers.
-            capacity = args.hybrid_bytes_per_param * (compute_bytes // (4 if dtype == "f32" else 2)) + (64 << 20)
+            capacity = args.hybrid_bytes_per_param * numel + (64 << 20)
         # attach's own chunk size unless --chunk-elems names one.
         sized = {} if args.chunk_elems is None else {"chunk_elems": args.chunk_elems}
         self.pm = ptorch.attach(self.model, device="emulated", compute_dtype=dtype, **sized,
@@ -258,9 +257,9 @@ def measure(args, dtype, reference):
         row["losses_match_reference"] = n > 0 and ref[:n] == row["pstar_losses_hex"][:n]
     row["shape"] = {"layers": args.layers, "hidden": args.hidden, "heads": args.heads, "vocab": args.vocab,
                     "seq": args.seq, "batch": args.batch, "chunk_elems": args.chunk_elems}
-    row["compute_chunks"] = pstar_run.pm.engine.stats["compute_chunks"]
-    row["fill_ratio"] = pstar_run.pm.engine.stats["fill_ratio"]
     st = pstar_run.pm.engine.stats
+    row["compute_chunks"] = st["compute_chunks"]
+    row["fill_ratio"] = st["fill_ratio"]
     row["hybrid_optimizer"] = bool(args.hybrid)
     row["optimizer_chunks_on_device"] = st["optimizer_chunks_on_device"]
     row["optimizer_chunks"] = st["optimizer_chunks"]

@@ -59,6 +59,21 @@ struct PackSource {
   PackSource offset(size_t b) const { return {static_cast<const char*>(src) + b * dtype_size(D)}; }
 };
 
+// A vector stored at p: with Nt, around the cache (non-temporal; p is
+// aligned to the vector), otherwise a plain unaligned store.
+template <bool Nt>
+PSTAR_AVX2 void store(float* p, __m256 v) {
+  Nt ? _mm256_stream_ps(p, v) : _mm256_storeu_ps(p, v);
+}
+template <bool Nt>
+PSTAR_AVX2 void store(__m128i* p, __m128i v) {
+  Nt ? _mm_stream_si128(p, v) : _mm_storeu_si128(p, v);
+}
+template <bool Nt>
+PSTAR_AVX2 void store(__m256i* p, __m256i v) {
+  Nt ? _mm256_stream_si256(p, v) : _mm256_storeu_si256(p, v);
+}
+
 // Sixteen values from `from` rounded through dtype D, stored into `slot`
 // (unless it is null), returned as fp32 in g0 (first eight) and g1.
 // Nt: the slot is 32-byte aligned and large; its stores bypass the cache
@@ -70,26 +85,16 @@ PSTAR_AVX2 void round16(const Source& from, void* slot, size_t i, __m256& g0, __
   if (D == PSTAR_DTYPE_F32) {
     if (slot != nullptr) {
       float* s = static_cast<float*>(slot) + i;
-      if (Nt) {
-        _mm256_stream_ps(s, x0);
-        _mm256_stream_ps(s + 8, x1);
-      } else {
-        _mm256_storeu_ps(s, x0);
-        _mm256_storeu_ps(s + 8, x1);
-      }
+      store<Nt>(s, x0);
+      store<Nt>(s + 8, x1);
     }
     g0 = x0;
     g1 = x1;
   } else if (D == PSTAR_DTYPE_F16) {
     const __m128i h0 = simd::f16_pack8(x0), h1 = simd::f16_pack8(x1);
     __m128i* s = reinterpret_cast<__m128i*>(static_cast<uint16_t*>(slot) + i);
-    if (Nt) {
-      _mm_stream_si128(s, h0);
-      _mm_stream_si128(s + 1, h1);
-    } else {
-      _mm_storeu_si128(s, h0);
-      _mm_storeu_si128(s + 1, h1);
-    }
+    store<Nt>(s, h0);
+    store<Nt>(s + 1, h1);
     g0 = _mm256_cvtph_ps(h0);
     g1 = _mm256_cvtph_ps(h1);
   } else {
@@ -99,12 +104,7 @@ PSTAR_AVX2 void round16(const Source& from, void* slot, size_t i, __m256& g0, __
     const __m256i hi_mask = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
     g0 = _mm256_castsi256_ps(_mm256_and_si256(ha, hi_mask));
     g1 = _mm256_castsi256_ps(_mm256_and_si256(hb, hi_mask));
-    __m256i* s = reinterpret_cast<__m256i*>(static_cast<uint16_t*>(slot) + i);
-    if (Nt) {
-      _mm256_stream_si256(s, simd::bf16_pack_hi16(ha, hb));
-    } else {
-      _mm256_storeu_si256(s, simd::bf16_pack_hi16(ha, hb));
-    }
+    store<Nt>(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(slot) + i), simd::bf16_pack_hi16(ha, hb));
   }
 }
 

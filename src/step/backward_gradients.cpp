@@ -180,12 +180,11 @@ void BackwardGradients::check_write(const char* what, const chunk::Param& p, con
   if (payloads_) device_->check_caller_buffer(grad, count * dtype_size(dtype), space, what);
 }
 
-bool BackwardGradients::defer_to_slot(uint32_t id, const void* grad, uint64_t count, pstar_dtype dtype,
-                                      pstar_mem_space space) {
+bool BackwardGradients::defer_to_slot(uint32_t id, const void* grad, pstar_dtype dtype, pstar_mem_space space) {
   chunk::Param& p = params_[id];
   deferred_ = Deferred{};
-  if (p.grad_acc == nullptr || !p.grad_zero_pending || !packs(p, dtype) || p.frozen()) return false;
-  deferred_ = Deferred{id, grad, count, dtype, space};
+  if (p.grad_acc == nullptr || !p.grad_zero_pending || !packs(p, dtype)) return false;
+  deferred_ = Deferred{id, grad, dtype, space};
   return true;
 }
 
@@ -243,7 +242,7 @@ memory::EventPtr BackwardGradients::finalize_into_slot(uint32_t id, memory::Stre
       const Deferred d = deferred_;
       deferred_ = Deferred{};
       p.grad_zero_pending = false;
-      device_->grad_pack(s, slot, d.grad, d.dtype, d.space, d.count, &p.grad_sumsq, &p.grad_nonfinite);
+      device_->grad_pack(s, slot, d.grad, d.dtype, d.space, p.numel, &p.grad_sumsq, &p.grad_nonfinite);
       // The caller may reuse its gradient once the call returns.
       device_->synchronize(s);
     } else if (p.grad_zero_pending) {

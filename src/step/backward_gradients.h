@@ -89,7 +89,8 @@ class BackwardGradients {
   // contribution, and one that packs): it is kept (the caller's pointer,
   // valid through the call) for finalize_into_slot, which packs it there.
   // False: nothing kept, the caller writes it as pstar_grad_write does.
-  bool defer_to_slot(uint32_t id, const void* grad, uint64_t count, pstar_dtype dtype, pstar_mem_space space);
+  // (count is the parameter's element count: the engine checked it.)
+  bool defer_to_slot(uint32_t id, const void* grad, pstar_dtype dtype, pstar_mem_space space);
   // Forgets a deferred gradient at the end of the call, whether its
   // release took it or failed.
   class DeferredScope {
@@ -151,8 +152,7 @@ class BackwardGradients {
   // defer_to_slot's gradient, for the release within the same call.
   struct Deferred {
     uint32_t id = 0;
-    const void* grad = nullptr;  // null: none
-    uint64_t count = 0;
+    const void* grad = nullptr;  // null: none; the parameter's element count of dtype
     pstar_dtype dtype = PSTAR_DTYPE_F32;
     pstar_mem_space space = PSTAR_MEM_HOST;
   };
