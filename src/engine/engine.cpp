@@ -655,8 +655,6 @@ void Engine::grad_write(uint32_t id, const void* grad, uint64_t count, pstar_dty
   Param& p = backward_param(what, id);
   group_.require_ok(what);
   grads_->check_write(what, p, grad, count, dtype, space);
-  // pstar_grad_write_release: a gradient that can go straight into the
-  // slot is handed to the release (BackwardGradients::defer_to_slot).
   if (!release_after || !grads_->defer_to_slot(id, grad, dtype, space))
     grads_->write(id, grad, count, dtype, space, device_->caller_stream(stream));
   step::BackwardGradients::DeferredScope scope(*grads_);  // forgotten whether the release takes it or fails

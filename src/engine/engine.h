@@ -104,7 +104,7 @@ class Engine : private placement::HybridTable {
 
   void* acquire(uint32_t id, pstar_stage stage, void* stream);
   void release(uint32_t id, void* stream);
-  // release_after: pstar_grad_write_release.
+  // release_after: pstar_grad_write_release (BackwardGradients::defer_to_slot).
   void grad_write(uint32_t id, const void* grad, uint64_t count, pstar_dtype dtype, pstar_mem_space space, void* stream,
                   bool release_after = false);
   float* grad_slot_acquire(uint32_t id, void* stream);
