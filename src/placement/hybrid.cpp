@@ -29,6 +29,15 @@ void HybridPlacement::step_begins(const Plan& p) {
   ++train_steps_;
   if (!options_.enabled || train_steps_ < options_.warmup_iterations) return;  // the need peak spans warm-up
   for (uint32_t k : p.out) move_out(k);
+  // The sizes of the host buffers the moves in free.
+  std::vector<uint64_t> freed;
+  for (uint32_t k : p.in) {
+    const chunk::Fp32Lists& l = chunks_->lists_at(k);
+    const float* const lists[] = {l.master, l.exp_avg, l.exp_avg_sq, l.grad32};
+    for (size_t slot = 0; slot < device_lists(); ++slot)
+      if (lists[slot] != nullptr) freed.push_back(list_bytes(k, slot));
+    if (sharded_) freed.push_back(shard_bytes(k));
+  }
   for (uint32_t k : p.in) move(k);
   if (!p.in.empty()) {
     // The host lists the copies read go back to the host pool now, not at
@@ -37,15 +46,7 @@ void HybridPlacement::step_begins(const Plan& p) {
     memory::Stream* s = device_->h2d_stream();
     runtime_->host_wait(s, device_->record(s));
     runtime_->reclaim_deferred(false);
-    // With world > 1 the compute shards they leave are of a size nothing
-    // else takes from the pool: they go for good.
-    if (sharded_) {
-      std::vector<uint64_t> sizes;
-      for (uint32_t k : p.in) sizes.push_back(shard_bytes(k));
-      std::sort(sizes.begin(), sizes.end());
-      sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
-      for (uint64_t b : sizes) runtime_->trim_host_cache(b);
-    }
+    trim_unwanted(freed);
   }
   const memory::DeviceTier& tier = runtime_->tier();
   if (!p.empty()) {
@@ -59,6 +60,29 @@ void HybridPlacement::step_begins(const Plan& p) {
               ")");
   }
   runtime_->tier().reset_need_peak();
+}
+
+void HybridPlacement::trim_unwanted(std::vector<uint64_t> freed) {
+  // What the host pool will be asked for next: the moment lists (and the
+  // gradient list) of host chunks that do not have them yet.  With fp32
+  // moments a freed master is exactly such a buffer; with another state
+  // or master format, and for a sharded rank's compute shards, the freed
+  // sizes match nothing the pool will give out, and without a host
+  // capacity to press them out they would stay held for good (the planner
+  // measured 9.1 GB per rank held so with int8 moments on v100x8).
+  std::vector<uint64_t> wanted;
+  for (uint32_t k = 0; k < chunks_->chunk_count(); ++k) {
+    if (placed(k) || layout_->chunks()[k].frozen) continue;
+    const chunk::Fp32Lists& l = chunks_->lists_at(k);
+    if (l.exp_avg == nullptr) wanted.push_back(list_bytes(k, 1));
+    if (l.exp_avg_sq == nullptr) wanted.push_back(list_bytes(k, 2));
+    if (device_lists() == 4 && l.grad32 == nullptr) wanted.push_back(list_bytes(k, 3));
+  }
+  std::sort(wanted.begin(), wanted.end());
+  std::sort(freed.begin(), freed.end());
+  freed.erase(std::unique(freed.begin(), freed.end()), freed.end());
+  for (uint64_t b : freed)
+    if (!std::binary_search(wanted.begin(), wanted.end(), b)) runtime_->trim_host_cache(b);
 }
 
 HybridPlacement::Plan HybridPlacement::step_plan() const {

@@ -215,6 +215,9 @@ class HybridPlacement {
   // Lists that live in the device buffer: master, m, v, and the gradient
   // list with accumulation in one process.
   size_t device_lists() const { return options_.grad_accumulation && !sharded_ ? 4 : 3; }
+  // Gives back to the host allocator the pool's cached buffers of the sizes
+  // in `freed` that no host chunk's list still to be allocated has.
+  void trim_unwanted(std::vector<uint64_t> freed);
   // The bytes of chunk k's list `i` (0 master, 1 m, 2 v, 3 the gradient
   // list): fp32 but Adam's moments, which are in the state format, and the
   // master, in the master format.

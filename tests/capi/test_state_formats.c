@@ -339,6 +339,39 @@ Test(state_formats, host_bytes_shrink_by_the_moments_difference, .timeout = 60) 
   for (int i = 0; i < 3; ++i) free_result(&r[i]);
 }
 
+/* Hybrid placement on an unlimited device places every chunk's state, so
+ * the host holds none of the optimizer's lists after the first step: the
+ * host bytes are the host run's less at least the masters and the moments
+ * (their codes, for int8).  The lists the placement frees are of sizes the
+ * host pool is asked for again only with fp32 moments and fp32 masters, so
+ * the pool gives them back (placement/hybrid.cpp, trim_unwanted) rather than
+ * holding them for good. */
+Test(state_formats, hybrid_placement_leaves_no_optimizer_list_on_the_host, .timeout = 60) {
+  const pstar_state_format formats[3] = {PSTAR_STATE_FP32, PSTAR_STATE_BF16, PSTAR_STATE_INT8};
+  const uint64_t moment_elem_bytes[3] = {4, 2, 1};
+  for (int m = 0; m < 2; ++m) {
+    for (int i = 0; i < 3; ++i) {
+      run_result host, hyb;
+      run_config c = k_base;
+      c.format = formats[i];
+      c.master = m ? PSTAR_MASTER_BF16 : PSTAR_MASTER_FP32;
+      run(&c, NULL, &host);
+      c.hybrid = 1;
+      run(&c, NULL, &hyb);
+      cr_assert_eq(hyb.stats.optimizer_chunks_on_device, hyb.stats.optimizer_chunks, "every chunk's state placed");
+      const uint64_t elems = host.stats.optimizer_list_bytes / 4;
+      const uint64_t lists = elems * (m ? 2 : 4) + 2 * elems * moment_elem_bytes[i];
+      cr_assert_geq(host.stats.host_bytes, hyb.stats.host_bytes + lists,
+                    "state format %d, %s masters: host %llu bytes with hybrid placement, %llu without; the "
+                    "optimizer's host lists are at least %llu",
+                    (int)formats[i], m ? "bf16" : "fp32", (unsigned long long)hyb.stats.host_bytes,
+                    (unsigned long long)host.stats.host_bytes, (unsigned long long)lists);
+      free_result(&hyb);
+      free_result(&host);
+    }
+  }
+}
+
 Test(state_formats, a_checkpoint_of_another_format_is_refused, .timeout = 60) {
   run_config c = k_base;
   c.format = PSTAR_STATE_INT8;

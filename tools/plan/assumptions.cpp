@@ -43,13 +43,10 @@ std::vector<std::string> common_assumptions(const Args& a) {
                 a.hybrid ? "on (options.hybrid_optimizer = 1: when warm-up ends the engine moves, for good, the "
                            "optimizer state of the trainable chunks that fit in the capacity less the warm-up's "
                            "device peak; the warm-up's chunk cache fills the device whenever the model's chunks "
-                           "do not all fit beside its activations, and then nothing is placed)"
-                : a.hybrid_refused ? "off (turned off with another --state-format or --master-format: every list is "
-                                     "on the host "
-                                     "from the build, so these formats meet the host bound either way, and hybrid's "
-                                     "device-side constraints can lower the maximum; picking the better per shape is "
-                                     "not written yet; all optimizer state on the host)"
-                                   : "off (--no-hybrid: all optimizer state on the host)");
+                           "do not all fit beside its activations, and then nothing is placed; the search runs "
+                           "without it too, and where that finds the larger model the plan is that one: "
+                           "hybrid_optimizer says which)"
+                         : "off (--no-hybrid: all optimizer state on the host)");
   v.push_back(buf);
   if (!fp32) {
     std::snprintf(buf, sizeof buf,

@@ -1,14 +1,17 @@
 # Runs `pstar-plan --preset PRESET --json` with the default state format and
 # with --state-format int8 (issue 45), and checks that the int8 report says
 # its format, keeps its lists near 8 B per parameter (the engine's own peak
-# host bytes too), turns hybrid placement off (docs/planner.md), searches chunk sizes of whole 256-element blocks, and finds a larger
-# model than fp32 does: larger than fp32 with hybrid placement, and at least
-# 1.6x fp32 with all state on the host as int8's is (like for like).  fp32's
-# report carries no state_format key (its JSON is what it was).  --nvme with
-# int8 is a usage error (exit status 2).  With --master-format bf16 too
-# (bf16 masters): the report says so, its lists are 6.03125 B per parameter
-# and the engine's own peak at most 6.1 (issue 45's target), and it fits
-# more than int8 with fp32 masters.
+# host bytes at most 8.1: less where hybrid placement holds state on the
+# device), takes the better of hybrid placement and none (max_params is the
+# larger of max_params_hybrid and max_params_host_only, and
+# hybrid_optimizer says which), searches chunk sizes of whole 256-element
+# blocks, and finds a larger model than fp32 does: larger than fp32 with
+# hybrid placement, and at least 1.6x fp32 with all state on the host (like
+# for like).  fp32's report carries no state_format key.  --nvme with int8
+# is a usage error (exit status 2).  With --master-format bf16 too (bf16
+# masters): the report says so, its lists are 6.03125 B per parameter and
+# the engine's own peak at most 6.1 (issue 45's target), and it fits more
+# than int8 with fp32 masters.
 # Usage: cmake -DPLAN=<path to pstar-plan> -DPRESET=v100x8 -P check_plan_state_format.cmake
 include(${CMAKE_CURRENT_LIST_DIR}/run_plan.cmake)
 function(get json path var)
@@ -30,22 +33,39 @@ get("${json_int8}" state_format format)
 if(NOT format STREQUAL "int8")
   message(FATAL_ERROR "state_format is '${format}', expected int8")
 endif()
+# The better of hybrid placement and none.
 get("${json_int8}" hybrid_optimizer hybrid)
-get("${json_int8}" hybrid_optimizer_refused refused)
-if(NOT hybrid STREQUAL "OFF" OR NOT refused STREQUAL "ON")
-  message(FATAL_ERROR "int8: hybrid_optimizer '${hybrid}', hybrid_optimizer_refused '${refused}' (expected off, refused)")
+get("${json_int8}" hybrid_optimizer_picked_off picked_off)
+get("${json_int8}" max_params p_int8)
+get("${json_int8}" max_params_hybrid p_int8_hybrid)
+get("${json_int8}" max_params_host_only p_int8_host)
+if(p_int8_hybrid LESS p_int8_host)
+  set(expect_params ${p_int8_host})
+  set(expect_hybrid OFF)
+else()
+  set(expect_params ${p_int8_hybrid})
+  set(expect_hybrid ON)
+endif()
+if(NOT p_int8 EQUAL expect_params OR NOT hybrid STREQUAL expect_hybrid)
+  message(FATAL_ERROR "int8: max_params ${p_int8} with hybrid_optimizer ${hybrid}; the searches found "
+                      "${p_int8_hybrid} with hybrid placement and ${p_int8_host} without")
+endif()
+if(hybrid STREQUAL picked_off)
+  message(FATAL_ERROR "int8: hybrid_optimizer ${hybrid} and hybrid_optimizer_picked_off ${picked_off}")
 endif()
 
 # Bytes per parameter: the model's (2 + 4 + 2 x 1.015625 = 8.03125 with the
-# presets' bf16) and the engine's own peak at the largest model (layout padding
-# on top), both at most 8.1 (issue 45's target for the engine's host bytes).
+# presets' bf16), and the engine's own peak at the largest model (layout
+# padding on top; with hybrid placement the state on the device is off the
+# host), at most 8.1 (issue 45's target for the engine's host bytes).
 get("${json_int8}" bytes_per_param bpp)
 get("${json_int8}" max_engine_peak_host_bytes_per_param engine_bpp)
-foreach(v bpp engine_bpp)
-  if(NOT ${v} MATCHES "^[0-9]+(\\.[0-9]*)?$" OR ${v} LESS 8 OR ${v} GREATER 8.1)
-    message(FATAL_ERROR "${v} = '${${v}}' outside [8, 8.1]")
-  endif()
-endforeach()
+if(NOT bpp MATCHES "^[0-9]+(\\.[0-9]*)?$" OR bpp LESS 8 OR bpp GREATER 8.1)
+  message(FATAL_ERROR "bytes_per_param = '${bpp}' outside [8, 8.1]")
+endif()
+if(NOT engine_bpp MATCHES "^[0-9]+(\\.[0-9]*)?$" OR engine_bpp LESS 4 OR engine_bpp GREATER 8.1)
+  message(FATAL_ERROR "max_engine_peak_host_bytes_per_param = '${engine_bpp}' outside [4, 8.1]")
+endif()
 
 get("${json_int8}" chunk_elems chunk)
 math(EXPR rest "${chunk} % 256")
@@ -59,7 +79,6 @@ endif()
 
 get("${json_fp32}" max_params p_fp32)
 get("${json_fp32}" max_params_host_only p_fp32_host)
-get("${json_int8}" max_params p_int8)
 if(NOT p_int8 GREATER p_fp32)
   message(FATAL_ERROR "int8 fits ${p_int8} params, no more than fp32's ${p_fp32}")
 endif()
@@ -84,16 +103,18 @@ if(NOT mformat STREQUAL "bf16")
 endif()
 get("${json_m16}" bytes_per_param bpp16)
 get("${json_m16}" max_engine_peak_host_bytes_per_param engine_bpp16)
-foreach(v bpp16 engine_bpp16)
-  if(NOT ${v} MATCHES "^[0-9]+(\\.[0-9]*)?$" OR ${v} LESS 6 OR ${v} GREATER 6.1)
-    message(FATAL_ERROR "${v} = '${${v}}' outside [6, 6.1]")
-  endif()
-endforeach()
+if(NOT bpp16 MATCHES "^[0-9]+(\\.[0-9]*)?$" OR bpp16 LESS 6 OR bpp16 GREATER 6.1)
+  message(FATAL_ERROR "bytes_per_param = '${bpp16}' outside [6, 6.1] with bf16 masters")
+endif()
+if(NOT engine_bpp16 MATCHES "^[0-9]+(\\.[0-9]*)?$" OR engine_bpp16 LESS 3 OR engine_bpp16 GREATER 6.1)
+  message(FATAL_ERROR "max_engine_peak_host_bytes_per_param = '${engine_bpp16}' outside [3, 6.1] with bf16 masters")
+endif()
 get("${json_m16}" max_params p_m16)
 if(NOT p_m16 GREATER p_int8)
   message(FATAL_ERROR "int8 with bf16 masters fits ${p_m16} params, no more than int8's ${p_int8}")
 endif()
 
-message(STATUS "pstar-plan --preset ${PRESET}: max_params int8 ${p_int8}, fp32 ${p_fp32} (host-only ${p_fp32_host}); "
+message(STATUS "pstar-plan --preset ${PRESET}: max_params int8 ${p_int8} (hybrid placement ${hybrid}: ${p_int8_hybrid} with "
+               "it, ${p_int8_host} without), fp32 ${p_fp32} (host-only ${p_fp32_host}); "
                "int8 ${bpp} B/param (engine ${engine_bpp}); int8 with bf16 masters ${p_m16}, ${bpp16} B/param "
                "(engine ${engine_bpp16})")

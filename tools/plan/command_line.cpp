@@ -165,8 +165,7 @@ Args parse_args(int argc, char** argv, const std::vector<Preset>& known) {
 
   option("Engine", "--state-format", "fp32|bf16|int8",
          "Adam's m and v: fp32 (default), bf16, or int8 (blockwise 8-bit, an fp32 maximum per 256 elements);\n"
-         "another format than fp32 turns hybrid placement off (docs/planner.md says why)\n"
-         "and excludes --nvme (the planner's NVMe model counts fp32 state)",
+         "another format than fp32 excludes --nvme (the planner's NVMe model counts fp32 state)",
          [&](const std::string&, const std::string& v) {
            if (v == "fp32")
              a.state_format = PSTAR_STATE_FP32;
@@ -179,8 +178,8 @@ Args parse_args(int argc, char** argv, const std::vector<Preset>& known) {
          });
 
   option("Engine", "--master-format", "fp32|bf16",
-         "the masters: fp32 (default) or bf16 (stochastic rounding); bf16 turns hybrid placement off\n"
-         "and excludes --nvme, as --state-format does (the engine does not carry bf16 masters there yet)",
+         "the masters: fp32 (default) or bf16 (stochastic rounding); bf16 excludes --nvme, as\n"
+         "--state-format does (the planner's NVMe model counts fp32 state)",
          [&](const std::string&, const std::string& v) {
            if (v == "fp32")
              a.master_format = PSTAR_MASTER_FP32;
@@ -249,14 +248,6 @@ Args parse_args(int argc, char** argv, const std::vector<Preset>& known) {
       if (a.chunk_elems % layout_align(a.state_format) != 0)
         throw UsageError("--chunk-elems must be a multiple of " + std::to_string(layout_align(a.state_format)) +
                          " with --state-format " + f + " (its block)");
-      // Hybrid placement off, and said so: with a host capacity every list is
-      // on the host from the build, so these formats meet the host bound
-      // either way, and hybrid's device-side constraints can lower the
-      // maximum (2026-12-05, int8: v100x8 24.90B with it, 27.72B without;
-      // a100x8 146.06B with it, 131.79B without).  Picking the better of the
-      // two per shape is not written yet.
-      a.hybrid_refused = a.hybrid;
-      a.hybrid = false;
     }
   });
   return a;

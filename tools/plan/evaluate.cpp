@@ -200,7 +200,11 @@ const Evaluation& Planner::evaluate(uint32_t layers, uint64_t chunk_elems, bool 
   // state format (fp32: ReplayResult::list_bytes()).
   ev.list_bytes = built.built.compute_list_bytes + ev.opt_state_bytes;
   ev.share_per_rank = (ev.list_bytes + world - 1) / world;
-  const uint64_t warmup_lists = built.built.compute_list_bytes + built.built.optimizer_list_bytes;
+  // Through warm-up: the compute list and the masters in their format (the
+  // stats' optimizer_list_bytes is one fp32 list; bf16 masters are half).
+  const uint64_t master_list_bytes =
+      args.master_format == PSTAR_MASTER_BF16 ? built.built.optimizer_list_bytes / 2 : built.built.optimizer_list_bytes;
+  const uint64_t warmup_lists = built.built.compute_list_bytes + master_list_bytes;
   ev.warmup_share_per_rank = (warmup_lists + world - 1) / world;
   // The engine's own host bytes: the dry run's peak beyond what the model
   // above gives for one rank holding the whole model.

@@ -148,14 +148,12 @@ struct Args {
   bool search = true;
   bool hybrid = true;
   // --state-format: the Adam moments' format of every dry run.  With
-  // another format the planner turns hybrid placement off (hybrid_refused
-  // where it was on: docs/planner.md says why),
-  // and refuses --nvme (its NVMe model counts fp32 state).
+  // another format the planner refuses --nvme (its NVMe model counts fp32
+  // state).
   pstar_state_format state_format = PSTAR_STATE_FP32;
   // --master-format: the masters' format of every dry run (as
-  // --state-format: hybrid placement off, --nvme refused, with bf16).
+  // --state-format: --nvme refused with bf16).
   pstar_master_format master_format = PSTAR_MASTER_FP32;
-  bool hybrid_refused = false;
   // fp32 moments and fp32 masters: today's report, word for word.
   bool default_formats() const { return state_format == PSTAR_STATE_FP32 && master_format == PSTAR_MASTER_FP32; }
   double state_bytes() const { return state_bytes_per_elem(state_format, master_format); }
@@ -352,10 +350,15 @@ struct Plan {
   std::vector<ChunkCandidate> chunk_search;  // --search-chunk-size, in increasing size
   const Evaluation* requested = nullptr;
   const Evaluation* requested_host_only = nullptr;  // hybrid: the same shape without it
-  const Evaluation* top = nullptr;                  // the engine as configured
-  const Evaluation* top_host_only = nullptr;        // without hybrid placement
-  const Evaluation* top_steady = nullptr;           // what-if: host after placement only
-  const Evaluation* top_margin = nullptr;           // what-if: state in the device margin
+  // The plan: the engine as configured, except that with hybrid placement
+  // on, a search whose largest model without it is larger picks that one
+  // (hybrid_picked_off; top_hybrid keeps the hybrid search's).
+  const Evaluation* top = nullptr;
+  const Evaluation* top_hybrid = nullptr;
+  bool hybrid_picked_off = false;
+  const Evaluation* top_host_only = nullptr;  // without hybrid placement
+  const Evaluation* top_steady = nullptr;     // what-if: host after placement only
+  const Evaluation* top_margin = nullptr;     // what-if: state in the device margin
   bool nvme_modelled = false;
   const Evaluation* top_nvme = nullptr;  // with the NVMe tier
 };

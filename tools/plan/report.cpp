@@ -212,10 +212,13 @@ void print_json(const Planner& pl, const Plan& plan) {
                        {"d2h_bytes_per_s", num(hw.d2h)},
                        {"flops_per_s", num(hw.flops)},
                        {"host_adam_bytes_per_s", num(hw.host_adam)}};
-  o["hybrid_optimizer"] = a.hybrid;
-  // --state-format other than fp32 (fp32's JSON is today's, key for key):
-  // the format, the four lists' bytes and an update's bytes per parameter,
-  // whether the planner turned hybrid placement off for it, and the engine's
+  // Whether the plan (max_params) runs with hybrid placement: as configured,
+  // unless the search without it found the larger model (picked off).
+  o["hybrid_optimizer"] = a.hybrid && !plan.hybrid_picked_off;
+  o["hybrid_optimizer_picked_off"] = plan.hybrid_picked_off;
+  o["max_params_hybrid"] = plan.top_hybrid ? plan.top_hybrid->params : 0;
+  // --state-format other than fp32: the format, the four lists' bytes and
+  // an update's bytes per parameter, and the engine's
   // own peak host bytes per parameter at the largest model (its dry run: one
   // process holding the whole model).
   if (!a.default_formats()) {
@@ -223,7 +226,6 @@ void print_json(const Planner& pl, const Plan& plan) {
     if (a.master_format != PSTAR_MASTER_FP32) o["master_format"] = "bf16";
     o["bytes_per_param"] = num(a.state_bytes() + a.shape.dtype_bytes);
     o["adam_bytes_per_elem"] = num(a.adam_bytes(a.shape.dtype_bytes));
-    o["hybrid_optimizer_refused"] = a.hybrid_refused;
     o["max_engine_peak_host_bytes_per_param"] =
         top ? num(double(top->run.final_stats.peak_host_bytes) / double(top->params)) : Json(nullptr);
   }
@@ -316,18 +318,24 @@ void print_text(const Planner& pl, const Plan& plan) {
       fmt_bytes(hw.host_mem).c_str(), fmt_bytes(hw.host_reserve).c_str(), hw.h2d / 1e9, hw.d2h / 1e9, hw.flops / 1e12,
       hw.host_adam / 1e9, hw.device_adam / 1e9);
   if (!a.default_formats())
-    std::printf(
-        "state format: %s (%s masters; %.4g B/param for the four lists, %.4g B per element per Adam update)%s\n",
-        state_format_name(a.state_format), a.master_format == PSTAR_MASTER_BF16 ? "bf16" : "fp32",
-        a.state_bytes() + a.shape.dtype_bytes, a.adam_bytes(a.shape.dtype_bytes),
-        a.hybrid_refused ? "; hybrid placement off with this format (docs/planner.md)" : "");
+    std::printf("state format: %s (%s masters; %.4g B/param for the four lists, %.4g B per element per Adam update)\n",
+                state_format_name(a.state_format), a.master_format == PSTAR_MASTER_BF16 ? "bf16" : "fp32",
+                a.state_bytes() + a.shape.dtype_bytes, a.adam_bytes(a.shape.dtype_bytes));
   std::printf("chunks: %" PRIu64 " elements (%u chunks, fill ratio %.3f)%s\n", chunk,
               requested.run.built.compute_chunks, requested.run.built.fill_ratio,
               a.search_chunk ? ", chosen by --search-chunk-size" : "");
   print_evaluation("requested", requested, hw);
   if (a.search) {
     if (top)
-      print_evaluation(a.hybrid ? "largest that fits (hybrid placement)" : "largest that fits", *top, hw);
+      print_evaluation(top->hybrid              ? "largest that fits (hybrid placement)"
+                       : plan.hybrid_picked_off ? "largest that fits (without hybrid placement: it fits more here)"
+                                                : "largest that fits",
+                       *top, hw);
+    if (plan.hybrid_picked_off && plan.top_hybrid)
+      std::printf("with hybrid placement: %u layers, %.2fB params\n", plan.top_hybrid->shape.layers,
+                  plan.top_hybrid->params / 1e9);
+    else if (plan.hybrid_picked_off)
+      std::printf("with hybrid placement: none\n");
     else
       std::printf("largest that fits: none (not even one layer)\n");
     if (a.hybrid) {
