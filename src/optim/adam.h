@@ -34,6 +34,7 @@ struct AdamStepConstants {
   float one_minus_beta2;
   float step_size;     // lr / (1 - beta1^t)
   float inv_sqrt_bc2;  // 1 / sqrt(1 - beta2^t)
+  float sqrt_bc2;      // sqrt(1 - beta2^t) (adam_element_int8)
   float eps;
   float l2;         // weight decay added to the gradient (Adam), else 0
   float decay_mul;  // 1 - lr * weight_decay (AdamW), else 1
@@ -53,6 +54,7 @@ inline AdamStepConstants adam_constants(const AdamHyper& h, uint64_t step, doubl
   c.one_minus_beta2 = static_cast<float>(1.0 - static_cast<double>(h.beta2));
   c.step_size = static_cast<float>(static_cast<double>(h.lr) / bc1);
   c.inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
+  c.sqrt_bc2 = static_cast<float>(std::sqrt(bc2));
   c.eps = h.eps;
   const float wd = decay ? h.weight_decay : 0.0f;
   c.l2 = h.adamw ? 0.0f : wd;
@@ -70,6 +72,26 @@ PSTAR_HD float adam_element(const AdamStepConstants& c, float g_stored, float& p
   const float denom = fmaf(sqrtf(v), c.inv_sqrt_bc2, c.eps);
   p = p * c.decay_mul;
   p = fmaf(-c.step_size, m / denom, p);
+  return p;
+}
+
+// The int8 state format's update: adam_element()'s algorithm with the order
+// of operations of bitsandbytes' blockwise AdamW8bit on the CPU
+// (backends/cpu/ops.py, _optimizer_update_8bit_blockwise_cpu: torch's
+// add_ with alpha and addcmul_ are fused multiply-adds there, the division
+// by the bias correction a division, addcdiv_ (value * m) / denom), so that
+// the int8 format's masters are bitsandbytes' to the rounding of torch's
+// square root (tests/optim/test_bnb_pin.py).  It costs one division more
+// than adam_element().  Every path of the format (scalar, AVX2, AVX-512,
+// CUDA) performs these operations in this order.
+PSTAR_HD float adam_element_int8(const AdamStepConstants& c, float g_stored, float& p, float& m, float& v) {
+  float g = g_stored * c.grad_mul;
+  g = fmaf(c.l2, p, g);
+  m = fmaf(g, c.one_minus_beta1, m * c.beta1);
+  v = fmaf(c.one_minus_beta2 * g, g, v * c.beta2);
+  const float denom = sqrtf(v) / c.sqrt_bc2 + c.eps;
+  p = p * c.decay_mul;
+  p = p + (-c.step_size * m) / denom;
   return p;
 }
 

@@ -18,7 +18,7 @@
 namespace pstar::optim::lanes_avx2 {
 
 struct Consts {
-  __m256 grad_mul, l2, beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, decay_mul, neg_step;
+  __m256 grad_mul, l2, beta1, omb1, beta2, omb2, inv_sqrt_bc2, sqrt_bc2, eps, decay_mul, neg_step;
 };
 
 PSTAR_AVX2 Consts make_consts(const AdamStepConstants& c) {
@@ -30,6 +30,7 @@ PSTAR_AVX2 Consts make_consts(const AdamStepConstants& c) {
   k.beta2 = _mm256_set1_ps(c.beta2);
   k.omb2 = _mm256_set1_ps(c.one_minus_beta2);
   k.inv_sqrt_bc2 = _mm256_set1_ps(c.inv_sqrt_bc2);
+  k.sqrt_bc2 = _mm256_set1_ps(c.sqrt_bc2);
   k.eps = _mm256_set1_ps(c.eps);
   k.decay_mul = _mm256_set1_ps(c.decay_mul);
   k.neg_step = _mm256_set1_ps(-c.step_size);
@@ -45,6 +46,17 @@ PSTAR_AVX2 void adam8(const Consts& k, __m256 g, __m256& p, __m256& m, __m256& v
   const __m256 denom = _mm256_fmadd_ps(_mm256_sqrt_ps(v), k.inv_sqrt_bc2, k.eps);
   p = _mm256_mul_ps(p, k.decay_mul);
   p = _mm256_fmadd_ps(k.neg_step, _mm256_div_ps(m, denom), p);
+}
+
+// adam_element_int8() on eight lanes; p, m and v are updated in place.
+PSTAR_AVX2 void adam8_int8(const Consts& k, __m256 g, __m256& p, __m256& m, __m256& v) {
+  g = _mm256_mul_ps(g, k.grad_mul);
+  g = _mm256_fmadd_ps(k.l2, p, g);
+  m = _mm256_fmadd_ps(g, k.omb1, _mm256_mul_ps(m, k.beta1));
+  v = _mm256_fmadd_ps(_mm256_mul_ps(k.omb2, g), g, _mm256_mul_ps(v, k.beta2));
+  const __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(v), k.sqrt_bc2), k.eps);
+  p = _mm256_mul_ps(p, k.decay_mul);
+  p = _mm256_add_ps(p, _mm256_div_ps(_mm256_mul_ps(k.neg_step, m), denom));
 }
 
 // The gradient of elements i..i+7: from the fp32 list `g32`, or the slot.

@@ -23,7 +23,7 @@
 namespace pstar::optim::lanes_avx512 {
 
 struct Consts {
-  __m512 grad_mul, l2, beta1, omb1, beta2, omb2, inv_sqrt_bc2, eps, decay_mul, neg_step;
+  __m512 grad_mul, l2, beta1, omb1, beta2, omb2, inv_sqrt_bc2, sqrt_bc2, eps, decay_mul, neg_step;
 };
 
 PSTAR_AVX512 Consts make_consts(const AdamStepConstants& c) {
@@ -35,6 +35,7 @@ PSTAR_AVX512 Consts make_consts(const AdamStepConstants& c) {
   k.beta2 = _mm512_set1_ps(c.beta2);
   k.omb2 = _mm512_set1_ps(c.one_minus_beta2);
   k.inv_sqrt_bc2 = _mm512_set1_ps(c.inv_sqrt_bc2);
+  k.sqrt_bc2 = _mm512_set1_ps(c.sqrt_bc2);
   k.eps = _mm512_set1_ps(c.eps);
   k.decay_mul = _mm512_set1_ps(c.decay_mul);
   k.neg_step = _mm512_set1_ps(-c.step_size);
@@ -50,6 +51,17 @@ PSTAR_AVX512 void adam16(const Consts& k, __m512 g, __m512& p, __m512& m, __m512
   const __m512 denom = _mm512_fmadd_ps(_mm512_sqrt_ps(v), k.inv_sqrt_bc2, k.eps);
   p = _mm512_mul_ps(p, k.decay_mul);
   p = _mm512_fmadd_ps(k.neg_step, _mm512_div_ps(m, denom), p);
+}
+
+// adam_element_int8() on sixteen lanes; p, m and v are updated in place.
+PSTAR_AVX512 void adam16_int8(const Consts& k, __m512 g, __m512& p, __m512& m, __m512& v) {
+  g = _mm512_mul_ps(g, k.grad_mul);
+  g = _mm512_fmadd_ps(k.l2, p, g);
+  m = _mm512_fmadd_ps(g, k.omb1, _mm512_mul_ps(m, k.beta1));
+  v = _mm512_fmadd_ps(_mm512_mul_ps(k.omb2, g), g, _mm512_mul_ps(v, k.beta2));
+  const __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(v), k.sqrt_bc2), k.eps);
+  p = _mm512_mul_ps(p, k.decay_mul);
+  p = _mm512_add_ps(p, _mm512_div_ps(_mm512_mul_ps(k.neg_step, m), denom));
 }
 
 // f32_to_bf16() of util/dtype.h on sixteen lanes, in integer arithmetic.

@@ -405,7 +405,7 @@ void int8_scalar(const AdamStepConstants& c, const AdamStateRange& r) {
       const size_t e = off + i;
       const float g = r.grad_f32 != nullptr ? r.grad_f32[e] : load_as(r.slot, r.dtype, e);
       float p = pi[e], m = smap[mci[e]] * am_in, v = umap[vci[e]] * av_in;
-      const float w = adam_element(c, g, p, m, v);
+      const float w = adam_element_int8(c, g, p, m, v);
       r.master[e] = p;
       store_as(r.slot, r.dtype, e, w);
       mf[i] = m;

@@ -14,7 +14,8 @@
 //    values bitsandbytes' create_dynamic_map() builds, bit for bit); every
 //    block of kInt8BlockElems elements carries one fp32 absmax per moment.
 //    An update dequantizes (map[code] * absmax, one fp32 product), performs
-//    adam_element() in fp32 (the master's step uses these fp32 moments,
+//    adam_element_int8() in fp32 (Adam in the order of operations of
+//    bitsandbytes' CPU AdamW8bit; the master's step uses these fp32 moments,
 //    before quantization), takes the new absmax of each block from the new
 //    fp32 values, and stores the code nearest to value * (1 / absmax).
 //    Section 2 of the paper and docs/design.md give the details; the int8
@@ -170,7 +171,8 @@ void moments_from_f32(StateFormat f, bool second, void* list, size_t n_total, si
 //
 // Speed (issue 45, docs/benchmarks.md): fp32 and bf16 are memory-bound; on
 // a 2-core AVX-512 machine int8 is compute-bound, its quantization (two
-// maps, about 18 cycles per 16 values each) the largest part.
+// maps, about 18 cycles per 16 values each) the largest part, and
+// adam_element_int8's second division about 6%.
 //
 // Where bitsandbytes 0.50's CPU path (backends/cpu/ops.py, csrc/cpu_ops.cpp)
 // departs from the paper, this follows the paper: its quantize_blockwise

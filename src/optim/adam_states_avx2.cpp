@@ -1,6 +1,6 @@
 // The AVX2 + FMA + F16C paths of the bf16 and int8 state formats
 // (optim/adam_states.h).  Per-function target attributes, as in
-// adam_avx2.cpp.  Arithmetic: adam_element()'s operations in its order, one
+// adam_avx2.cpp.  Arithmetic: adam_element()'s (int8: adam_element_int8()'s) operations in its order, one
 // rounding each; conversions as util/dtype.h (util/convert_avx2.h); the
 // int8 quantizer as adam_states_int8.h, its 16-entry tables looked up with
 // two VPERMD and a blend, and the map looked up with VGATHERDPS.  Eight or sixteen elements per iteration; the
@@ -196,8 +196,8 @@ __attribute__((target("avx2,fma,f16c"))) void int8_run(const AdamStepConstants& 
       const __m256 g0 = load_grad<D, kGradF32>(g32, slot, e);
       const __m256 g1 = load_grad<D, kGradF32>(g32, slot, e + 8);
       __m256 p0 = _mm256_loadu_ps(pi + e), p1 = _mm256_loadu_ps(pi + e + 8);
-      adam8(k, g0, p0, m0, v0);
-      adam8(k, g1, p1, m1, v1);
+      adam8_int8(k, g0, p0, m0, v0);
+      adam8_int8(k, g1, p1, m1, v1);
       _mm256_storeu_ps(master + e, p0);
       _mm256_storeu_ps(master + e + 8, p1);
       emit16<D>(slot, e, p0, p1);
@@ -216,7 +216,7 @@ __attribute__((target("avx2,fma,f16c"))) void int8_run(const AdamStepConstants& 
       __m256 v0 = _mm256_mul_ps(dequant8(umap.values, vci + e), vav_in);
       const __m256 g0 = load_grad<D, kGradF32>(g32, slot, e);
       __m256 p0 = _mm256_loadu_ps(pi + e);
-      adam8(k, g0, p0, m0, v0);
+      adam8_int8(k, g0, p0, m0, v0);
       _mm256_storeu_ps(master + e, p0);
       emit8<D>(slot, e, p0);
       _mm256_store_ps(mf + i, m0);
@@ -229,7 +229,7 @@ __attribute__((target("avx2,fma,f16c"))) void int8_run(const AdamStepConstants& 
       const size_t e = off + i;
       const float g = kGradF32 ? g32[e] : load_as(slot, D, e);
       float p = pi[e], m = smap.values[mci[e]] * am_in, v = umap.values[vci[e]] * av_in;
-      const float w = adam_element(c, g, p, m, v);
+      const float w = adam_element_int8(c, g, p, m, v);
       master[e] = p;
       store_as(slot, D, e, w);
       mf[i] = m;

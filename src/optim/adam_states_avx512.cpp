@@ -7,7 +7,7 @@
 // rounding, and the instruction), because a target attribute cannot depend
 // on a template parameter.
 //
-// Arithmetic: adam_element()'s operations in its order, one rounding each;
+// Arithmetic: adam_element()'s (int8: adam_element_int8()'s) operations in its order, one rounding each;
 // conversions as util/dtype.h; the int8 quantizer as adam_states_int8.h
 // (decade by octave, then the linear offset, the scalar search for the rare
 // lane within kAmbiguity of a threshold).  Same bits as the scalar path.
@@ -270,8 +270,8 @@ PSTAR_AVX512 void dequant32(const DTab& t, __m256i codes, __m512& f0, __m512& f1
         p0 = _mm512_maskz_loadu_ps(k0, pi + e);                                                               \
         p1 = _mm512_maskz_loadu_ps(k1, pi + e + 16);                                                          \
       }                                                                                                       \
-      adam16(k, g0, p0, m0, v0);                                                                              \
-      adam16(k, g1, p1, m1, v1);                                                                              \
+      adam16_int8(k, g0, p0, m0, v0);                                                                         \
+      adam16_int8(k, g1, p1, m1, v1);                                                                         \
       if (left >= 32) { /* unmasked: a masked store is slow on some CPUs (AMD Zen 4) */                       \
         _mm512_storeu_ps(master + e, p0);                                                                     \
         _mm512_storeu_ps(master + e + 16, p1);                                                                \

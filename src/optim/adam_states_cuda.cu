@@ -16,7 +16,7 @@
 #include "util/error.h"
 
 // Bit identity with the scalar reference (optim/adam_states.cpp) rests on:
-//  - adam_element() and the dtype conversions are the same PSTAR_HD code,
+//  - adam_element(), adam_element_int8() and the dtype conversions are the same PSTAR_HD code,
 //    compiled with --fmad=false -prec-div=true -prec-sqrt=true and without
 //    flushing subnormals (nvcc's default -ftz=false), as adam_cuda.cu;
 //  - the products and the reciprocal of the int8 format are written as
@@ -227,7 +227,7 @@ __global__ void __launch_bounds__(kThreads) int8_kernel(AdamStepConstants c, Int
       float p = a.master_in[e];
       m = __fmul_rn(t.sval[a.m_codes_in[e]], am_in);
       v = __fmul_rn(t.uval[a.v_codes_in[e]], av_in);
-      const float w = adam_element(c, g, p, m, v);
+      const float w = adam_element_int8(c, g, p, m, v);
       a.master[e] = p;
       store_as(a.slot, D, e, w);
     }

@@ -9,11 +9,9 @@ master difference in ulp.  Target: at least 99.9% identical codes and masters
 within 4 ulp: ulp of the operands (the largest |master| of either run so
 far), because where a step cancels most of the master the result is tiny and
 a rounding of the operands' size is thousands of the result's own ulps (both
-figures are printed).  The test asserts the codes and masters within 8 ulp
-of the operands per step (the order of the fp32 operations, below, explains
-no more); it prints whether the issue's 4 ulp holds.
+figures are printed).
 
-Two bitsandbytes references:
+Three bitsandbytes references:
   - "bnb": AdamW8bit as shipped.  Its CPU path (backends/cpu/ops.py,
     _optimizer_update_8bit_blockwise_cpu) quantizes through
     quantize_blockwise, whose C code (csrc/cpu_ops.cpp, quantize_cpu_impl)
@@ -26,19 +24,20 @@ Two bitsandbytes references:
   - "bnb-nearest": the same AdamW8bit with that one function
     (_quant_blockwise_fp32_direct) replaced by the nearest code (exact
     midpoints of the map, ties to the smaller magnitude, as libpstar): the
-    update arithmetic stays bitsandbytes' own.  The targets apply to it.
+    update arithmetic stays bitsandbytes' own.  The issue's targets apply
+    to it, and are asserted.
+  - "bnb-nearest-sqrt": bnb-nearest with torch's float32 square root (the
+    one call in the update, state2.sqrt()) replaced by the correctly rounded
+    one (numpy's).  Torch's CPU square root is not correctly rounded: on
+    this project's machine (torch 2.15, AVX-512) it is 1 ulp off for about
+    17% of inputs.  Everything else is the same arithmetic in the same
+    order on both sides (optim/adam.h, adam_element_int8: torch's add_ with
+    alpha and addcmul_ are fused multiply-adds, the bias correction a
+    division, addcdiv_ (value * m) / denom), so libpstar's masters, codes
+    and block maxima must equal this reference's bit for bit: asserted.
 
-Where the arithmetic still differs (bitsandbytes' CPU update in torch ops
-versus libpstar's adam_element()): m = fma(g, 1 - b1, m * b1) there and
-fma(b1, m, (1 - b1) * g) here; v likewise; the denominator is
-sqrt(v) / sqrt(1 - b2^t) + eps there and fma(sqrt(v), 1 / sqrt(1 - b2^t),
-eps) here; the step p + (-lr / (1 - b1^t) * m) / denom there and
-fma(-lr / (1 - b1^t), m / denom, p) here.  The same forms otherwise:
-decoupled weight decay p * (1 - lr * wd) before the step, bias corrections
-from the step count, eps outside the square root, the master update from the
-fp32 moments before they are quantized, and the absmax from the new values.
-Each is at most an fp32 rounding apart.  The hyperparameters are float32
-values, passed to bitsandbytes as those exact numbers.
+The hyperparameters are float32 values, passed to bitsandbytes as those
+exact numbers.
 
 Usage: test_bnb_pin.py <adam_states_io> [--json]
 Exit 77 (skipped) without numpy, torch or bitsandbytes; 1 when a target fails.
@@ -116,11 +115,19 @@ def quant_nearest(A_fp32, code, absmax_out, out_uint8, blocksize):
     absmax_out.copy_(torch.from_numpy(amax))
 
 
-def run_bnb(master, grads, hp, nearest):
+def exact_sqrt(t):
+    """The correctly rounded float32 square root (numpy's), as a tensor."""
+    return torch.from_numpy(np.sqrt(t.detach().cpu().numpy()))
+
+
+def run_bnb(master, grads, hp, nearest, correct_sqrt=False):
     lr, b1, b2, eps, wd = hp
     original = bnb_cpu_ops._quant_blockwise_fp32_direct
+    original_sqrt = torch.Tensor.sqrt
     if nearest:
         bnb_cpu_ops._quant_blockwise_fp32_direct = quant_nearest
+    if correct_sqrt:
+        torch.Tensor.sqrt = exact_sqrt
     try:
         p = torch.nn.Parameter(torch.from_numpy(master.copy()))
         opt = bnb.optim.AdamW8bit([p], lr=lr, betas=(b1, b2), eps=eps, weight_decay=wd)
@@ -137,6 +144,7 @@ def run_bnb(master, grads, hp, nearest):
         return out
     finally:
         bnb_cpu_ops._quant_blockwise_fp32_direct = original
+        torch.Tensor.sqrt = original_sqrt
 
 
 def run_pstar(io, master, grads, hp):
@@ -214,28 +222,35 @@ def main():
     ours = run_pstar(args.io, master, grads, hp)
     shipped = run_bnb(master, grads, hp, nearest=False)
     paper = run_bnb(master, grads, hp, nearest=True)
+    paper_sqrt = run_bnb(master, grads, hp, nearest=True, correct_sqrt=True)
 
     report = dict(bnb_version=bnb.__version__, torch_version=torch.__version__, elements=n, steps=args.steps,
                   maps_identical=maps_equal, steps_reported={})
     ok = maps_equal
-    agreed = {"bnb-nearest": np.ones(n, dtype=bool), "bnb": np.ones(n, dtype=bool)}
+    agreed = {name: np.ones(n, dtype=bool) for name in ("bnb-nearest-sqrt", "bnb-nearest", "bnb")}
     mag = {name: np.abs(master) for name in agreed}
     target_met = True
     for t in range(1, args.steps + 1):
-        for name, ref in (("bnb-nearest", paper), ("bnb", shipped)):
+        refs = (("bnb-nearest-sqrt", paper_sqrt), ("bnb-nearest", paper), ("bnb", shipped))
+        # Every step: the same bits as bnb-nearest-sqrt.
+        same = all(np.array_equal(ours[t - 1][k].view(np.uint8), paper_sqrt[t - 1][k].view(np.uint8))
+                   for k in ("master", "m", "v", "am", "av"))
+        report.setdefault("bit_identical_to_bnb_nearest_sqrt_steps", 0)
+        report["bit_identical_to_bnb_nearest_sqrt_steps"] += int(same)
+        ok = ok and same
+        for name, ref in refs:
             agreed[name] &= (ours[t - 1]["m"] == ref[t - 1]["m"]) & (ours[t - 1]["v"] == ref[t - 1]["v"])
             mag[name] = np.maximum(mag[name], np.maximum(np.abs(ours[t - 1]["master"]), np.abs(ref[t - 1]["master"])))
         if t not in (1, args.steps):
             continue
-        vs_nearest = compare(ours[t - 1], paper[t - 1], mag["bnb-nearest"], agreed["bnb-nearest"])
-        vs_shipped = compare(ours[t - 1], shipped[t - 1], mag["bnb"], agreed["bnb"])
-        report["steps_reported"][t] = {"bnb-nearest": vs_nearest, "bnb": vs_shipped}
-        # Asserted: the codes (the algorithm), and the masters within a
-        # bound that only the order of the fp32 operations explains: 8 ulp
-        # of the operands per step.  The issue's 4 ulp is reported.
-        worst = vs_nearest["max_master_operand_ulp_where_codes_agreed"]
-        ok = ok and vs_nearest["identical_codes"] >= 0.999 and worst <= 8 * t
+        report["steps_reported"][t] = {name: compare(ours[t - 1], ref[t - 1], mag[name], agreed[name])
+                                       for name, ref in refs}
+        vs_nearest = report["steps_reported"][t]["bnb-nearest"]
+        # Asserted: the issue's target against bitsandbytes' own arithmetic
+        # (torch's square root included).
+        worst = vs_nearest["max_master_operand_ulp"]
         target_met = target_met and vs_nearest["identical_codes"] >= 0.999 and worst <= 4
+    ok = ok and target_met
     report["issue_target_met"] = target_met
     report["pass"] = ok
     if args.json:
@@ -255,10 +270,11 @@ def main():
                       % (c["max_master_operand_ulp_where_codes_agreed"], c["codes_always_agreed"], n,
                          c["max_master_operand_ulp"], c["p999_master_operand_ulp"], c["max_master_ulp"],
                          c["masters_over_4ulp"], c["max_absmax_ulp"]))
+        print("bit for bit the same as bnb-nearest-sqrt (masters, codes, block maxima) at %d of %d steps"
+              % (report["bit_identical_to_bnb_nearest_sqrt_steps"], args.steps))
         print("issue 45's target (vs bnb-nearest, steps 1 and %d: >= 99.9%% identical codes, masters within 4 ulp): "
               "%s" % (args.steps, "met" if target_met else "not met"))
-        print("this test's bounds (>= 99.9%% identical codes, masters within 8 ulp of the operands per step): %s"
-              % ("met" if ok else "NOT met"))
+        print("this test: %s" % ("pass" if ok else "FAIL"))
     sys.exit(0 if ok else 1)
 
 
