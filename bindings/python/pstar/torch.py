@@ -862,7 +862,15 @@ class ParameterModel:
                 slot = None
             if slot is not None:
                 return _Packed(slot, t)
-        return t
+        # Any other tensor: saved detached.  Returned as is, a tensor the
+        # node saves of its own outputs would hold the node through its
+        # grad_fn, a cycle through C++ that Python's collector never sees:
+        # a forward no backward frees (an abandoned iteration) would keep
+        # its graph, and through these hooks this ParameterModel and its
+        # chunk views, for good.  Autograd rebuilds an unpacked tensor's
+        # links from what it saved, so the detached data is all it needs
+        # (the version counter is shared, in-place checks still hold).
+        return t.detach()
 
     def _unpack(self, packed):
         if not isinstance(packed, _Packed):

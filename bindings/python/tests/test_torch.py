@@ -1,12 +1,15 @@
 """pstar.torch: any nn.Module's parameters in libpstar chunks, against plain
 PyTorch AdamW in fp32 on the same steps."""
 import copy
+import gc
+import weakref
 
 import pytest
 
 torch = pytest.importorskip("torch")
 import pstar  # noqa: E402
 import pstar.torch as ptorch  # noqa: E402
+from pstar import _dlpack  # noqa: E402
 
 LR, BETAS, EPS, WD = 1e-2, (0.9, 0.999), 1e-8, 0.01
 
@@ -106,6 +109,28 @@ def test_chunks_move_and_results_do_not_change():
     assert tight_losses == free_losses
     for n, v in free_pm.state_dict().items():
         assert torch.equal(v, tight_pm.state_dict()[n]), n
+
+
+def test_an_abandoned_forward_leaves_nothing_alive():
+    # A forward with autograd on that no backward follows (a notebook's
+    # model(x)) is abandoned by the next eval_iteration().  Its graph is
+    # never walked: what it saved must not hold the ParameterModel, its
+    # engine or the chunk views once the model is dropped.
+    gc.collect()
+    before = _dlpack.live_exports()
+    torch.manual_seed(0)
+    model = TinyLM()
+    pm = ptorch.attach(model, device="emulated", compute_dtype="f32", chunk_elems=128)
+    x, _ = batch(0)
+    model(x)
+    with pytest.warns(RuntimeWarning, match="no backward followed"):
+        with pm.eval_iteration():
+            pass
+    alive = weakref.ref(pm)
+    del model, pm
+    gc.collect()
+    assert alive() is None
+    assert _dlpack.live_exports() == before
 
 
 def test_eval_iteration_and_misuse():
