@@ -23,7 +23,7 @@ void adam_states_bf16_avx2(const AdamStepConstants& c, const AdamStateRange& r);
 void adam_states_int8_avx2(const AdamStepConstants& c, const AdamStateRange& r);
 void int8_encode_avx2(bool is_signed, const float* x, size_t n, uint8_t* codes, float* absmax);
 void adam_states_bf16_avx512(const AdamStepConstants& c, const AdamStateRange& r, bool native_bf16);
-void adam_states_int8_avx512(const AdamStepConstants& c, const AdamStateRange& r, bool native_bf16);
+void adam_states_int8_avx512(const AdamStepConstants& c, const AdamStateRange& r, bool native_bf16, bool vbmi);
 void int8_encode_avx512(bool is_signed, const float* x, size_t n, uint8_t* codes, float* absmax);
 
 // ---- formats ----------------------------------------------------------------
@@ -155,6 +155,7 @@ Map build_map(bool is_signed) {
     const uint32_t b = f32_bits(m.values[k]);
     m.hi[k] = static_cast<uint16_t>(b >> 16);
     m.lo[k] = static_cast<uint16_t>(b & 0xffffu);
+    for (int p = 0; p < 4; ++p) m.planes[p][k] = static_cast<uint8_t>(b >> (8 * p));
     m.thr[k] = std::numeric_limits<float>::infinity();
   }
   // Magnitude codes: the values the count indexes (signed: 0 and the
@@ -340,6 +341,20 @@ bool cpu_has_avx512bf16() {
 #endif
 }
 
+// AVX512-VBMI (VPERMB, VPERMI2B): the int8 dequantization through byte
+// planes (Ice Lake and later, AMD Zen 4; not Skylake-SP or Cooper Lake).
+bool cpu_has_avx512vbmi() {
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512vbmi") != 0;
+  }();
+  return has;
+#else
+  return false;
+#endif
+}
+
 void require_isa(AdamIsa isa) {
   if (!adam_isa_supported(isa)) {
     internal_error(std::string("Adam path '") + adam_isa_name(isa) + "' is not available on this CPU");
@@ -462,7 +477,11 @@ void adam_update_states(AdamIsa isa, StateFormat f, const AdamStepConstants& c, 
     case AdamIsa::kScalar: bf16 ? bf16_scalar(c, r) : int8_scalar(c, r); return;
     case AdamIsa::kAvx2: bf16 ? adam_states_bf16_avx2(c, r) : adam_states_int8_avx2(c, r); return;
     case AdamIsa::kAvx512:
-      bf16 ? adam_states_bf16_avx512(c, r, cpu_has_avx512bf16()) : adam_states_int8_avx512(c, r, cpu_has_avx512bf16());
+      if (bf16) {
+        adam_states_bf16_avx512(c, r, cpu_has_avx512bf16());
+      } else {
+        adam_states_int8_avx512(c, r, cpu_has_avx512bf16(), cpu_has_avx512vbmi());
+      }
       return;
   }
 }

@@ -1,13 +1,16 @@
 // The AVX-512 paths of the bf16 and int8 state formats (optim/adam_states.h):
 // AVX-512 F, BW and VL (plus FMA and F16C), with AVX512-BF16's
-// VCVTNEPS2BF16 for the bf16 emits where the CPU has it.
+// VCVTNEPS2BF16 for the bf16 emits where the CPU has it, and for int8 with
+// AVX512-VBMI's byte permutes for the dequantization where the CPU has them.
 //
 // As in adam_avx512.cpp, the extensions are enabled per function, never for
 // the file, and each kernel body is a macro instantiated twice (integer bf16
 // rounding, and the instruction), because a target attribute cannot depend
-// on a template parameter.
+// on a template parameter; the int8 body with VBMI is a third macro, so
+// four int8 kernels.
 //
-// Arithmetic: adam_element()'s (int8: adam_element_int8()'s) operations in its order, one rounding each;
+// Arithmetic: adam_element()'s (int8: adam_element_int8()'s) operations in
+// its order, one rounding each;
 // conversions as util/dtype.h; the int8 quantizer as adam_states_int8.h
 // (decade by octave, then the linear offset, the scalar search for the rare
 // lane within kAmbiguity of a threshold).  Same bits as the scalar path.
@@ -31,7 +34,7 @@
 namespace pstar::optim {
 
 void adam_states_bf16_avx512(const AdamStepConstants& c, const AdamStateRange& r, bool native_bf16);
-void adam_states_int8_avx512(const AdamStepConstants& c, const AdamStateRange& r, bool native_bf16);
+void adam_states_int8_avx512(const AdamStepConstants& c, const AdamStateRange& r, bool native_bf16, bool vbmi);
 void int8_encode_avx512(bool is_signed, const float* x, size_t n, uint8_t* codes, float* absmax);
 
 namespace {
@@ -140,6 +143,41 @@ PSTAR_AVX512 void dequant32(const DTab& t, __m256i codes, __m512& f0, __m512& f1
   f1 = _mm512_castsi512_ps(_mm512_unpackhi_epi16(l, h));
 }
 
+// With AVX512-VBMI: the map in byte planes (int8::Map::planes), 128 entries
+// per VPERMI2B, so 64 codes take 8 lookups, 4 merges and 8 unpacks (22
+// instructions, against 40 for two dequant32).
+#define PSTAR_AVX512VBMI_ISA PSTAR_AVX512_ISA ",avx512vbmi"
+#define PSTAR_AVX512VBMIBF16_ISA PSTAR_AVX512BF16_ISA ",avx512vbmi"
+#define PSTAR_AVX512VBMI __attribute__((target(PSTAR_AVX512VBMI_ISA), always_inline)) inline
+
+// The byte order that makes dequant64's unpacks (which work within 128-bit
+// lanes) give elements in order: the permuted codes hold at 16 L + 4 q + j
+// the code of element 16 q + 4 L + j, and the q-th result's lane L gets
+// positions 16 L + 4 q + 0..3.
+alignas(64) const uint8_t kPlaneOrder[64] = {0,  1,  2,  3,  16, 17, 18, 19, 32, 33, 34, 35, 48, 49, 50, 51,
+                                             4,  5,  6,  7,  20, 21, 22, 23, 36, 37, 38, 39, 52, 53, 54, 55,
+                                             8,  9,  10, 11, 24, 25, 26, 27, 40, 41, 42, 43, 56, 57, 58, 59,
+                                             12, 13, 14, 15, 28, 29, 30, 31, 44, 45, 46, 47, 60, 61, 62, 63};
+
+// map[code] for 64 codes: elements 16 q .. 16 q + 15 in out[q].
+PSTAR_AVX512VBMI void dequant64(const uint8_t (*planes)[256], __m512i codes, __m512 out[4]) {
+  const __m512i idx = _mm512_permutexvar_epi8(_mm512_load_si512(kPlaneOrder), codes);
+  const __mmask64 upper = _mm512_movepi8_mask(idx);  // codes 128..255
+  __m512i b[4];
+  for (int p = 0; p < 4; ++p) {
+    const __m512i* t = reinterpret_cast<const __m512i*>(planes[p]);
+    const __m512i lo = _mm512_permutex2var_epi8(_mm512_load_si512(t + 0), idx, _mm512_load_si512(t + 1));
+    const __m512i hi = _mm512_permutex2var_epi8(_mm512_load_si512(t + 2), idx, _mm512_load_si512(t + 3));
+    b[p] = _mm512_mask_blend_epi8(upper, lo, hi);
+  }
+  const __m512i w01l = _mm512_unpacklo_epi8(b[0], b[1]), w01h = _mm512_unpackhi_epi8(b[0], b[1]);
+  const __m512i w23l = _mm512_unpacklo_epi8(b[2], b[3]), w23h = _mm512_unpackhi_epi8(b[2], b[3]);
+  out[0] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(w01l, w23l));
+  out[1] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(w01l, w23l));
+  out[2] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(w01h, w23h));
+  out[3] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(w01h, w23h));
+}
+
 // ---- kernel bodies -----------------------------------------------------------
 
 // The weight's store into the slot, for the lanes of `mask` from element e.
@@ -213,9 +251,8 @@ PSTAR_AVX512 void dequant32(const DTab& t, __m256i codes, __m512& f0, __m512& f1
     PSTAR_AVX512_EMIT_W(BF16_EMIT, i, mask, p);                                                                \
   }
 
-// int8, block by block: pass 1 dequantizes 32 elements at a time, updates
-// them, keeps the new fp32 m and v and their absmax; pass 2 quantizes.
-#define PSTAR_AVX512_INT8_BODY(BF16_EMIT)                                                                     \
+// The int8 bodies' lists, maps and constants.
+#define PSTAR_AVX512_INT8_LISTS                                                                               \
   const Consts k = make_consts(c);                                                                            \
   const bool oop = r.master_in != nullptr;                                                                    \
   float* const master = r.master;                                                                             \
@@ -233,70 +270,122 @@ PSTAR_AVX512 void dequant32(const DTab& t, __m256i codes, __m512& f0, __m512& f1
   const size_t n = r.n;                                                                                       \
   const int8::Map& smap = int8::signed_map();                                                                 \
   const int8::Map& umap = int8::unsigned_map();                                                               \
-  const DTab sd{reinterpret_cast<const __m512i*>(smap.hi), reinterpret_cast<const __m512i*>(smap.lo)};        \
-  const DTab ud{reinterpret_cast<const __m512i*>(umap.hi), reinterpret_cast<const __m512i*>(umap.lo)};        \
   const QTab sq = load_qtab(smap);                                                                            \
   const QTab uq = load_qtab(umap);                                                                            \
   alignas(64) float mf[kInt8BlockElems];                                                                      \
-  alignas(64) float vf[kInt8BlockElems];                                                                      \
-  for (size_t b = 0; b * kInt8BlockElems < n; ++b) {                                                          \
-    const size_t off = b * kInt8BlockElems;                                                                   \
-    const size_t nb = std::min(kInt8BlockElems, n - off);                                                     \
-    const __m512 am_in = _mm512_set1_ps(mai[b]);                                                              \
-    const __m512 av_in = _mm512_set1_ps(vai[b]);                                                              \
-    __m512 accm = _mm512_setzero_ps(), accv = _mm512_setzero_ps();                                            \
-    for (size_t i = 0; i < nb; i += 32) {                                                                     \
-      const size_t e = off + i;                                                                               \
-      const size_t left = nb - i;                                                                             \
-      const __mmask32 k32 =                                                                                   \
-          left >= 32 ? static_cast<__mmask32>(0xffffffffu) : static_cast<__mmask32>((1u << left) - 1u);       \
-      const __mmask16 k0 = static_cast<__mmask16>(k32), k1 = static_cast<__mmask16>(k32 >> 16);               \
-      __m512 m0, m1, v0, v1;                                                                                  \
-      dequant32(sd, _mm256_maskz_loadu_epi8(k32, mci + e), m0, m1);                                           \
-      dequant32(ud, _mm256_maskz_loadu_epi8(k32, vci + e), v0, v1);                                           \
-      m0 = _mm512_mul_ps(m0, am_in);                                                                          \
-      m1 = _mm512_mul_ps(m1, am_in);                                                                          \
-      v0 = _mm512_mul_ps(v0, av_in);                                                                          \
-      v1 = _mm512_mul_ps(v1, av_in);                                                                          \
-      __m512 p0, p1, g0, g1;                                                                                  \
-      if (left >= 32) {                                                                                       \
-        g0 = load_grad_full<D, kGradF32>(g32, slot, e);                                                       \
-        g1 = load_grad_full<D, kGradF32>(g32, slot, e + 16);                                                  \
-        p0 = _mm512_loadu_ps(pi + e);                                                                         \
-        p1 = _mm512_loadu_ps(pi + e + 16);                                                                    \
-      } else {                                                                                                \
-        g0 = load_grad<D, kGradF32>(g32, slot, e, k0);                                                        \
-        g1 = load_grad<D, kGradF32>(g32, slot, e + 16, k1);                                                   \
-        p0 = _mm512_maskz_loadu_ps(k0, pi + e);                                                               \
-        p1 = _mm512_maskz_loadu_ps(k1, pi + e + 16);                                                          \
-      }                                                                                                       \
-      adam16_int8(k, g0, p0, m0, v0);                                                                         \
-      adam16_int8(k, g1, p1, m1, v1);                                                                         \
-      if (left >= 32) { /* unmasked: a masked store is slow on some CPUs (AMD Zen 4) */                       \
-        _mm512_storeu_ps(master + e, p0);                                                                     \
-        _mm512_storeu_ps(master + e + 16, p1);                                                                \
-        PSTAR_AVX512_STORE_W(BF16_EMIT, e, p0);                                                               \
-        PSTAR_AVX512_STORE_W(BF16_EMIT, e + 16, p1);                                                          \
-      } else {                                                                                                \
-        _mm512_mask_storeu_ps(master + e, k0, p0);                                                            \
-        _mm512_mask_storeu_ps(master + e + 16, k1, p1);                                                       \
-        PSTAR_AVX512_EMIT_W(BF16_EMIT, e, k0, p0);                                                            \
-        PSTAR_AVX512_EMIT_W(BF16_EMIT, e + 16, k1, p1);                                                       \
-      }                                                                                                       \
-      _mm512_store_ps(mf + i, m0);                                                                            \
-      _mm512_store_ps(mf + i + 16, m1);                                                                       \
-      _mm512_store_ps(vf + i, v0);                                                                            \
-      _mm512_store_ps(vf + i + 16, v1);                                                                       \
-      accm = _mm512_mask_max_ps(accm, k0, _mm512_abs_ps(m0), accm);                                           \
-      accm = _mm512_mask_max_ps(accm, k1, _mm512_abs_ps(m1), accm);                                           \
-      accv = _mm512_mask_max_ps(accv, k0, _mm512_abs_ps(v0), accv);                                           \
-      accv = _mm512_mask_max_ps(accv, k1, _mm512_abs_ps(v1), accv);                                           \
-    }                                                                                                         \
-    const float am = _mm512_reduce_max_ps(accm), av = _mm512_reduce_max_ps(accv);                             \
-    mao[b] = am;                                                                                              \
-    vao[b] = av;                                                                                              \
-    quant_block<true>(sq, mf, nb, int8::inv_scale(am), mco + off);                                            \
-    quant_block<false>(uq, vf, nb, int8::inv_scale(av), vco + off);                                           \
+  alignas(64) float vf[kInt8BlockElems];
+
+// A block's end: its new maxima, then pass 2 quantizes.
+#define PSTAR_AVX512_INT8_BLOCK_END                                             \
+  const float am = _mm512_reduce_max_ps(accm), av = _mm512_reduce_max_ps(accv); \
+  mao[b] = am;                                                                  \
+  vao[b] = av;                                                                  \
+  quant_block<true>(sq, mf, nb, int8::inv_scale(am), mco + off);                \
+  quant_block<false>(uq, vf, nb, int8::inv_scale(av), vco + off);
+
+// int8, block by block: pass 1 dequantizes 32 elements at a time, updates
+// them, keeps the new fp32 m and v and their absmax; pass 2 quantizes.
+#define PSTAR_AVX512_INT8_BODY(BF16_EMIT)                                                               \
+  PSTAR_AVX512_INT8_LISTS                                                                               \
+  const DTab sd{reinterpret_cast<const __m512i*>(smap.hi), reinterpret_cast<const __m512i*>(smap.lo)};  \
+  const DTab ud{reinterpret_cast<const __m512i*>(umap.hi), reinterpret_cast<const __m512i*>(umap.lo)};  \
+  for (size_t b = 0; b * kInt8BlockElems < n; ++b) {                                                    \
+    const size_t off = b * kInt8BlockElems;                                                             \
+    const size_t nb = std::min(kInt8BlockElems, n - off);                                               \
+    const __m512 am_in = _mm512_set1_ps(mai[b]);                                                        \
+    const __m512 av_in = _mm512_set1_ps(vai[b]);                                                        \
+    __m512 accm = _mm512_setzero_ps(), accv = _mm512_setzero_ps();                                      \
+    for (size_t i = 0; i < nb; i += 32) {                                                               \
+      const size_t e = off + i;                                                                         \
+      const size_t left = nb - i;                                                                       \
+      const __mmask32 k32 =                                                                             \
+          left >= 32 ? static_cast<__mmask32>(0xffffffffu) : static_cast<__mmask32>((1u << left) - 1u); \
+      const __mmask16 k0 = static_cast<__mmask16>(k32), k1 = static_cast<__mmask16>(k32 >> 16);         \
+      __m512 m0, m1, v0, v1;                                                                            \
+      dequant32(sd, _mm256_maskz_loadu_epi8(k32, mci + e), m0, m1);                                     \
+      dequant32(ud, _mm256_maskz_loadu_epi8(k32, vci + e), v0, v1);                                     \
+      m0 = _mm512_mul_ps(m0, am_in);                                                                    \
+      m1 = _mm512_mul_ps(m1, am_in);                                                                    \
+      v0 = _mm512_mul_ps(v0, av_in);                                                                    \
+      v1 = _mm512_mul_ps(v1, av_in);                                                                    \
+      __m512 p0, p1, g0, g1;                                                                            \
+      if (left >= 32) {                                                                                 \
+        g0 = load_grad_full<D, kGradF32>(g32, slot, e);                                                 \
+        g1 = load_grad_full<D, kGradF32>(g32, slot, e + 16);                                            \
+        p0 = _mm512_loadu_ps(pi + e);                                                                   \
+        p1 = _mm512_loadu_ps(pi + e + 16);                                                              \
+      } else {                                                                                          \
+        g0 = load_grad<D, kGradF32>(g32, slot, e, k0);                                                  \
+        g1 = load_grad<D, kGradF32>(g32, slot, e + 16, k1);                                             \
+        p0 = _mm512_maskz_loadu_ps(k0, pi + e);                                                         \
+        p1 = _mm512_maskz_loadu_ps(k1, pi + e + 16);                                                    \
+      }                                                                                                 \
+      adam16_int8(k, g0, p0, m0, v0);                                                                   \
+      adam16_int8(k, g1, p1, m1, v1);                                                                   \
+      if (left >= 32) { /* unmasked: a masked store is slow on some CPUs (AMD Zen 4) */                 \
+        _mm512_storeu_ps(master + e, p0);                                                               \
+        _mm512_storeu_ps(master + e + 16, p1);                                                          \
+        PSTAR_AVX512_STORE_W(BF16_EMIT, e, p0);                                                         \
+        PSTAR_AVX512_STORE_W(BF16_EMIT, e + 16, p1);                                                    \
+      } else {                                                                                          \
+        _mm512_mask_storeu_ps(master + e, k0, p0);                                                      \
+        _mm512_mask_storeu_ps(master + e + 16, k1, p1);                                                 \
+        PSTAR_AVX512_EMIT_W(BF16_EMIT, e, k0, p0);                                                      \
+        PSTAR_AVX512_EMIT_W(BF16_EMIT, e + 16, k1, p1);                                                 \
+      }                                                                                                 \
+      _mm512_store_ps(mf + i, m0);                                                                      \
+      _mm512_store_ps(mf + i + 16, m1);                                                                 \
+      _mm512_store_ps(vf + i, v0);                                                                      \
+      _mm512_store_ps(vf + i + 16, v1);                                                                 \
+      accm = _mm512_mask_max_ps(accm, k0, _mm512_abs_ps(m0), accm);                                     \
+      accm = _mm512_mask_max_ps(accm, k1, _mm512_abs_ps(m1), accm);                                     \
+      accv = _mm512_mask_max_ps(accv, k0, _mm512_abs_ps(v0), accv);                                     \
+      accv = _mm512_mask_max_ps(accv, k1, _mm512_abs_ps(v1), accv);                                     \
+    }                                                                                                   \
+    PSTAR_AVX512_INT8_BLOCK_END                                                                         \
+  }
+
+// The same with dequant64: 64 elements at a time, the same bits.
+#define PSTAR_AVX512_INT8_VBMI_BODY(BF16_EMIT)                                              \
+  PSTAR_AVX512_INT8_LISTS                                                                   \
+  for (size_t b = 0; b * kInt8BlockElems < n; ++b) {                                        \
+    const size_t off = b * kInt8BlockElems;                                                 \
+    const size_t nb = std::min(kInt8BlockElems, n - off);                                   \
+    const __m512 am_in = _mm512_set1_ps(mai[b]);                                            \
+    const __m512 av_in = _mm512_set1_ps(vai[b]);                                            \
+    __m512 accm = _mm512_setzero_ps(), accv = _mm512_setzero_ps();                          \
+    for (size_t i = 0; i < nb; i += 64) {                                                   \
+      const size_t left = nb - i;                                                           \
+      const __mmask64 k64 = left >= 64 ? ~__mmask64{0} : (__mmask64{1} << left) - 1u;       \
+      __m512 mq[4], vq[4];                                                                  \
+      dequant64(smap.planes, _mm512_maskz_loadu_epi8(k64, mci + off + i), mq);              \
+      dequant64(umap.planes, _mm512_maskz_loadu_epi8(k64, vci + off + i), vq);              \
+      for (size_t q = 0; q < 4 && 16 * q < left; ++q) {                                     \
+        const size_t e = off + i + 16 * q;                                                  \
+        const __mmask16 kq = tail_mask16(left - 16 * q);                                    \
+        __m512 m = _mm512_mul_ps(mq[q], am_in), v = _mm512_mul_ps(vq[q], av_in), g, p;      \
+        if (kq == 0xffff) {                                                                 \
+          g = load_grad_full<D, kGradF32>(g32, slot, e);                                    \
+          p = _mm512_loadu_ps(pi + e);                                                      \
+        } else {                                                                            \
+          g = load_grad<D, kGradF32>(g32, slot, e, kq);                                     \
+          p = _mm512_maskz_loadu_ps(kq, pi + e);                                            \
+        }                                                                                   \
+        adam16_int8(k, g, p, m, v);                                                         \
+        if (kq == 0xffff) { /* unmasked: a masked store is slow on some CPUs (AMD Zen 4) */ \
+          _mm512_storeu_ps(master + e, p);                                                  \
+          PSTAR_AVX512_STORE_W(BF16_EMIT, e, p);                                            \
+        } else {                                                                            \
+          _mm512_mask_storeu_ps(master + e, kq, p);                                         \
+          PSTAR_AVX512_EMIT_W(BF16_EMIT, e, kq, p);                                         \
+        }                                                                                   \
+        _mm512_store_ps(mf + i + 16 * q, m);                                                \
+        _mm512_store_ps(vf + i + 16 * q, v);                                                \
+        accm = _mm512_mask_max_ps(accm, kq, _mm512_abs_ps(m), accm);                        \
+        accv = _mm512_mask_max_ps(accv, kq, _mm512_abs_ps(v), accv);                        \
+      }                                                                                     \
+    }                                                                                       \
+    PSTAR_AVX512_INT8_BLOCK_END                                                             \
   }
 
 template <pstar_dtype D, bool kGradF32>
@@ -319,8 +408,22 @@ __attribute__((target(PSTAR_AVX512BF16_ISA))) void int8_native(const AdamStepCon
   PSTAR_AVX512_INT8_BODY(bf16_native16)
 }
 
+template <pstar_dtype D, bool kGradF32>
+__attribute__((target(PSTAR_AVX512VBMI_ISA))) void int8_vbmi_int(const AdamStepConstants& c, const AdamStateRange& r) {
+  PSTAR_AVX512_INT8_VBMI_BODY(bf16_int16)
+}
+
+template <pstar_dtype D, bool kGradF32>
+__attribute__((target(PSTAR_AVX512VBMIBF16_ISA))) void int8_vbmi_native(const AdamStepConstants& c,
+                                                                        const AdamStateRange& r) {
+  PSTAR_AVX512_INT8_VBMI_BODY(bf16_native16)
+}
+
 #undef PSTAR_AVX512_BF16_BODY
 #undef PSTAR_AVX512_INT8_BODY
+#undef PSTAR_AVX512_INT8_VBMI_BODY
+#undef PSTAR_AVX512_INT8_LISTS
+#undef PSTAR_AVX512_INT8_BLOCK_END
 #undef PSTAR_AVX512_EMIT_W
 #undef PSTAR_AVX512_STORE_W
 
@@ -355,6 +458,8 @@ PSTAR_AVX512_DISPATCH(bf16_int)
 PSTAR_AVX512_DISPATCH(bf16_native)
 PSTAR_AVX512_DISPATCH(int8_int)
 PSTAR_AVX512_DISPATCH(int8_native)
+PSTAR_AVX512_DISPATCH(int8_vbmi_int)
+PSTAR_AVX512_DISPATCH(int8_vbmi_native)
 #undef PSTAR_AVX512_DISPATCH
 
 }  // namespace
@@ -365,11 +470,12 @@ void adam_states_bf16_avx512(const AdamStepConstants& c, const AdamStateRange& r
   native_bf16 ? bf16_native_dispatch(c, r) : bf16_int_dispatch(c, r);
 }
 
-void adam_states_int8_avx512(const AdamStepConstants& c, const AdamStateRange& r, bool native_bf16) {
-  if (native_bf16 && r.dtype == PSTAR_DTYPE_BF16) {
-    int8_native_dispatch(c, r);
+void adam_states_int8_avx512(const AdamStepConstants& c, const AdamStateRange& r, bool native_bf16, bool vbmi) {
+  const bool native = native_bf16 && r.dtype == PSTAR_DTYPE_BF16;
+  if (vbmi) {
+    native ? int8_vbmi_native_dispatch(c, r) : int8_vbmi_int_dispatch(c, r);
   } else {
-    int8_int_dispatch(c, r);
+    native ? int8_native_dispatch(c, r) : int8_int_dispatch(c, r);
   }
 }
 
@@ -383,7 +489,7 @@ void int8_encode_avx512(bool is_signed, const float* x, size_t n, uint8_t* codes
 
 namespace pstar::optim {
 void adam_states_bf16_avx512(const AdamStepConstants&, const AdamStateRange&, bool) {}
-void adam_states_int8_avx512(const AdamStepConstants&, const AdamStateRange&, bool) {}
+void adam_states_int8_avx512(const AdamStepConstants&, const AdamStateRange&, bool, bool) {}
 void int8_encode_avx512(bool, const float*, size_t, uint8_t*, float*) {}
 }  // namespace pstar::optim
 

@@ -36,6 +36,9 @@ struct alignas(64) Map {
   // The map's bits split in 16-bit halves (AVX-512 lookups with VPERMI2W).
   uint16_t hi[256];
   uint16_t lo[256];
+  // The map's bits in byte planes: planes[p][k] is byte p (little end
+  // first) of values[k] (AVX512-VBMI lookups with VPERMI2B).
+  alignas(64) uint8_t planes[4][256];
   // Magnitude thresholds: a is above threshold k when a >= thr[k] (the
   // smallest float greater than the exact midpoint).  Unsigned map: the 255
   // thresholds between codes k and k + 1.  Signed map: the 128 between the

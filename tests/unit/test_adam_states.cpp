@@ -41,7 +41,7 @@
 namespace pstar::optim {
 // The AVX-512 paths with the bf16 emit chosen explicitly (adam_states_avx512.cpp).
 void adam_states_bf16_avx512(const AdamStepConstants& c, const AdamStateRange& r, bool native_bf16);
-void adam_states_int8_avx512(const AdamStepConstants& c, const AdamStateRange& r, bool native_bf16);
+void adam_states_int8_avx512(const AdamStepConstants& c, const AdamStateRange& r, bool native_bf16, bool vbmi);
 }  // namespace pstar::optim
 
 using namespace pstar;
@@ -58,6 +58,15 @@ bool cpu_has_avx512bf16() {
 #endif
 }
 
+bool cpu_has_avx512vbmi() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512vbmi");
+#else
+  return false;
+#endif
+}
+
 struct Path {
   std::string name;
   std::function<void(StateFormat, const AdamStepConstants&, const AdamStateRange&)> run;
@@ -69,13 +78,13 @@ Path isa_path(AdamIsa isa) {
               }};
 }
 
-Path avx512_path(bool native) {
-  return Path{native ? "avx512-bf16insn" : "avx512-intbf16",
-              [native](StateFormat f, const AdamStepConstants& c, const AdamStateRange& r) {
+Path avx512_path(bool native, bool vbmi) {
+  return Path{std::string(native ? "avx512-bf16insn" : "avx512-intbf16") + (vbmi ? "-vbmi" : ""),
+              [native, vbmi](StateFormat f, const AdamStepConstants& c, const AdamStateRange& r) {
                 if (f == StateFormat::kBf16) {
                   adam_states_bf16_avx512(c, r, native);
                 } else if (f == StateFormat::kInt8) {
-                  adam_states_int8_avx512(c, r, native);
+                  adam_states_int8_avx512(c, r, native, vbmi);
                 } else {
                   adam_update_states(AdamIsa::kAvx512, f, c, r);
                 }
@@ -92,11 +101,17 @@ std::vector<Path> vector_paths() {
     std::fprintf(stderr, "test_adam_states: AVX2 path not supported by this CPU: skipped\n");
   }
   if (adam_isa_supported(AdamIsa::kAvx512)) {
-    paths.push_back(avx512_path(false));
+    paths.push_back(avx512_path(false, false));
     if (cpu_has_avx512bf16()) {
-      paths.push_back(avx512_path(true));
+      paths.push_back(avx512_path(true, false));
     } else {
       std::fprintf(stderr, "test_adam_states: AVX512-BF16 not supported by this CPU: that path skipped\n");
+    }
+    if (cpu_has_avx512vbmi()) {
+      paths.push_back(avx512_path(false, true));
+      if (cpu_has_avx512bf16()) paths.push_back(avx512_path(true, true));
+    } else {
+      std::fprintf(stderr, "test_adam_states: AVX512-VBMI not supported by this CPU: the int8 VBMI paths skipped\n");
     }
   } else {
     std::fprintf(stderr, "test_adam_states: AVX-512 path not supported by this CPU: skipped\n");
