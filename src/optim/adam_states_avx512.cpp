@@ -6,8 +6,8 @@
 // As in adam_avx512.cpp, the extensions are enabled per function, never for
 // the file, and each kernel body is a macro instantiated twice (integer bf16
 // rounding, and the instruction), because a target attribute cannot depend
-// on a template parameter; the int8 body with VBMI is a third macro, so
-// four int8 kernels.
+// on a template parameter; the int8 body is instantiated twice more with
+// VBMI's dequantization, so four int8 kernels.
 //
 // Arithmetic: adam_element()'s (int8: adam_element_int8()'s) operations in
 // its order, one rounding each;
@@ -178,6 +178,19 @@ PSTAR_AVX512VBMI void dequant64(const uint8_t (*planes)[256], __m512i codes, __m
   out[3] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(w01h, w23h));
 }
 
+// map[code] for the codes of one step of the int8 body (32 or 64 elements;
+// fewer at a block's end, `left`), elements 16 q .. 16 q + 15 in out[q].
+PSTAR_AVX512 void dequant_step32(const int8::Map& m, const uint8_t* codes, size_t left, __m512 out[2]) {
+  const __mmask32 k = left >= 32 ? ~__mmask32{0} : (__mmask32{1} << left) - 1u;
+  dequant32(DTab{reinterpret_cast<const __m512i*>(m.hi), reinterpret_cast<const __m512i*>(m.lo)},
+            _mm256_maskz_loadu_epi8(k, codes), out[0], out[1]);
+}
+
+PSTAR_AVX512VBMI void dequant_step64(const int8::Map& m, const uint8_t* codes, size_t left, __m512 out[4]) {
+  const __mmask64 k = left >= 64 ? ~__mmask64{0} : (__mmask64{1} << left) - 1u;
+  dequant64(m.planes, _mm512_maskz_loadu_epi8(k, codes), out);
+}
+
 // ---- kernel bodies -----------------------------------------------------------
 
 // The weight's store into the slot, for the lanes of `mask` from element e.
@@ -251,8 +264,10 @@ PSTAR_AVX512VBMI void dequant64(const uint8_t (*planes)[256], __m512i codes, __m
     PSTAR_AVX512_EMIT_W(BF16_EMIT, i, mask, p);                                                                \
   }
 
-// The int8 bodies' lists, maps and constants.
-#define PSTAR_AVX512_INT8_LISTS                                                                               \
+// int8, block by block: pass 1 dequantizes STEP elements at a time
+// (DEQUANT: dequant_step32, or dequant_step64 with VBMI), updates them 16 at
+// a time, keeps the new fp32 m and v and their absmax; pass 2 quantizes.
+#define PSTAR_AVX512_INT8_BODY(BF16_EMIT, STEP, DEQUANT)                                                      \
   const Consts k = make_consts(c);                                                                            \
   const bool oop = r.master_in != nullptr;                                                                    \
   float* const master = r.master;                                                                             \
@@ -273,119 +288,48 @@ PSTAR_AVX512VBMI void dequant64(const uint8_t (*planes)[256], __m512i codes, __m
   const QTab sq = load_qtab(smap);                                                                            \
   const QTab uq = load_qtab(umap);                                                                            \
   alignas(64) float mf[kInt8BlockElems];                                                                      \
-  alignas(64) float vf[kInt8BlockElems];
-
-// A block's end: its new maxima, then pass 2 quantizes.
-#define PSTAR_AVX512_INT8_BLOCK_END                                             \
-  const float am = _mm512_reduce_max_ps(accm), av = _mm512_reduce_max_ps(accv); \
-  mao[b] = am;                                                                  \
-  vao[b] = av;                                                                  \
-  quant_block<true>(sq, mf, nb, int8::inv_scale(am), mco + off);                \
-  quant_block<false>(uq, vf, nb, int8::inv_scale(av), vco + off);
-
-// int8, block by block: pass 1 dequantizes 32 elements at a time, updates
-// them, keeps the new fp32 m and v and their absmax; pass 2 quantizes.
-#define PSTAR_AVX512_INT8_BODY(BF16_EMIT)                                                               \
-  PSTAR_AVX512_INT8_LISTS                                                                               \
-  const DTab sd{reinterpret_cast<const __m512i*>(smap.hi), reinterpret_cast<const __m512i*>(smap.lo)};  \
-  const DTab ud{reinterpret_cast<const __m512i*>(umap.hi), reinterpret_cast<const __m512i*>(umap.lo)};  \
-  for (size_t b = 0; b * kInt8BlockElems < n; ++b) {                                                    \
-    const size_t off = b * kInt8BlockElems;                                                             \
-    const size_t nb = std::min(kInt8BlockElems, n - off);                                               \
-    const __m512 am_in = _mm512_set1_ps(mai[b]);                                                        \
-    const __m512 av_in = _mm512_set1_ps(vai[b]);                                                        \
-    __m512 accm = _mm512_setzero_ps(), accv = _mm512_setzero_ps();                                      \
-    for (size_t i = 0; i < nb; i += 32) {                                                               \
-      const size_t e = off + i;                                                                         \
-      const size_t left = nb - i;                                                                       \
-      const __mmask32 k32 =                                                                             \
-          left >= 32 ? static_cast<__mmask32>(0xffffffffu) : static_cast<__mmask32>((1u << left) - 1u); \
-      const __mmask16 k0 = static_cast<__mmask16>(k32), k1 = static_cast<__mmask16>(k32 >> 16);         \
-      __m512 m0, m1, v0, v1;                                                                            \
-      dequant32(sd, _mm256_maskz_loadu_epi8(k32, mci + e), m0, m1);                                     \
-      dequant32(ud, _mm256_maskz_loadu_epi8(k32, vci + e), v0, v1);                                     \
-      m0 = _mm512_mul_ps(m0, am_in);                                                                    \
-      m1 = _mm512_mul_ps(m1, am_in);                                                                    \
-      v0 = _mm512_mul_ps(v0, av_in);                                                                    \
-      v1 = _mm512_mul_ps(v1, av_in);                                                                    \
-      __m512 p0, p1, g0, g1;                                                                            \
-      if (left >= 32) {                                                                                 \
-        g0 = load_grad_full<D, kGradF32>(g32, slot, e);                                                 \
-        g1 = load_grad_full<D, kGradF32>(g32, slot, e + 16);                                            \
-        p0 = _mm512_loadu_ps(pi + e);                                                                   \
-        p1 = _mm512_loadu_ps(pi + e + 16);                                                              \
-      } else {                                                                                          \
-        g0 = load_grad<D, kGradF32>(g32, slot, e, k0);                                                  \
-        g1 = load_grad<D, kGradF32>(g32, slot, e + 16, k1);                                             \
-        p0 = _mm512_maskz_loadu_ps(k0, pi + e);                                                         \
-        p1 = _mm512_maskz_loadu_ps(k1, pi + e + 16);                                                    \
-      }                                                                                                 \
-      adam16_int8(k, g0, p0, m0, v0);                                                                   \
-      adam16_int8(k, g1, p1, m1, v1);                                                                   \
-      if (left >= 32) { /* unmasked: a masked store is slow on some CPUs (AMD Zen 4) */                 \
-        _mm512_storeu_ps(master + e, p0);                                                               \
-        _mm512_storeu_ps(master + e + 16, p1);                                                          \
-        PSTAR_AVX512_STORE_W(BF16_EMIT, e, p0);                                                         \
-        PSTAR_AVX512_STORE_W(BF16_EMIT, e + 16, p1);                                                    \
-      } else {                                                                                          \
-        _mm512_mask_storeu_ps(master + e, k0, p0);                                                      \
-        _mm512_mask_storeu_ps(master + e + 16, k1, p1);                                                 \
-        PSTAR_AVX512_EMIT_W(BF16_EMIT, e, k0, p0);                                                      \
-        PSTAR_AVX512_EMIT_W(BF16_EMIT, e + 16, k1, p1);                                                 \
-      }                                                                                                 \
-      _mm512_store_ps(mf + i, m0);                                                                      \
-      _mm512_store_ps(mf + i + 16, m1);                                                                 \
-      _mm512_store_ps(vf + i, v0);                                                                      \
-      _mm512_store_ps(vf + i + 16, v1);                                                                 \
-      accm = _mm512_mask_max_ps(accm, k0, _mm512_abs_ps(m0), accm);                                     \
-      accm = _mm512_mask_max_ps(accm, k1, _mm512_abs_ps(m1), accm);                                     \
-      accv = _mm512_mask_max_ps(accv, k0, _mm512_abs_ps(v0), accv);                                     \
-      accv = _mm512_mask_max_ps(accv, k1, _mm512_abs_ps(v1), accv);                                     \
-    }                                                                                                   \
-    PSTAR_AVX512_INT8_BLOCK_END                                                                         \
-  }
-
-// The same with dequant64: 64 elements at a time, the same bits.
-#define PSTAR_AVX512_INT8_VBMI_BODY(BF16_EMIT)                                              \
-  PSTAR_AVX512_INT8_LISTS                                                                   \
-  for (size_t b = 0; b * kInt8BlockElems < n; ++b) {                                        \
-    const size_t off = b * kInt8BlockElems;                                                 \
-    const size_t nb = std::min(kInt8BlockElems, n - off);                                   \
-    const __m512 am_in = _mm512_set1_ps(mai[b]);                                            \
-    const __m512 av_in = _mm512_set1_ps(vai[b]);                                            \
-    __m512 accm = _mm512_setzero_ps(), accv = _mm512_setzero_ps();                          \
-    for (size_t i = 0; i < nb; i += 64) {                                                   \
-      const size_t left = nb - i;                                                           \
-      const __mmask64 k64 = left >= 64 ? ~__mmask64{0} : (__mmask64{1} << left) - 1u;       \
-      __m512 mq[4], vq[4];                                                                  \
-      dequant64(smap.planes, _mm512_maskz_loadu_epi8(k64, mci + off + i), mq);              \
-      dequant64(umap.planes, _mm512_maskz_loadu_epi8(k64, vci + off + i), vq);              \
-      for (size_t q = 0; q < 4 && 16 * q < left; ++q) {                                     \
-        const size_t e = off + i + 16 * q;                                                  \
-        const __mmask16 kq = tail_mask16(left - 16 * q);                                    \
-        __m512 m = _mm512_mul_ps(mq[q], am_in), v = _mm512_mul_ps(vq[q], av_in), g, p;      \
-        if (kq == 0xffff) {                                                                 \
-          g = load_grad_full<D, kGradF32>(g32, slot, e);                                    \
-          p = _mm512_loadu_ps(pi + e);                                                      \
-        } else {                                                                            \
-          g = load_grad<D, kGradF32>(g32, slot, e, kq);                                     \
-          p = _mm512_maskz_loadu_ps(kq, pi + e);                                            \
-        }                                                                                   \
-        adam16_int8(k, g, p, m, v);                                                         \
-        if (kq == 0xffff) { /* unmasked: a masked store is slow on some CPUs (AMD Zen 4) */ \
-          _mm512_storeu_ps(master + e, p);                                                  \
-          PSTAR_AVX512_STORE_W(BF16_EMIT, e, p);                                            \
-        } else {                                                                            \
-          _mm512_mask_storeu_ps(master + e, kq, p);                                         \
-          PSTAR_AVX512_EMIT_W(BF16_EMIT, e, kq, p);                                         \
-        }                                                                                   \
-        _mm512_store_ps(mf + i + 16 * q, m);                                                \
-        _mm512_store_ps(vf + i + 16 * q, v);                                                \
-        accm = _mm512_mask_max_ps(accm, kq, _mm512_abs_ps(m), accm);                        \
-        accv = _mm512_mask_max_ps(accv, kq, _mm512_abs_ps(v), accv);                        \
-      }                                                                                     \
-    }                                                                                       \
-    PSTAR_AVX512_INT8_BLOCK_END                                                             \
+  alignas(64) float vf[kInt8BlockElems];                                                                      \
+  for (size_t b = 0; b * kInt8BlockElems < n; ++b) {                                                          \
+    const size_t off = b * kInt8BlockElems;                                                                   \
+    const size_t nb = std::min(kInt8BlockElems, n - off);                                                     \
+    const __m512 am_in = _mm512_set1_ps(mai[b]);                                                              \
+    const __m512 av_in = _mm512_set1_ps(vai[b]);                                                              \
+    __m512 accm = _mm512_setzero_ps(), accv = _mm512_setzero_ps();                                            \
+    for (size_t i = 0; i < nb; i += (STEP)) {                                                                 \
+      const size_t left = nb - i;                                                                             \
+      __m512 mq[(STEP) / 16], vq[(STEP) / 16];                                                                \
+      DEQUANT(smap, mci + off + i, left, mq);                                                                 \
+      DEQUANT(umap, vci + off + i, left, vq);                                                                 \
+      for (size_t q = 0; q < (STEP) / 16 && 16 * q < left; ++q) {                                             \
+        const size_t e = off + i + 16 * q;                                                                    \
+        const __mmask16 kq = tail_mask16(left - 16 * q);                                                      \
+        __m512 m = _mm512_mul_ps(mq[q], am_in), v = _mm512_mul_ps(vq[q], av_in), g, p;                        \
+        if (kq == 0xffff) {                                                                                   \
+          g = load_grad_full<D, kGradF32>(g32, slot, e);                                                      \
+          p = _mm512_loadu_ps(pi + e);                                                                        \
+        } else {                                                                                              \
+          g = load_grad<D, kGradF32>(g32, slot, e, kq);                                                       \
+          p = _mm512_maskz_loadu_ps(kq, pi + e);                                                              \
+        }                                                                                                     \
+        adam16_int8(k, g, p, m, v);                                                                           \
+        if (kq == 0xffff) { /* unmasked: a masked store is slow on some CPUs (AMD Zen 4) */                   \
+          _mm512_storeu_ps(master + e, p);                                                                    \
+          PSTAR_AVX512_STORE_W(BF16_EMIT, e, p);                                                              \
+        } else {                                                                                              \
+          _mm512_mask_storeu_ps(master + e, kq, p);                                                           \
+          PSTAR_AVX512_EMIT_W(BF16_EMIT, e, kq, p);                                                           \
+        }                                                                                                     \
+        _mm512_store_ps(mf + i + 16 * q, m);                                                                  \
+        _mm512_store_ps(vf + i + 16 * q, v);                                                                  \
+        accm = _mm512_mask_max_ps(accm, kq, _mm512_abs_ps(m), accm);                                          \
+        accv = _mm512_mask_max_ps(accv, kq, _mm512_abs_ps(v), accv);                                          \
+      }                                                                                                       \
+    }                                                                                                         \
+    const float am = _mm512_reduce_max_ps(accm), av = _mm512_reduce_max_ps(accv);                             \
+    mao[b] = am;                                                                                              \
+    vao[b] = av;                                                                                              \
+    quant_block<true>(sq, mf, nb, int8::inv_scale(am), mco + off);                                            \
+    quant_block<false>(uq, vf, nb, int8::inv_scale(av), vco + off);                                           \
   }
 
 template <pstar_dtype D, bool kGradF32>
@@ -400,30 +344,27 @@ __attribute__((target(PSTAR_AVX512BF16_ISA))) void bf16_native(const AdamStepCon
 
 template <pstar_dtype D, bool kGradF32>
 __attribute__((target(PSTAR_AVX512_ISA))) void int8_int(const AdamStepConstants& c, const AdamStateRange& r) {
-  PSTAR_AVX512_INT8_BODY(bf16_int16)
+  PSTAR_AVX512_INT8_BODY(bf16_int16, 32, dequant_step32)
 }
 
 template <pstar_dtype D, bool kGradF32>
 __attribute__((target(PSTAR_AVX512BF16_ISA))) void int8_native(const AdamStepConstants& c, const AdamStateRange& r) {
-  PSTAR_AVX512_INT8_BODY(bf16_native16)
+  PSTAR_AVX512_INT8_BODY(bf16_native16, 32, dequant_step32)
 }
 
 template <pstar_dtype D, bool kGradF32>
 __attribute__((target(PSTAR_AVX512VBMI_ISA))) void int8_vbmi_int(const AdamStepConstants& c, const AdamStateRange& r) {
-  PSTAR_AVX512_INT8_VBMI_BODY(bf16_int16)
+  PSTAR_AVX512_INT8_BODY(bf16_int16, 64, dequant_step64)
 }
 
 template <pstar_dtype D, bool kGradF32>
 __attribute__((target(PSTAR_AVX512VBMIBF16_ISA))) void int8_vbmi_native(const AdamStepConstants& c,
                                                                         const AdamStateRange& r) {
-  PSTAR_AVX512_INT8_VBMI_BODY(bf16_native16)
+  PSTAR_AVX512_INT8_BODY(bf16_native16, 64, dequant_step64)
 }
 
 #undef PSTAR_AVX512_BF16_BODY
 #undef PSTAR_AVX512_INT8_BODY
-#undef PSTAR_AVX512_INT8_VBMI_BODY
-#undef PSTAR_AVX512_INT8_LISTS
-#undef PSTAR_AVX512_INT8_BLOCK_END
 #undef PSTAR_AVX512_EMIT_W
 #undef PSTAR_AVX512_STORE_W
 
