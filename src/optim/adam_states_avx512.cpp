@@ -65,8 +65,10 @@ PSTAR_AVX512 QTab load_qtab(const int8::Map& m) {
   return q;
 }
 
-// The codes of sixteen normalized values y, as 32-bit lanes; `amb` gets the
-// lanes that must take the scalar search instead.
+// The codes of sixteen normalized values y, as 32-bit lanes (-1 for the code
+// 0 of a negative y at -1.0: the byte pack saturates it); `amb` gets the
+// lanes that must take the scalar search instead.  The ambiguity test adds
+// 2 kAmbiguity to the rounded u_lo (adam_states.cpp bounds that rounding).
 template <bool kSigned>
 PSTAR_AVX512 __m512i quant16(const QTab& q, __m512 y, __mmask16& amb) {
   __m512 a = kSigned ? _mm512_abs_ps(y) : y;
@@ -79,33 +81,53 @@ PSTAR_AVX512 __m512i quant16(const QTab& q, __m512 y, __mmask16& amb) {
   const __m512 s = _mm512_permutexvar_ps(dec, q.dec_s);
   const __m512 olo = _mm512_permutexvar_ps(dec, q.dec_olo);
   const __m512i last = _mm512_permutexvar_epi32(dec, q.dec_last);
-  const __m512i jlo = _mm512_cvttps_epi32(_mm512_fmadd_ps(a, s, olo));
-  const __m512i jhi =
-      _mm512_cvttps_epi32(_mm512_fmadd_ps(a, s, _mm512_add_ps(olo, _mm512_set1_ps(2 * int8::kAmbiguity))));
+  const __m512 u_lo = _mm512_fmadd_ps(a, s, olo);
+  const __m512i jlo = _mm512_cvttps_epi32(u_lo);
+  const __m512i jhi = _mm512_cvttps_epi32(_mm512_add_ps(u_lo, _mm512_set1_ps(2 * int8::kAmbiguity)));
   amb = _mm512_cmpneq_epi32_mask(jlo, jhi);
   __m512i k = _mm512_min_epi32(jlo, last);
-  if (kSigned) {
+  if (kSigned) {  // 127 + k, or 127 - k for a negative y
     const __m512i c127 = _mm512_set1_epi32(127);
-    const __mmask16 neg =
-        _mm512_test_epi32_mask(_mm512_castps_si512(y), _mm512_set1_epi32(static_cast<int>(0x80000000u)));
-    k = _mm512_mask_sub_epi32(_mm512_add_epi32(k, c127), neg, c127, _mm512_min_epi32(k, c127));
+    const __mmask16 neg = _mm512_cmplt_epi32_mask(_mm512_castps_si512(y), _mm512_setzero_si512());
+    k = _mm512_mask_sub_epi32(_mm512_add_epi32(k, c127), neg, c127, k);
   }
   return k;
 }
 
-// Quantizes nb (<= 256) values of one block, x * r, into codes.
+// The dword order that puts the bytes of quant_block's packs (which work
+// within 128-bit lanes: lane L holds elements 4 L..4 L + 3 of each of the
+// four inputs) in element order.
+alignas(64) const int32_t kPackOrder[16] = {0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15};
+
+// Quantizes nb (<= 256) values of one block, x * r, into codes: 64 at a time,
+// packed with saturation (two VPACKSSDW, a VPACKUSWB and a permute for 64
+// codes, against four VPMOVDB: with the cheaper ambiguity test, 20-25% less
+// time per code on the Zen 4 dev machine), then 16 at a time.
 template <bool kSigned>
 PSTAR_AVX512 void quant_block(const QTab& q, const float* x, size_t nb, float r, uint8_t* codes) {
   const __m512 vr = _mm512_set1_ps(r);
-  for (size_t i = 0; i < nb; i += 16) {
+  size_t i = 0;
+  for (; i + 64 <= nb; i += 64) {
+    __mmask16 a0, a1, a2, a3;
+    const __m512i k0 = quant16<kSigned>(q, _mm512_mul_ps(_mm512_loadu_ps(x + i), vr), a0);
+    const __m512i k1 = quant16<kSigned>(q, _mm512_mul_ps(_mm512_loadu_ps(x + i + 16), vr), a1);
+    const __m512i k2 = quant16<kSigned>(q, _mm512_mul_ps(_mm512_loadu_ps(x + i + 32), vr), a2);
+    const __m512i k3 = quant16<kSigned>(q, _mm512_mul_ps(_mm512_loadu_ps(x + i + 48), vr), a3);
+    const __m512i b = _mm512_packus_epi16(_mm512_packs_epi32(k0, k1), _mm512_packs_epi32(k2, k3));
+    _mm512_storeu_si512(codes + i, _mm512_permutexvar_epi32(_mm512_load_si512(kPackOrder), b));
+    if ((a0 | a1 | a2 | a3) != 0) {
+      if (a0 != 0) int8::fix_lanes(kSigned, x + i, r, a0, codes + i);
+      if (a1 != 0) int8::fix_lanes(kSigned, x + i + 16, r, a1, codes + i + 16);
+      if (a2 != 0) int8::fix_lanes(kSigned, x + i + 32, r, a2, codes + i + 32);
+      if (a3 != 0) int8::fix_lanes(kSigned, x + i + 48, r, a3, codes + i + 48);
+    }
+  }
+  for (; i < nb; i += 16) {
     const __mmask16 mask = tail_mask16(nb - i);
     __mmask16 amb;
-    const __m512i k = quant16<kSigned>(q, _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, x + i), vr), amb);
-    if (mask == 0xffff) {
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i), _mm512_cvtepi32_epi8(k));
-    } else {
-      _mm_mask_storeu_epi8(codes + i, mask, _mm512_cvtepi32_epi8(k));
-    }
+    __m512i k = quant16<kSigned>(q, _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, x + i), vr), amb);
+    k = _mm512_max_epi32(k, _mm512_setzero_si512());
+    _mm_mask_storeu_epi8(codes + i, mask, _mm512_cvtepi32_epi8(k));
     amb &= mask;
     if (amb != 0) int8::fix_lanes(kSigned, x + i, r, amb, codes + i);
   }
