@@ -129,15 +129,17 @@ PSTAR_AVX2 void quant8(const QTab& q, __m256 y, uint8_t* codes, const float* x, 
   const __m256 s = _mm256_castsi256_ps(lookup16(q.dec_s, dec, dsel));
   const __m256 olo = _mm256_castsi256_ps(lookup16(q.dec_olo, dec, dsel));
   const __m256i last = lookup16(q.dec_last, dec, dsel);
-  const __m256i jlo = _mm256_cvttps_epi32(_mm256_fmadd_ps(a, s, olo));
-  const __m256i jhi =
-      _mm256_cvttps_epi32(_mm256_fmadd_ps(a, s, _mm256_add_ps(olo, _mm256_set1_ps(2 * int8::kAmbiguity))));
+  // The ambiguity test adds 2 kAmbiguity to the rounded u_lo (the bound is
+  // in adam_states.cpp).
+  const __m256 u_lo = _mm256_fmadd_ps(a, s, olo);
+  const __m256i jlo = _mm256_cvttps_epi32(u_lo);
+  const __m256i jhi = _mm256_cvttps_epi32(_mm256_add_ps(u_lo, _mm256_set1_ps(2 * int8::kAmbiguity)));
   const int amb = ~_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(jlo, jhi))) & 0xff;
   __m256i k = _mm256_min_epi32(jlo, last);
-  if (kSigned) {
+  if (kSigned) {  // 127 + k, or 127 - k for a negative y (-1 at -1.0: the pack saturates it to 0)
     const __m256i c127 = _mm256_set1_epi32(127);
     const __m256i neg = _mm256_srai_epi32(yb, 31);
-    k = _mm256_blendv_epi8(_mm256_add_epi32(k, c127), _mm256_sub_epi32(c127, _mm256_min_epi32(k, c127)), neg);
+    k = _mm256_blendv_epi8(_mm256_add_epi32(k, c127), _mm256_sub_epi32(c127, k), neg);
   }
   const __m128i w = _mm_packus_epi32(_mm256_castsi256_si128(k), _mm256_extracti128_si256(k, 1));
   _mm_storel_epi64(reinterpret_cast<__m128i*>(codes), _mm_packus_epi16(w, w));
