@@ -167,12 +167,13 @@ void moments_from_f32(StateFormat f, bool second, void* list, size_t n_total, si
 // adam_states.cpp, checked at start-up for every threshold, and checked by
 // the tests against the search for every float in [0, 1]).  Dequantization
 // looks the map up 32 codes at a time (AVX-512: VPERMI2W over the map's
-// 16-bit halves; AVX2: VGATHERDPS).
+// 16-bit halves), or 64 (AVX512-VBMI: VPERMI2B over its byte planes), or 8
+// (AVX2: VGATHERDPS).
 //
 // Speed (issue 45, docs/benchmarks.md): fp32 and bf16 are memory-bound; on
-// a 2-core AVX-512 machine int8 is compute-bound, its quantization (two
-// maps, about 18 cycles per 16 values each) the largest part, and
-// adam_element_int8's second division about 6%.
+// a 2-core AVX-512 machine int8 is compute-bound, and its quantization (two
+// maps, about 20 vector instructions per 16 values each) is half of its
+// time: without it the kernel runs twice as fast.
 //
 // Where bitsandbytes 0.50's CPU path (backends/cpu/ops.py, csrc/cpu_ops.cpp)
 // departs from the paper, this follows the paper: its quantize_blockwise
