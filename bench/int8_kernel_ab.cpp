@@ -1,7 +1,8 @@
 // Timing harness of bench/int8_kernel_ab.py: several builds of the AVX-512
-// int8 kernel (optim/adam_states_avx512.cpp, each compiled with its exported
-// functions renamed to adam_states_int8_avx512_<name>) linked into this one
-// program, and timed in alternation on one thread.
+// (or AVX2) int8 kernel (optim/adam_states_avx512.cpp or adam_states_avx2.cpp,
+// each compiled with its exported functions renamed to
+// adam_states_int8_avx512_<name> or adam_states_int8_avx2_<name>) linked
+// into this one program, and timed in alternation on one thread.
 //
 // Why one program: pstar-bench links the kernels statically (libpstar_core),
 // so two of its runs compare two binaries run minutes apart, and on a shared
@@ -36,11 +37,41 @@
 #error "define PSTAR_AB_VARIANTS as X(name) X(name) ..."
 #endif
 
+// PSTAR_AB_AVX2 set: the variants are builds of adam_states_avx2.cpp
+// (adam_states_int8_avx2, which takes no CPU flags); else of
+// adam_states_avx512.cpp.
 namespace pstar::optim {
+#ifdef PSTAR_AB_AVX2
+#define X(v) void adam_states_int8_avx2_##v(const AdamStepConstants&, const AdamStateRange&);
+#else
 #define X(v) void adam_states_int8_avx512_##v(const AdamStepConstants&, const AdamStateRange&, bool, bool);
+#endif
 PSTAR_AB_VARIANTS
 #undef X
 }  // namespace pstar::optim
+
+namespace {
+#ifdef PSTAR_AB_AVX2
+#define X(v)                                                                                                   \
+  void call_##v(const pstar::optim::AdamStepConstants& c, const pstar::optim::AdamStateRange& r, bool, bool) { \
+    pstar::optim::adam_states_int8_avx2_##v(c, r);                                                             \
+  }
+#else
+#define X(v)                                                                                                \
+  void call_##v(const pstar::optim::AdamStepConstants& c, const pstar::optim::AdamStateRange& r, bool bf16, \
+                bool vbmi) {                                                                                \
+    pstar::optim::adam_states_int8_avx512_##v(c, r, bf16, vbmi);                                            \
+  }
+#endif
+PSTAR_AB_VARIANTS
+#undef X
+constexpr pstar::optim::AdamIsa kIsa =
+#ifdef PSTAR_AB_AVX2
+    pstar::optim::AdamIsa::kAvx2;
+#else
+    pstar::optim::AdamIsa::kAvx512;
+#endif
+}  // namespace
 
 namespace {
 
@@ -96,12 +127,12 @@ int main(int argc, char** argv) {
   std::vector<Kernel> kernels;
 #define X(v)           \
   names.push_back(#v); \
-  kernels.push_back(&adam_states_int8_avx512_##v);
+  kernels.push_back(&call_##v);
   PSTAR_AB_VARIANTS
 #undef X
   const size_t n = kernels.size();
-  if (!adam_isa_supported(AdamIsa::kAvx512)) {
-    std::fprintf(stderr, "int8_kernel_ab: this CPU has no AVX-512 (the kernel compared here)\n");
+  if (!adam_isa_supported(kIsa)) {
+    std::fprintf(stderr, "int8_kernel_ab: this CPU lacks the instruction set of the kernel compared here\n");
     return 77;
   }
   __builtin_cpu_init();

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""Compares builds of the AVX-512 int8 Adam kernel in one program, in alternation.
+"""Compares builds of the AVX-512 (or AVX2) int8 Adam kernel in one program, in alternation.
 
 pstar-bench links the kernels statically, so comparing two commits with it
 means two binaries run minutes apart; on a shared 2-core machine the int8
 kernel's speed moves by 10-20% over minutes (and LD_LIBRARY_PATH does not
-swap the kernel). This script compiles src/optim/adam_states_avx512.cpp once
-per variant, with its exported functions renamed, links all of them into
+swap the kernel). This script compiles src/optim/adam_states_avx512.cpp
+(--isa avx2: adam_states_avx2.cpp) once per variant, with its exported functions renamed, links all of them into
 bench/int8_kernel_ab.cpp's harness against the build's libpstar_core.a, and
 times them on one thread, each round in a shuffled order (1024-element
 range in L1, as pstar-bench's compute ceiling).
@@ -18,7 +18,8 @@ Variants:
                        no-quant (the two quantizations of each block),
                        no-dequant (a plain conversion instead of the map
                        lookups, VBMI path), no-vbmi (the 32-wide 16-bit
-                       lookup instead of VBMI's).
+                       lookup instead of VBMI's); with --isa avx2 only
+                       no-quant.
 The first variant is the reference: every other's lists are compared with it
 after a warm-up (same_bits_as_first) and its times divided by theirs
 (`speedup_vs_first`, > 1: faster than the first).
@@ -42,18 +43,21 @@ import subprocess
 import sys
 import tempfile
 
-KERNEL = "src/optim/adam_states_avx512.cpp"
+KERNELS = {"avx512": "src/optim/adam_states_avx512.cpp", "avx2": "src/optim/adam_states_avx2.cpp"}
 FLAGS = ["-O2", "-DNDEBUG", "-ffp-contract=off", "-fno-fast-math", "-fno-math-errno", "-std=c++17"]
 
-QUANT_CALLS = re.compile(r"    quant_block<true>\(sq, mf, [^\n]*\\\n    quant_block<false>\(uq, vf, [^\n]*\\\n")
+# The two quantizations of a block: macro lines (AVX-512) or plain ones (AVX2).
+QUANT_CALLS = re.compile(r"    quant_block<true>\(sq, mf, [^\n]*?(\\?)\n    quant_block<false>\(uq, vf, [^\n]*?\\?\n")
 DEQUANT64_BODY = re.compile(
     r"(PSTAR_AVX512VBMI void dequant_step64\([^)]*\) \{\n)(.*?)(\n\})", re.S)
 
 
-def ablate(text, kind):
+def ablate(text, kind, isa):
+    if isa != "avx512" and kind != "no-quant":
+        sys.exit("int8_kernel_ab: ablation %s applies to the AVX-512 kernel only" % kind)
     if kind == "no-quant":
         out, count = QUANT_CALLS.subn(
-            '    (void)sq; (void)uq; asm volatile("" ::"r"(mf), "r"(vf) : "memory"); \\\n', text)
+            lambda m: '    (void)sq; (void)uq; asm volatile("" ::"r"(mf), "r"(vf) : "memory"); %s\n' % m.group(1), text)
     elif kind == "no-dequant":
         body = ("  (void)m; (void)left;\n"
                 "  for (int q = 0; q < 4; ++q)\n"
@@ -65,7 +69,7 @@ def ablate(text, kind):
     else:
         sys.exit("int8_kernel_ab: unknown ablation %r (no-quant, no-dequant, no-vbmi)" % kind)
     if count != 1:
-        sys.exit("int8_kernel_ab: ablation %s does not apply to this %s (matched %d times)" % (kind, KERNEL, count))
+        sys.exit("int8_kernel_ab: ablation %s does not apply to this kernel (matched %d times)" % (kind, count))
     return out
 
 
@@ -81,6 +85,7 @@ def split_spec(spec, what):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build-dir", default="build/default", help="a configured and built tree (libpstar_core.a)")
+    ap.add_argument("--isa", choices=sorted(KERNELS), default="avx512", help="the kernel compared")
     ap.add_argument("--rev", action="append", default=[], metavar="NAME=REV", help="the kernel at a git revision")
     ap.add_argument("--source", action="append", default=[], metavar="NAME=PATH", help="the kernel from a file")
     ap.add_argument("--ablate", action="append", default=[], metavar="NAME=KIND",
@@ -100,23 +105,24 @@ def main():
     core = os.path.abspath(args.core) if args.core else os.path.join(build, "lib", "libpstar_core.a")
     if not os.path.exists(core):
         sys.exit("int8_kernel_ab: %s not found: build first (cmake --build %s)" % (core, args.build_dir))
+    kernel = KERNELS[args.isa]
     variants = []  # (name, text)
     kinds = {}  # name -> ablation kind
     for spec in args.rev:
         name, rev = split_spec(spec, "--rev")
-        proc = subprocess.run(["git", "-C", root, "show", "%s:%s" % (rev, KERNEL)], capture_output=True, text=True)
+        proc = subprocess.run(["git", "-C", root, "show", "%s:%s" % (rev, kernel)], capture_output=True, text=True)
         if proc.returncode != 0:
-            sys.exit("int8_kernel_ab: git show %s:%s failed: %s" % (rev, KERNEL, proc.stderr.strip()))
+            sys.exit("int8_kernel_ab: git show %s:%s failed: %s" % (rev, kernel, proc.stderr.strip()))
         variants.append((name, proc.stdout))
     for spec in args.source:
         name, path = split_spec(spec, "--source")
         with open(path) as f:
             variants.append((name, f.read()))
-    with open(os.path.join(root, KERNEL)) as f:
+    with open(os.path.join(root, kernel)) as f:
         working = f.read()
     for spec in args.ablate:
         name, kind = split_spec(spec, "--ablate")
-        variants.append((name, ablate(working, kind)))
+        variants.append((name, ablate(working, kind, args.isa)))
         kinds[name] = kind
     if len(variants) < 2:
         sys.exit("int8_kernel_ab: give at least two variants (--rev, --source, --ablate)")
@@ -134,8 +140,8 @@ def main():
             with open(src, "w") as f:
                 f.write(text)
             obj = os.path.join(tmp, name + ".o")
-            renames = ["-D%s=%s_%s" % (fn, fn, name)
-                       for fn in ("adam_states_int8_avx512", "adam_states_bf16_avx512", "int8_encode_avx512")]
+            renames = ["-D%s_%s=%s_%s_%s" % (fn, args.isa, fn, args.isa, name)
+                       for fn in ("adam_states_int8", "adam_states_bf16", "int8_encode")]
             subprocess.run([args.cxx] + FLAGS + includes + renames + ["-c", src, "-o", obj], check=True)
             objs.append(obj)
         names = [n for n, _ in variants]
@@ -145,7 +151,8 @@ def main():
             order = objs[k:] + objs[:k]
             exe = os.path.join(tmp, "ab%d" % link)
             macro = "-DPSTAR_AB_VARIANTS=" + " ".join("X(%s)" % n for n in names)
-            subprocess.run([args.cxx] + FLAGS + includes + [macro, os.path.join(root, "bench", "int8_kernel_ab.cpp")]
+            isa_macro = ["-DPSTAR_AB_AVX2"] if args.isa == "avx2" else []
+            subprocess.run([args.cxx] + FLAGS + includes + isa_macro + [macro, os.path.join(root, "bench", "int8_kernel_ab.cpp")]
                            + order + [core, "-lpthread", "-o", exe], check=True)
             proc = subprocess.run([exe, str(args.rounds), str(args.calls), str(link + 1)], capture_output=True,
                                   text=True)
@@ -159,7 +166,7 @@ def main():
         shutil.rmtree(tmp, ignore_errors=True)
 
     first = names[0]
-    out = {"bench": "int8_kernel_ab", "threads": 1, "elements": 1024, "rounds": args.rounds, "calls": args.calls,
+    out = {"bench": "int8_kernel_ab", "isa": args.isa, "threads": 1, "elements": 1024, "rounds": args.rounds, "calls": args.calls,
            "links": args.links, "reference": first, "variants": []}
     for n in names:
         medians = [r[n]["ns_per_elem_median"] for r in per_link]
