@@ -179,10 +179,11 @@ Map build_map(bool is_signed) {
   // and the count of thresholds at or below a is base_i + floor(u).  The
   // vector kernels (AVX2, AVX-512) compute u_lo = fma(a, s_i, o_i + base_i
   // - kAmbiguity) and u_hi = u_lo + 2 kAmbiguity, both in float; equal
-  // floors (both truncations) give the count.  Bound on |u_lo - (u + base_i - kAmbiguity)|: s_i
-  // rounded (2^-24 of a * s_i <= 144), dec_olo rounded (2^-17 of a value
-  // below 256) and the FMA (the same): below 4e-5; u_hi's, with the
-  // addition's rounding (2^-17 more), below 4.8e-5.  Bound on
+  // floors (both truncations) give the count.  Bound on
+  // |u_lo - (u + base_i - kAmbiguity)|: s_i rounded (2^-24 of a * s_i <=
+  // 144), dec_olo rounded (2^-17 of a value below 256) and the FMA (the
+  // same): below 4e-5; u_hi's, with the addition's rounding (2^-17 more),
+  // below 4.8e-5.  Bound on
   // |u(threshold) - integer|: the map's values carry at most 4 float
   // roundings of 2^-24 relative (linspace, midpoint, power of ten, product)
   // and the threshold float 2^-23 more: below 7e-5, checked below for every

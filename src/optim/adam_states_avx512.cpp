@@ -101,8 +101,9 @@ alignas(64) const int32_t kPackOrder[16] = {0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 
 
 // Quantizes nb (<= 256) values of one block, x * r, into codes: 64 at a time,
 // packed with saturation (two VPACKSSDW, a VPACKUSWB and a permute for 64
-// codes, against four VPMOVDB: with the cheaper ambiguity test, 20-25% less
-// time per code on the Zen 4 dev machine), then 16 at a time.
+// codes, against four VPMOVDB; with the cheaper ambiguity test the whole
+// kernel ran 1.05-1.10x faster on the Zen 4 dev machine,
+// bench/int8_kernel_ab.py), then 16 at a time.
 template <bool kSigned>
 PSTAR_AVX512 void quant_block(const QTab& q, const float* x, size_t nb, float r, uint8_t* codes) {
   const __m512 vr = _mm512_set1_ps(r);
