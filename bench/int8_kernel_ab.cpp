@@ -135,8 +135,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "int8_kernel_ab: this CPU lacks the instruction set of the kernel compared here\n");
     return 77;
   }
-  __builtin_cpu_init();
-  const bool bf16 = __builtin_cpu_supports("avx512bf16") != 0, vbmi = __builtin_cpu_supports("avx512vbmi") != 0;
+  const bool bf16 = cpu_has_avx512bf16(), vbmi = cpu_has_avx512vbmi();
   AdamHyper h;
   h.lr = 1e-4f;
   h.weight_decay = 0.01f;

@@ -28,6 +28,9 @@ struct CpuFeatures {
   bool avx2 = false;    // AVX2 + FMA + F16C (with OS support for the YMM state)
   bool avx512 = false;  // AVX-512 F + BW + VL, with the above (and ZMM state)
   bool avx512bf16 = false;
+  // AVX512-VBMI (VPERMB, VPERMI2B): the int8 dequantization through byte
+  // planes (Ice Lake and later, AMD Zen 4; not Skylake-SP or Cooper Lake).
+  bool avx512vbmi = false;
 };
 
 #if PSTAR_X86_CPUID
@@ -50,6 +53,7 @@ CpuFeatures detect_cpu() {
   f.avx512 = f.avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl");
   f.avx512bf16 = f.avx512 && __builtin_cpu_supports("avx512bf16");
+  f.avx512vbmi = f.avx512 && __builtin_cpu_supports("avx512vbmi");
 #endif
   return f;
 }
@@ -84,6 +88,9 @@ bool adam_isa_supported(AdamIsa isa) {
   }
   return false;
 }
+
+bool cpu_has_avx512bf16() { return cpu().avx512bf16; }
+bool cpu_has_avx512vbmi() { return cpu().avx512vbmi; }
 
 const char* adam_isa_name(AdamIsa isa) {
   switch (isa) {

@@ -51,6 +51,11 @@ void adam_update(AdamIsa isa, const AdamStepConstants& c, const AdamRange& r);
 
 bool adam_isa_supported(AdamIsa isa);
 const char* adam_isa_name(AdamIsa isa);
+// Extensions beyond an instruction set's baseline, each with AVX-512 (false
+// without it), detected once: AVX512-BF16 (VCVTNEPS2BF16 for the bf16 emits)
+// and AVX512-VBMI (the int8 format's byte-plane dequantization).
+bool cpu_has_avx512bf16();
+bool cpu_has_avx512vbmi();
 
 // The best supported instruction set, unless the environment variable
 // PSTAR_ADAM_ISA (scalar, avx2, avx512) asks for another supported one.

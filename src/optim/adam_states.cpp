@@ -330,34 +330,6 @@ void moments_from_f32(StateFormat f, bool second, void* list, size_t n_total, si
 
 namespace {
 
-// ---- CPU features -------------------------------------------------------------
-
-bool cpu_has_avx512bf16() {
-#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
-  static const bool has = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512bf16") != 0;
-  }();
-  return has;
-#else
-  return false;
-#endif
-}
-
-// AVX512-VBMI (VPERMB, VPERMI2B): the int8 dequantization through byte
-// planes (Ice Lake and later, AMD Zen 4; not Skylake-SP or Cooper Lake).
-bool cpu_has_avx512vbmi() {
-#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
-  static const bool has = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512vbmi") != 0;
-  }();
-  return has;
-#else
-  return false;
-#endif
-}
-
 void require_isa(AdamIsa isa) {
   if (!adam_isa_supported(isa)) {
     internal_error(std::string("Adam path '") + adam_isa_name(isa) + "' is not available on this CPU");

@@ -70,15 +70,6 @@ namespace {
 
 constexpr double kEps32 = 1.0 / 16777216.0;  // 2^-24
 
-bool cpu_has_avx512bf16() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512bf16");
-#else
-  return false;
-#endif
-}
-
 struct Path {
   std::string name;
   std::function<void(const AdamStepConstants&, const AdamRange&)> run;

@@ -49,24 +49,6 @@ using namespace pstar::optim;
 
 namespace {
 
-bool cpu_has_avx512bf16() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512bf16");
-#else
-  return false;
-#endif
-}
-
-bool cpu_has_avx512vbmi() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512vbmi");
-#else
-  return false;
-#endif
-}
-
 struct Path {
   std::string name;
   std::function<void(StateFormat, const AdamStepConstants&, const AdamStateRange&)> run;
