@@ -47,7 +47,7 @@ KERNELS = {"avx512": "src/optim/adam_states_avx512.cpp", "avx2": "src/optim/adam
 FLAGS = ["-O2", "-DNDEBUG", "-ffp-contract=off", "-fno-fast-math", "-fno-math-errno", "-std=c++17"]
 
 # The two quantizations of a block: macro lines (AVX-512) or plain ones (AVX2).
-QUANT_CALLS = re.compile(r"    quant_block<true>\(sq, mf, [^\n]*?(\\?)\n    quant_block<false>\(uq, vf, [^\n]*?\\?\n")
+QUANT_CALLS = re.compile(r"    quant_block<true>\(sq, mf, [^\n]*?(\\?)\n    quant_block<false[^>]*>\(uq, vf, [^\n]*?\\?\n")
 DEQUANT64_BODY = re.compile(
     r"(PSTAR_AVX512VBMI void dequant_step64\([^)]*\) \{\n)(.*?)(\n\})", re.S)
 

@@ -25,8 +25,11 @@ void adam_update_avx512(const AdamStepConstants& c, const AdamRange& r, bool nat
 namespace {
 
 struct CpuFeatures {
-  bool avx2 = false;    // AVX2 + FMA + F16C (with OS support for the YMM state)
-  bool avx512 = false;  // AVX-512 F + BW + VL, with the above (and ZMM state)
+  bool avx2 = false;  // AVX2 + FMA + F16C (with OS support for the YMM state)
+  // AVX-512 F + BW + VL + DQ, with the above (and ZMM state): every CPU with
+  // BW has DQ (Skylake-SP and later, AMD Zen 4); the int8 quantizer uses DQ's
+  // VREDUCEPS.
+  bool avx512 = false;
   bool avx512bf16 = false;
   // AVX512-VBMI (VPERMB, VPERMI2B): the int8 dequantization through byte
   // planes (Ice Lake and later, AMD Zen 4; not Skylake-SP or Cooper Lake).
@@ -51,7 +54,7 @@ CpuFeatures detect_cpu() {
   __builtin_cpu_init();
   f.avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
   f.avx512 = f.avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-             __builtin_cpu_supports("avx512vl");
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
   f.avx512bf16 = f.avx512 && __builtin_cpu_supports("avx512bf16");
   f.avx512vbmi = f.avx512 && __builtin_cpu_supports("avx512vbmi");
 #endif

@@ -15,8 +15,8 @@
 #include "optim/adam.h"
 #include "pstar/pstar.h"
 
-#define PSTAR_AVX512_ISA "avx512f,avx512bw,avx512vl,avx2,fma,f16c"
-#define PSTAR_AVX512BF16_ISA "avx512f,avx512bw,avx512vl,avx2,fma,f16c,avx512bf16"
+#define PSTAR_AVX512_ISA "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"
+#define PSTAR_AVX512BF16_ISA "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c,avx512bf16"
 #define PSTAR_AVX512 __attribute__((target(PSTAR_AVX512_ISA), always_inline)) inline
 #define PSTAR_AVX512BF16 __attribute__((target(PSTAR_AVX512BF16_ISA), always_inline)) inline
 

@@ -178,18 +178,21 @@ Map build_map(bool is_signed) {
   //   u(a) = (a / 10^(i-6) - 0.1) * n_i / 0.9 = a * s_i + o_i,
   // and the count of thresholds at or below a is base_i + floor(u).  The
   // vector kernels (AVX2, AVX-512) compute u_lo = fma(a, s_i, o_i + base_i
-  // - kAmbiguity) and u_hi = u_lo + 2 kAmbiguity, both in float; equal
-  // floors (both truncations) give the count.  Bound on
+  // - kAmbiguity) in float; a lane is exact unless u_lo lies within about
+  // 2 kAmbiguity below an integer: AVX2 tests u_hi = u_lo + 2 kAmbiguity,
+  // in float, for the same floor (both truncations); AVX-512 tests the
+  // fraction u_lo - floor(u_lo), exact from VREDUCEPS, against
+  // 1 - 2 kAmbiguity.  Bound on
   // |u_lo - (u + base_i - kAmbiguity)|: s_i rounded (2^-24 of a * s_i <=
   // 144), dec_olo rounded (2^-17 of a value below 256) and the FMA (the
-  // same): below 4e-5; u_hi's, with the addition's rounding (2^-17 more),
-  // below 4.8e-5.  Bound on
+  // same): below 4e-5; AVX2's u_hi, with the addition's rounding (2^-17
+  // more), below 4.8e-5.  Bound on
   // |u(threshold) - integer|: the map's values carry at most 4 float
   // roundings of 2^-24 relative (linspace, midpoint, power of ten, product)
   // and the threshold float 2^-23 more: below 7e-5, checked below for every
-  // threshold (in double, against kAmbiguity / 3 = 8.1e-5).  So equal floors
-  // are at least kAmbiguity - 4.8e-5 - 8.1e-5 > 0 away from any threshold:
-  // exact.
+  // threshold (in double, against kAmbiguity / 3 = 8.1e-5).  So a lane
+  // either test passes is at least kAmbiguity - 4.8e-5 - 8.1e-5 > 0 away
+  // from any threshold: exact.
   int base[kDecades], last[kDecades];
   double o_exact[kDecades];
   base[0] = last[0] = 0;

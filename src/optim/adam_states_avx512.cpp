@@ -21,9 +21,10 @@
 #if defined(__x86_64__) || defined(__i386__)
 // GCC 12's AVX-512 headers start unmasked operations from a self-initialized
 // "undefined" vector, which -Wmaybe-uninitialized reports once inlined
-// (GCC bug 105593).
+// (GCC bug 105593); for VREDUCEPS's the report is -Wuninitialized.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 #include <immintrin.h>
 
@@ -47,12 +48,12 @@ inline __mmask16 tail_mask16(size_t left) {
 
 // ---- int8: tables in registers ------------------------------------------------
 
-// The quantizer's tables of one map (adam_states_int8.h).
+// The quantizer's tables of one map (adam_states_int8.h); dec_last as
+// floats, so that the clamp and the sign act on u before its one truncation.
 struct QTab {
   __m512i slot_dec;
   __m512 slot_cross;
-  __m512 dec_s, dec_olo;
-  __m512i dec_last;
+  __m512 dec_s, dec_olo, dec_last;
 };
 
 PSTAR_AVX512 QTab load_qtab(const int8::Map& m) {
@@ -61,18 +62,33 @@ PSTAR_AVX512 QTab load_qtab(const int8::Map& m) {
   q.slot_cross = _mm512_loadu_ps(m.slot_cross);
   q.dec_s = _mm512_loadu_ps(m.dec_s);
   q.dec_olo = _mm512_loadu_ps(m.dec_olo);
-  q.dec_last = _mm512_loadu_si512(m.dec_last);
+  q.dec_last = _mm512_cvtepi32_ps(_mm512_loadu_si512(m.dec_last));
   return q;
 }
 
+// VREDUCEPS's immediate for u - floor(u): no fraction bits kept (imm[7:4] =
+// 0), round down (imm[1:0] = 01), precision exception suppressed (imm[3]).
+constexpr int kFracBelow = 0x09;
+
 // The codes of sixteen normalized values y, as 32-bit lanes (-1 for the code
-// 0 of a negative y at -1.0: the byte pack saturates it); `amb` gets the
-// lanes that must take the scalar search instead.  The ambiguity test adds
-// 2 kAmbiguity to the rounded u_lo (adam_states.cpp bounds that rounding).
-template <bool kSigned>
+// 0 of a negative y at -1.0, INT_MIN for a NaN y without kGuard: the byte
+// pack saturates both to 0); `amb` gets the lanes that must take the scalar
+// search instead: those whose u_lo lies within 2 kAmbiguity below an integer
+// (its fraction, exact from VREDUCEPS, at least 1 - 2 kAmbiguity; the bound
+// in adam_states.cpp).  The count min(floor(u_lo), last) is
+// floor(min(u_lo, last)) for an integer last, so the clamp and (signed) the
+// sign are applied to u_lo in float, and one truncation gives the code.
+// kGuard maps NaN (and, unsigned, negatives) to magnitude 0 as the scalar
+// path does; without it a NaN lane's u_lo is NaN, min() keeps it (the NaN
+// is the second operand), the truncation gives INT_MIN and the pack 0, the
+// scalar path's unsigned code for NaN.  So only the unsigned map may drop
+// the guard, and only for inputs that are NaN or at least +0 (v in the
+// kernels: a product and sum of squares and non-negative map values).
+template <bool kSigned, bool kGuard>
 PSTAR_AVX512 __m512i quant16(const QTab& q, __m512 y, __mmask16& amb) {
+  static_assert(kSigned ? kGuard : true, "the signed map needs the NaN guard");
   __m512 a = kSigned ? _mm512_abs_ps(y) : y;
-  a = _mm512_max_ps(a, _mm512_setzero_ps());  // NaN and (unsigned) negatives: 0
+  if (kGuard) a = _mm512_max_ps(a, _mm512_setzero_ps());  // NaN and (unsigned) negatives: 0
   const __m512i slot =
       _mm512_srli_epi32(_mm512_subs_epu16(_mm512_castps_si512(a), _mm512_set1_epi32(int8::kOctaveBias << 23)), 24);
   __m512i dec = _mm512_permutexvar_epi32(slot, q.slot_dec);
@@ -80,18 +96,16 @@ PSTAR_AVX512 __m512i quant16(const QTab& q, __m512 y, __mmask16& amb) {
   dec = _mm512_mask_add_epi32(dec, _mm512_cmp_ps_mask(a, cross, _CMP_GE_OQ), dec, _mm512_set1_epi32(1));
   const __m512 s = _mm512_permutexvar_ps(dec, q.dec_s);
   const __m512 olo = _mm512_permutexvar_ps(dec, q.dec_olo);
-  const __m512i last = _mm512_permutexvar_epi32(dec, q.dec_last);
+  const __m512 last = _mm512_permutexvar_ps(dec, q.dec_last);
   const __m512 u_lo = _mm512_fmadd_ps(a, s, olo);
-  const __m512i jlo = _mm512_cvttps_epi32(u_lo);
-  const __m512i jhi = _mm512_cvttps_epi32(_mm512_add_ps(u_lo, _mm512_set1_ps(2 * int8::kAmbiguity)));
-  amb = _mm512_cmpneq_epi32_mask(jlo, jhi);
-  __m512i k = _mm512_min_epi32(jlo, last);
-  if (kSigned) {  // 127 + k, or 127 - k for a negative y
-    const __m512i c127 = _mm512_set1_epi32(127);
-    const __mmask16 neg = _mm512_cmplt_epi32_mask(_mm512_castps_si512(y), _mm512_setzero_si512());
-    k = _mm512_mask_sub_epi32(_mm512_add_epi32(k, c127), neg, c127, k);
+  amb = _mm512_cmp_ps_mask(_mm512_reduce_ps(u_lo, kFracBelow), _mm512_set1_ps(1.0f - 2 * int8::kAmbiguity), _CMP_GE_OQ);
+  __m512 u = _mm512_min_ps(last, u_lo);
+  if (kSigned) {  // -u for a negative y: the truncation gives -k, and 127 - k
+    u = _mm512_castsi512_ps(_mm512_ternarylogic_epi32(_mm512_castps_si512(u), _mm512_castps_si512(y),
+                                                      _mm512_set1_epi32(INT32_MIN), 0xf8));  // u | (y & sign)
+    return _mm512_add_epi32(_mm512_cvttps_epi32(u), _mm512_set1_epi32(127));
   }
-  return k;
+  return _mm512_cvttps_epi32(u);
 }
 
 // The dword order that puts the bytes of quant_block's packs (which work
@@ -103,17 +117,17 @@ alignas(64) const int32_t kPackOrder[16] = {0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 
 // packed with saturation (two VPACKSSDW, a VPACKUSWB and a permute for 64
 // codes, against four VPMOVDB; with the cheaper ambiguity test the whole
 // kernel ran 1.05-1.10x faster on the Zen 4 dev machine,
-// bench/int8_kernel_ab.py), then 16 at a time.
-template <bool kSigned>
+// bench/int8_kernel_ab.py), then 16 at a time.  kGuard: quant16's.
+template <bool kSigned, bool kGuard = true>
 PSTAR_AVX512 void quant_block(const QTab& q, const float* x, size_t nb, float r, uint8_t* codes) {
   const __m512 vr = _mm512_set1_ps(r);
   size_t i = 0;
   for (; i + 64 <= nb; i += 64) {
     __mmask16 a0, a1, a2, a3;
-    const __m512i k0 = quant16<kSigned>(q, _mm512_mul_ps(_mm512_loadu_ps(x + i), vr), a0);
-    const __m512i k1 = quant16<kSigned>(q, _mm512_mul_ps(_mm512_loadu_ps(x + i + 16), vr), a1);
-    const __m512i k2 = quant16<kSigned>(q, _mm512_mul_ps(_mm512_loadu_ps(x + i + 32), vr), a2);
-    const __m512i k3 = quant16<kSigned>(q, _mm512_mul_ps(_mm512_loadu_ps(x + i + 48), vr), a3);
+    const __m512i k0 = quant16<kSigned, kGuard>(q, _mm512_mul_ps(_mm512_loadu_ps(x + i), vr), a0);
+    const __m512i k1 = quant16<kSigned, kGuard>(q, _mm512_mul_ps(_mm512_loadu_ps(x + i + 16), vr), a1);
+    const __m512i k2 = quant16<kSigned, kGuard>(q, _mm512_mul_ps(_mm512_loadu_ps(x + i + 32), vr), a2);
+    const __m512i k3 = quant16<kSigned, kGuard>(q, _mm512_mul_ps(_mm512_loadu_ps(x + i + 48), vr), a3);
     const __m512i b = _mm512_packus_epi16(_mm512_packs_epi32(k0, k1), _mm512_packs_epi32(k2, k3));
     _mm512_storeu_si512(codes + i, _mm512_permutexvar_epi32(_mm512_load_si512(kPackOrder), b));
     if ((a0 | a1 | a2 | a3) != 0) {
@@ -126,7 +140,7 @@ PSTAR_AVX512 void quant_block(const QTab& q, const float* x, size_t nb, float r,
   for (; i < nb; i += 16) {
     const __mmask16 mask = tail_mask16(nb - i);
     __mmask16 amb;
-    __m512i k = quant16<kSigned>(q, _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, x + i), vr), amb);
+    __m512i k = quant16<kSigned, kGuard>(q, _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, x + i), vr), amb);
     k = _mm512_max_epi32(k, _mm512_setzero_si512());
     _mm_mask_storeu_epi8(codes + i, mask, _mm512_cvtepi32_epi8(k));
     amb &= mask;
@@ -352,7 +366,7 @@ PSTAR_AVX512VBMI void dequant_step64(const int8::Map& m, const uint8_t* codes, s
     mao[b] = am;                                                                                              \
     vao[b] = av;                                                                                              \
     quant_block<true>(sq, mf, nb, int8::inv_scale(am), mco + off);                                            \
-    quant_block<false>(uq, vf, nb, int8::inv_scale(av), vco + off);                                           \
+    quant_block<false, false>(uq, vf, nb, int8::inv_scale(av), vco + off);                                    \
   }
 
 template <pstar_dtype D, bool kGradF32>
