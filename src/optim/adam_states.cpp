@@ -267,6 +267,10 @@ void fix_lanes(bool is_signed, const float* x, float r, uint32_t lanes, uint8_t*
   }
 }
 
+void quant_block_scalar(bool is_signed, const float* x, size_t nb, float r, uint8_t* codes) {
+  for (size_t i = 0; i < nb; ++i) codes[i] = code_ref(is_signed, x[i] * r);
+}
+
 }  // namespace int8
 
 const float* int8_dynamic_map(bool is_signed) { return int8::map_of(is_signed).values; }

@@ -148,6 +148,7 @@ PSTAR_AVX2 void quant8(const QTab& q, __m256 y, uint8_t* codes, const float* x, 
 
 template <bool kSigned>
 PSTAR_AVX2 void quant_block(const QTab& q, const float* x, size_t nb, float r, uint8_t* codes) {
+  if (!int8::vector_scale(r)) return int8::quant_block_scalar(kSigned, x, nb, r, codes);
   const __m256 vr = _mm256_set1_ps(r);
   size_t i = 0;
   for (; i + 8 <= nb; i += 8) quant8<kSigned>(q, _mm256_mul_ps(_mm256_loadu_ps(x + i), vr), codes + i, x + i, r);

@@ -120,6 +120,7 @@ alignas(64) const int32_t kPackOrder[16] = {0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 
 // bench/int8_kernel_ab.py), then 16 at a time.  kGuard: quant16's.
 template <bool kSigned, bool kGuard = true>
 PSTAR_AVX512 void quant_block(const QTab& q, const float* x, size_t nb, float r, uint8_t* codes) {
+  if (!int8::vector_scale(r)) return int8::quant_block_scalar(kSigned, x, nb, r, codes);
   const __m512 vr = _mm512_set1_ps(r);
   size_t i = 0;
   for (; i + 64 <= nb; i += 64) {

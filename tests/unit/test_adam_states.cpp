@@ -563,6 +563,43 @@ Test(adam_states, quantizer_float_sweep) {
   }
 }
 
+Test(adam_states, quantizer_subnormal_absmax) {
+  // Blocks whose absmax is subnormal: 1 / absmax overflows to +inf, so every
+  // nonzero value quantizes as +-inf (the code of +-1.0) and every zero as
+  // NaN (the code of 0), on each path as on the scalar one; and blocks just
+  // above and below the overflow (absmax near 2^-127).
+  const std::vector<AdamIsa> isas = vector_isas();
+  if (isas.empty()) cr_skip_test("no vector path on this CPU");
+  const std::vector<float> tops = {1e-40f, 1e-45f, 2.9e-39f, 2.95e-39f, f32_from_bits(0x00400001u), 1.2e-38f};
+  std::vector<float> x(tops.size() * kInt8BlockElems, 0.0f);
+  Rng rng(11);
+  for (size_t b = 0; b < tops.size(); ++b) {
+    for (size_t i = 0; i < kInt8BlockElems; ++i) {
+      const double u = rng.uniform();
+      x[b * kInt8BlockElems + i] = i % 7 == 3 ? 0.0f : static_cast<float>((2 * u - 1) * tops[b]);
+    }
+    x[b * kInt8BlockElems + 5] = tops[b];
+  }
+  for (bool s : {true, false}) {
+    std::vector<float> xs = x;
+    if (!s) {
+      for (float& f : xs) f = std::fabs(f);
+    }
+    std::vector<uint8_t> want(xs.size()), codes(xs.size());
+    std::vector<float> want_absmax(tops.size()), absmax(tops.size());
+    int8_encode(AdamIsa::kScalar, s, xs.data(), xs.size(), want.data(), want_absmax.data());
+    for (AdamIsa isa : isas) {
+      int8_encode(isa, s, xs.data(), xs.size(), codes.data(), absmax.data());
+      cr_assert(absmax == want_absmax, "%s: absmax differs", adam_isa_name(isa));
+      for (size_t i = 0; i < xs.size(); ++i) {
+        cr_assert_eq(codes[i], want[i], "%s %s map: x=%.9g in a block of absmax %.9g: code %d, reference %d",
+                     adam_isa_name(isa), s ? "signed" : "unsigned", static_cast<double>(xs[i]),
+                     static_cast<double>(want_absmax[i / kInt8BlockElems]), codes[i], want[i]);
+      }
+    }
+  }
+}
+
 // ---- the kernels -----------------------------------------------------------------------------
 
 Test(adam_states, fp32_format_is_adam_update) {
