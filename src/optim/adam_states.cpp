@@ -244,6 +244,34 @@ Map build_map(bool is_signed) {
     m.slot_dec[sl] = dec;
     m.slot_cross[sl] = x;
   }
+  // AVX2's three-octave slots, with the boundaries of decades 1..7 only.
+  for (int sl = 0; sl < kSlots3; ++sl) {
+    const float lo = sl == 0 ? 0.0f : std::ldexp(1.0f, 3 * sl - 23);
+    const float hi = sl == kSlots3 - 1 ? std::numeric_limits<float>::infinity() : std::ldexp(1.0f, 3 * sl - 20);
+    int dec = 0, inside = 0;
+    float x = std::numeric_limits<float>::infinity();
+    for (int d = 1; d < kDecades - 1; ++d) {
+      if (cross[d] <= lo) {
+        ++dec;
+      } else if (cross[d] < hi) {
+        ++inside;
+        x = cross[d];
+      }
+    }
+    if (inside > 1) internal_error("int8 quantizer: two decade boundaries in one three-octave slot");
+    if (sl > 0 && (slot3_of(lo) != sl || (sl < kSlots3 - 1 && slot3_of(std::nextafterf(hi, 0.0f)) != sl))) {
+      internal_error("int8 quantizer: slot bounds disagree with slot3_of()");
+    }
+    m.slot3_dec[sl] = dec;
+    m.slot3_cross[sl] = x;
+  }
+  // Every a at or above the top boundary must be in decade 7 (the last slot,
+  // with no boundary inside), where the count is clamped at last[7].
+  m.top_cross = cross[kDecades - 1];
+  if (slot3_of(m.top_cross) != kSlots3 - 1 || m.slot3_dec[kSlots3 - 1] != kDecades - 2 ||
+      m.slot3_cross[kSlots3 - 1] != std::numeric_limits<float>::infinity() || last[kDecades - 2] + 1 != m.n_thr) {
+    internal_error("int8 quantizer: the top boundary is not alone in the last three-octave slot");
+  }
   return m;
 }
 

@@ -2,8 +2,9 @@
 // (optim/adam_states.h).  Per-function target attributes, as in
 // adam_avx2.cpp.  Arithmetic: adam_element()'s (int8: adam_element_int8()'s) operations in its order, one
 // rounding each; conversions as util/dtype.h (util/convert_avx2.h); the
-// int8 quantizer as adam_states_int8.h, its 16-entry tables looked up with
-// two VPERMD and a blend, and the map looked up with VGATHERDPS.  Eight or sixteen elements per iteration; the
+// int8 quantizer as adam_states_int8.h, with its eight-entry tables
+// (three-octave slots) looked up with one VPERMD each, and the map looked up
+// with VGATHERDPS.  Eight or sixteen elements per iteration; the
 // ragged tails go through the scalar functions themselves.  Same bits as the
 // scalar path.
 #include "optim/adam_states.h"
@@ -86,31 +87,22 @@ PSTAR_AVX2 float hmax8(__m256 v) {
   return _mm_cvtss_f32(m);
 }
 
-// A 16-entry table of 32-bit values in two registers (entries 0-7, 8-15).
-struct Tab16 {
-  __m256i lo, hi;
-};
-
-PSTAR_AVX2 Tab16 load_tab16(const void* t) {
-  const __m256i* v = static_cast<const __m256i*>(t);
-  return Tab16{_mm256_loadu_si256(v), _mm256_loadu_si256(v + 1)};
-}
-
-// t[idx] for idx in 0..15: two VPERMD and a blend on bit 3 (`sel`: idx
-// shifted left by 28, so that bit 3 is the sign).
-PSTAR_AVX2 __m256i lookup16(const Tab16& t, __m256i idx, __m256 sel) {
-  return _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(_mm256_permutevar8x32_epi32(t.lo, idx)),
-                                              _mm256_castsi256_ps(_mm256_permutevar8x32_epi32(t.hi, idx)), sel));
-}
-
-// The quantizer's tables of one map (adam_states_int8.h) in registers.
+// The quantizer's tables of one map (adam_states_int8.h), eight entries
+// each, one VPERMD per lookup: three-octave slots and decades 0..7.
 struct QTab {
-  Tab16 slot_dec, slot_cross, dec_s, dec_olo, dec_last;
+  __m256i slot_dec;
+  __m256 slot_cross, dec_s, dec_olo;
+  __m256i dec_last;
+  __m256 top_cross;
 };
 
 PSTAR_AVX2 QTab load_qtab(const int8::Map& m) {
-  return QTab{load_tab16(m.slot_dec), load_tab16(m.slot_cross), load_tab16(m.dec_s), load_tab16(m.dec_olo),
-              load_tab16(m.dec_last)};
+  return QTab{_mm256_loadu_si256(reinterpret_cast<const __m256i*>(m.slot3_dec)),
+              _mm256_loadu_ps(m.slot3_cross),
+              _mm256_loadu_ps(m.dec_s),
+              _mm256_loadu_ps(m.dec_olo),
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(m.dec_last)),
+              _mm256_set1_ps(m.top_cross)};
 }
 
 // Eight codes of x * r (x normalized by the block's scale) into codes[0..7].
@@ -119,23 +111,24 @@ PSTAR_AVX2 void quant8(const QTab& q, __m256 y, uint8_t* codes, const float* x, 
   const __m256i yb = _mm256_castps_si256(y);
   __m256 a = kSigned ? _mm256_castsi256_ps(_mm256_and_si256(yb, _mm256_set1_epi32(0x7fffffff))) : y;
   a = _mm256_max_ps(a, _mm256_setzero_ps());  // NaN and (unsigned) negatives: 0
-  const __m256i slot =
-      _mm256_srli_epi32(_mm256_subs_epu16(_mm256_castps_si256(a), _mm256_set1_epi32(int8::kOctaveBias << 23)), 24);
-  const __m256 ssel = _mm256_castsi256_ps(_mm256_slli_epi32(slot, 28));
-  __m256i dec = lookup16(q.slot_dec, slot, ssel);
-  const __m256 cross = _mm256_castsi256_ps(lookup16(q.slot_cross, slot, ssel));
+  const __m256i octave =
+      _mm256_srli_epi32(_mm256_subs_epu16(_mm256_castps_si256(a), _mm256_set1_epi32(int8::kOctaveBias << 23)), 23);
+  const __m256i slot = _mm256_mulhi_epu16(octave, _mm256_set1_epi32(0x5556));  // octave / 3
+  __m256i dec = _mm256_permutevar8x32_epi32(q.slot_dec, slot);
+  const __m256 cross = _mm256_permutevar8x32_ps(q.slot_cross, slot);
   dec = _mm256_sub_epi32(dec, _mm256_castps_si256(_mm256_cmp_ps(a, cross, _CMP_GE_OQ)));
-  const __m256 dsel = _mm256_castsi256_ps(_mm256_slli_epi32(dec, 28));
-  const __m256 s = _mm256_castsi256_ps(lookup16(q.dec_s, dec, dsel));
-  const __m256 olo = _mm256_castsi256_ps(lookup16(q.dec_olo, dec, dsel));
-  const __m256i last = lookup16(q.dec_last, dec, dsel);
+  const __m256 s = _mm256_permutevar8x32_ps(q.dec_s, dec);
+  const __m256 olo = _mm256_permutevar8x32_ps(q.dec_olo, dec);
+  const __m256i last = _mm256_permutevar8x32_epi32(q.dec_last, dec);
   // The ambiguity test adds 2 kAmbiguity to the rounded u_lo (the bound is
-  // in adam_states.cpp).
+  // in adam_states.cpp).  Lanes at or above the top boundary take the code
+  // of 1.0 (decade 7's last count plus one) and are never ambiguous.
   const __m256 u_lo = _mm256_fmadd_ps(a, s, olo);
   const __m256i jlo = _mm256_cvttps_epi32(u_lo);
   const __m256i jhi = _mm256_cvttps_epi32(_mm256_add_ps(u_lo, _mm256_set1_ps(2 * int8::kAmbiguity)));
-  const int amb = ~_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(jlo, jhi))) & 0xff;
-  __m256i k = _mm256_min_epi32(jlo, last);
+  const __m256 top = _mm256_cmp_ps(a, q.top_cross, _CMP_GE_OQ);
+  const int amb = ~_mm256_movemask_ps(_mm256_or_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(jlo, jhi)), top)) & 0xff;
+  __m256i k = _mm256_sub_epi32(_mm256_min_epi32(jlo, last), _mm256_castps_si256(top));
   if (kSigned) {  // 127 + k, or 127 - k for a negative y (-1 at -1.0: the pack saturates it to 0)
     const __m256i c127 = _mm256_set1_epi32(127);
     const __m256i neg = _mm256_srai_epi32(yb, 31);

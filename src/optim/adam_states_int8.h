@@ -26,6 +26,17 @@ constexpr int kDecades = 9;
 // 1.1e-4 = 0.45 of it).
 constexpr float kAmbiguity = 1.0f / 4096.0f;
 
+// AVX2's slots: three octaves each, max(biased exponent - kOctaveBias, 0)
+// / 3; slot 0 holds every a below 2^-20, slot k >= 1 holds
+// [2^(3k-23), 2^(3k-20)), slot 7 holds [0.25, 2).  The vector path divides
+// by 3 as a 16-bit multiply-high by 0x5556 (exact below 2^15).
+constexpr int kSlots3 = 8;
+
+inline int slot3_of(float a) {
+  const int e = static_cast<int>(f32_bits(a) >> 23) - kOctaveBias;
+  return e > 0 ? e / 3 : 0;
+}
+
 inline int slot_of(float a) {
   const int e = static_cast<int>(f32_bits(a) >> 23) - kOctaveBias;
   return e > 0 ? e >> 1 : 0;
@@ -57,6 +68,14 @@ struct alignas(64) Map {
   float dec_s[16];
   float dec_olo[16];
   int32_t dec_last[16];
+  // AVX2's fast path, whose VPERMD looks up eight entries: slots of three
+  // octaves (slot3_of()), each with its decade and the one boundary of
+  // decades 1..7 inside it, and the decades 0..7 of the tables above.  The
+  // boundary of decade 8 (the code of 1.0) is top_cross: at or above it the
+  // count is n_thr, one more than decade 7's last.
+  int32_t slot3_dec[kSlots3];
+  float slot3_cross[kSlots3];
+  float top_cross;
 };
 
 // Built once (thread-safe static initialization on first use).
