@@ -159,13 +159,15 @@ void moments_from_f32(StateFormat f, bool second, void* list, size_t n_total, si
 // int8 notes.  Thresholds: the exact midpoints of consecutive map values;
 // a value is above one when it is strictly greater (so ties go down in
 // magnitude).  The vector paths find the code without a table search: the
-// float's exponent picks a pair of octaves (at most one boundary between
-// the map's decades lies in one: a compare settles the decade), and within
+// float's exponent picks a pair of octaves (AVX-512; three octaves on AVX2,
+// whose table lookups take eight entries) in which at most one boundary
+// between the map's decades lies (a compare settles the decade), and within
 // a decade the map is linear, so floor(y * s + o) is the code's offset in
 // its decade except within 2^-12 of an integer, where that lane takes the
 // scalar search instead (exact outside that margin by the bound in
 // adam_states.cpp, checked at start-up for every threshold, and checked by
-// the tests against the search for every float in [0, 1]).  Dequantization
+// the tests against the search for every float in [0, 1]).  A block whose
+// maximum is subnormal (reciprocal +inf) takes the scalar search.  Dequantization
 // looks the map up 32 codes at a time (AVX-512: VPERMI2W over the map's
 // 16-bit halves), or 64 (AVX512-VBMI: VPERMI2B over its byte planes), or 8
 // (AVX2: VGATHERDPS).

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 
 #include "util/dtype.h"
 
@@ -126,7 +127,7 @@ void fix_lanes(bool is_signed, const float* x, float r, uint32_t lanes, uint8_t*
 // x * r then lies in [-1 - 2^-23, 1 + 2^-23] (or is NaN), inside their slots'
 // range [0, 2).  Not for r = +inf, the reciprocal of a subnormal absmax:
 // every nonzero x * r is +-inf, and such a block takes quant_block_scalar.
-inline bool vector_scale(float r) { return r <= 3.4028234663852886e38f; }
+inline bool vector_scale(float r) { return r <= std::numeric_limits<float>::max(); }
 
 // The scalar search for each of the block's nb values.
 void quant_block_scalar(bool is_signed, const float* x, size_t nb, float r, uint8_t* codes);
