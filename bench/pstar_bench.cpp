@@ -22,7 +22,9 @@
 // compute dtype): the update with the moments in that format, its memory
 // ceiling (an in-place stream over that format's own bytes, bench/
 // state_streams.h) and its compute ceiling (the same kernel repeating over
-// a 1024-element range per thread, which stays in L1), all formats
+// a 1024-element range per thread, which stays in L1, at a learning rate
+// too small to move the masters, so that the range stays as it was: see
+// compute_once), all formats
 // interleaved rep by rep on the same threads and partition; the bound
 // fraction is against the lower of the two ceilings, and vs_fp32 compares
 // with the fp32 format measured in the same run.
@@ -322,10 +324,22 @@ void run_state_formats(const AdamOptions& o, ThreadPool& pool, size_t n, unsigne
     pool.parallel_for(n, kStateGrain, job);
     return std::chrono::duration<double>(Clock::now() - t0).count();
   };
+  // The compute ceiling at a learning rate of 1e-20: every step is below
+  // half an ulp of its master, so the masters keep their values, each call
+  // writes the same weight into the slot that the next reads as its
+  // gradient, and the moments settle at normal values.  At the update's own
+  // rate (1e-4) the weights fed back as gradients drove m and v into
+  // subnormals within about 10^4 calls on one range, and the ceiling with
+  // them: the fp32 kernel 1.8x (AVX-512) and 2.9x (AVX2) slower than on
+  // fresh values, below what it streams from memory.  Not 0: a zero
+  // dividend made the fp32 kernel's division about 20% faster on Zen 4
+  // (2026-12-06), which no real step sees.
+  optim::AdamHyper hc = h;
+  hc.lr = 1e-20f;
   const size_t calls = kComputeWork / kComputeElems;
   auto compute_once = [&](size_t k) {
     const optim::StateFormat f = formats[k];
-    const optim::AdamStepConstants c = optim::adam_constants(h, 10, 1.0, true);
+    const optim::AdamStepConstants c = optim::adam_constants(hc, 10, 1.0, true);
     const std::function<void(size_t, size_t)> job = [&](size_t b, size_t e) {
       for (size_t t = b; t < e; ++t) {
         SmallState& s = small[k][t];
