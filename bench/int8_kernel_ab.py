@@ -46,8 +46,10 @@ import tempfile
 KERNELS = {"avx512": "src/optim/adam_states_avx512.cpp", "avx2": "src/optim/adam_states_avx2.cpp"}
 FLAGS = ["-O2", "-DNDEBUG", "-ffp-contract=off", "-fno-fast-math", "-fno-math-errno", "-std=c++17"]
 
-# The two quantizations of a block: macro lines (AVX-512) or plain ones (AVX2).
-QUANT_CALLS = re.compile(r"    quant_block<true>\(sq, mf, [^\n]*?(\\?)\n    quant_block<false[^>]*>\(uq, vf, [^\n]*?\\?\n")
+# The two quantizations of a block (each place the kernel makes them): macro
+# lines (AVX-512) or plain ones (AVX2).
+QUANT_CALLS = re.compile(
+    r"( *)quant_block<true>\(sq, ([^,]+), [^\n]*?(\\?)\n *quant_block<false[^>]*>\(uq, ([^,]+), [^\n]*?\\?\n")
 DEQUANT64_BODY = re.compile(
     r"(PSTAR_AVX512VBMI void dequant_step64\([^)]*\) \{\n)(.*?)(\n\})", re.S)
 
@@ -57,7 +59,9 @@ def ablate(text, kind, isa):
         sys.exit("int8_kernel_ab: ablation %s applies to the AVX-512 kernel only" % kind)
     if kind == "no-quant":
         out, count = QUANT_CALLS.subn(
-            lambda m: '    (void)sq; (void)uq; asm volatile("" ::"r"(mf), "r"(vf) : "memory"); %s\n' % m.group(1), text)
+            lambda m: '%s(void)sq; (void)uq; asm volatile("" ::"r"(%s), "r"(%s) : "memory"); %s\n'
+            % (m.group(1), m.group(2), m.group(4), m.group(3)), text)
+        count = min(count, 1)  # the AVX-512 kernel quantizes in two places
     elif kind == "no-dequant":
         body = ("  (void)m; (void)left;\n"
                 "  for (int q = 0; q < 4; ++q)\n"
