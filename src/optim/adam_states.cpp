@@ -148,6 +148,38 @@ float threshold(float a, float b) {
   return t;
 }
 
+// One fast path's slots, each `octaves` wide: slot 0 holds every magnitude
+// below 2^(octaves - 23), slot sl in 1..open - 1 holds
+// [2^(octaves sl - 23), 2^(octaves sl + octaves - 23)), slot `open` (and any
+// above it) everything from its start on.  Each slot gets the decade of its
+// smallest member (the boundaries cross[1..n_cross - 1] at or below it) and
+// the one boundary inside it (+inf if none); slot_fn must agree with the
+// bounds.
+void fill_slots(const float* cross, int n_cross, int octaves, int n_slots, int open, int (*slot_fn)(float),
+                const char* what, int32_t* slot_dec, float* slot_cross) {
+  for (int sl = 0; sl < n_slots; ++sl) {
+    const float lo = sl == 0 ? 0.0f : std::ldexp(1.0f, octaves * sl - 23);
+    const float hi =
+        sl >= open ? std::numeric_limits<float>::infinity() : std::ldexp(1.0f, octaves * sl + octaves - 23);
+    int dec = 0, inside = 0;
+    float x = std::numeric_limits<float>::infinity();
+    for (int d = 1; d < n_cross; ++d) {
+      if (cross[d] <= lo) {
+        ++dec;
+      } else if (cross[d] < hi) {
+        ++inside;
+        x = cross[d];
+      }
+    }
+    if (inside > 1) internal_error(std::string("int8 quantizer: two decade boundaries in one ") + what);
+    if (sl > 0 && sl <= open && (slot_fn(lo) != sl || (sl < open && slot_fn(std::nextafterf(hi, 0.0f)) != sl))) {
+      internal_error(std::string("int8 quantizer: the bounds of a ") + what + " disagree with its index");
+    }
+    slot_dec[sl] = dec;
+    slot_cross[sl] = x;
+  }
+}
+
 Map build_map(bool is_signed) {
   Map m{};
   build_values(is_signed, m.values);
@@ -224,47 +256,11 @@ Map build_map(bool is_signed) {
   // d - 1 and the first of decade d, d = 1..8.
   float cross[kDecades];
   for (int d = 1; d < kDecades; ++d) cross[d] = m.thr[base[d] - 1];
-  for (int sl = 0; sl < kSlots; ++sl) {
-    const float lo = sl == 0 ? 0.0f : std::ldexp(1.0f, 2 * sl - 23);
-    const float hi = sl >= 11 ? std::numeric_limits<float>::infinity() : std::ldexp(1.0f, 2 * sl - 21);
-    int dec = 0, inside = 0;
-    float x = std::numeric_limits<float>::infinity();
-    for (int d = 1; d < kDecades; ++d) {
-      if (cross[d] <= lo) {
-        ++dec;
-      } else if (cross[d] < hi) {
-        ++inside;
-        x = cross[d];
-      }
-    }
-    if (inside > 1) internal_error("int8 quantizer: two decade boundaries in one slot");
-    if (sl > 0 && sl < 11 && (slot_of(lo) != sl || slot_of(std::nextafterf(hi, 0.0f)) != sl)) {
-      internal_error("int8 quantizer: slot bounds disagree with slot_of()");
-    }
-    m.slot_dec[sl] = dec;
-    m.slot_cross[sl] = x;
-  }
-  // AVX2's three-octave slots, with the boundaries of decades 1..7 only.
-  for (int sl = 0; sl < kSlots3; ++sl) {
-    const float lo = sl == 0 ? 0.0f : std::ldexp(1.0f, 3 * sl - 23);
-    const float hi = sl == kSlots3 - 1 ? std::numeric_limits<float>::infinity() : std::ldexp(1.0f, 3 * sl - 20);
-    int dec = 0, inside = 0;
-    float x = std::numeric_limits<float>::infinity();
-    for (int d = 1; d < kDecades - 1; ++d) {
-      if (cross[d] <= lo) {
-        ++dec;
-      } else if (cross[d] < hi) {
-        ++inside;
-        x = cross[d];
-      }
-    }
-    if (inside > 1) internal_error("int8 quantizer: two decade boundaries in one three-octave slot");
-    if (sl > 0 && (slot3_of(lo) != sl || (sl < kSlots3 - 1 && slot3_of(std::nextafterf(hi, 0.0f)) != sl))) {
-      internal_error("int8 quantizer: slot bounds disagree with slot3_of()");
-    }
-    m.slot3_dec[sl] = dec;
-    m.slot3_cross[sl] = x;
-  }
+  // AVX-512's two-octave slots (slot 11 holds [0.5, 2); 12..15 are never
+  // indexed), and AVX2's three-octave ones with the boundaries of decades
+  // 1..7 only (that of decade 8 is top_cross).
+  fill_slots(cross, kDecades, 2, kSlots, 11, slot_of, "slot", m.slot_dec, m.slot_cross);
+  fill_slots(cross, kDecades - 1, 3, kSlots3, kSlots3 - 1, slot3_of, "three-octave slot", m.slot3_dec, m.slot3_cross);
   // Every a at or above the top boundary must be in decade 7 (the last slot,
   // with no boundary inside), where the count is clamped at last[7].
   m.top_cross = cross[kDecades - 1];
