@@ -11,9 +11,15 @@ foreach(line IN LISTS lines)
   bench_json_keys("${line}" bench)
   if(v_bench STREQUAL "adam_states")
     bench_json_keys("${line}" state_format bytes_per_elem elems_per_s bound_fraction vs_fp32 memory_ceiling_eps
+                    memory_ceiling_eps_prefetch_off memory_ceiling_eps_prefetch_on memory_ceiling_prefetch
                     compute_ceiling_eps limit finite)
     bench_json_positive("${line}" bytes_per_elem elems_per_s bound_fraction vs_fp32 memory_ceiling_eps
-                        compute_ceiling_eps)
+                        memory_ceiling_eps_prefetch_off memory_ceiling_eps_prefetch_on compute_ceiling_eps)
+    # The memory ceiling is the faster of the two streams.
+    if(v_memory_ceiling_eps LESS v_memory_ceiling_eps_prefetch_off OR v_memory_ceiling_eps LESS
+                                                                       v_memory_ceiling_eps_prefetch_on)
+      message(FATAL_ERROR "state format ${v_state_format}: memory_ceiling_eps is not the faster stream: '${line}'")
+    endif()
     if(NOT v_finite STREQUAL "ON" AND NOT v_finite STREQUAL "true")
       message(FATAL_ERROR "state format ${v_state_format}: non-finite values: '${line}'")
     endif()
@@ -21,7 +27,10 @@ foreach(line IN LISTS lines)
     continue()
   endif()
   bench_json_keys("${line}" bench dtype isa threads elements median_s elems_per_s bytes_per_elem ceiling_gbs triad_gbs
-                  bound_fraction)
+                  ceiling_gbs_prefetch_off ceiling_gbs_prefetch_on ceiling_prefetch bound_fraction)
+  if(v_ceiling_gbs LESS v_ceiling_gbs_prefetch_off OR v_ceiling_gbs LESS v_ceiling_gbs_prefetch_on)
+    message(FATAL_ERROR "ceiling_gbs is not the faster stream: '${line}'")
+  endif()
   if(NOT v_bench STREQUAL "adam")
     message(FATAL_ERROR "\"bench\" is '${v_bench}', expected 'adam'")
   endif()
@@ -31,7 +40,8 @@ foreach(line IN LISTS lines)
   if(NOT v_bytes_per_elem EQUAL 28)
     message(FATAL_ERROR "bytes_per_elem is ${v_bytes_per_elem}, expected 28")
   endif()
-  bench_json_positive("${line}" median_s elems_per_s ceiling_gbs triad_gbs bound_fraction)
+  bench_json_positive("${line}" median_s elems_per_s ceiling_gbs ceiling_gbs_prefetch_off ceiling_gbs_prefetch_on
+                      triad_gbs bound_fraction)
   list(APPEND seen ${v_dtype})
 endforeach()
 list(SORT seen)

@@ -300,22 +300,22 @@ void run_state_formats(const AdamOptions& o, ThreadPool& pool, size_t n, unsigne
     pool.parallel_for(n, kStateGrain, job);
     return std::chrono::duration<double>(Clock::now() - t0).count();
   };
-  auto memory_once = [&](size_t k) {
+  auto memory_once = [&](size_t k, StreamPrefetch pf) {
     FormatLists& l = *lists[k];
     const std::function<void(size_t, size_t)> job = [&](size_t b, size_t e) {
       switch (l.f) {
         case optim::StateFormat::kFp32:
           rmw_stream(cisa, PSTAR_DTYPE_BF16, slot.get() + b, master.get() + b, static_cast<float*>(l.m_at(b).values),
-                     static_cast<float*>(l.v_at(b).values), e - b, k0, k1);
+                     static_cast<float*>(l.v_at(b).values), e - b, k0, k1, pf);
           break;
         case optim::StateFormat::kBf16:
           rmw_stream_bf16(cisa, slot.get() + b, master.get() + b, static_cast<uint16_t*>(l.m_at(b).values),
-                          static_cast<uint16_t*>(l.v_at(b).values), e - b, k0, k1);
+                          static_cast<uint16_t*>(l.v_at(b).values), e - b, k0, k1, pf);
           break;
         case optim::StateFormat::kInt8: {
           const optim::MomentList ml = l.m_at(b), vl = l.v_at(b);
           rmw_stream_int8(cisa, slot.get() + b, master.get() + b, static_cast<uint8_t*>(ml.values),
-                          static_cast<uint8_t*>(vl.values), ml.absmax, vl.absmax, e - b, k0, k1abs);
+                          static_cast<uint8_t*>(vl.values), ml.absmax, vl.absmax, e - b, k0, k1abs, pf);
           break;
         }
       }
@@ -359,18 +359,28 @@ void run_state_formats(const AdamOptions& o, ThreadPool& pool, size_t n, unsigne
   };
 
   const size_t nf = formats.size();
-  std::vector<std::vector<double>> ts(nf), tm(nf), tc(nf);
+  std::vector<std::vector<double>> ts(nf), tm_off(nf), tm_on(nf), tc(nf);
   for (size_t k = 0; k < nf; ++k) {  // warm-up
     kernel_once(k);
-    memory_once(k);
+    memory_once(k, StreamPrefetch::kOff);
+    memory_once(k, StreamPrefetch::kOn);
     compute_once(k);
   }
   for (int rep = 0; rep < reps; ++rep) {
     for (size_t k = 0; k < nf; ++k) {
       ts[k].push_back(kernel_once(k));
-      tm[k].push_back(memory_once(k));
+      tm_off[k].push_back(memory_once(k, StreamPrefetch::kOff));
+      tm_on[k].push_back(memory_once(k, StreamPrefetch::kOn));
       tc[k].push_back(compute_once(k));
     }
+  }
+  // Each memory ceiling is the faster way of streaming its bytes: with the
+  // kernels' software prefetch or without it.
+  std::vector<std::vector<double>> tm(nf);
+  std::vector<bool> mem_pf(nf);
+  for (size_t k = 0; k < nf; ++k) {
+    mem_pf[k] = median(tm_on[k]) < median(tm_off[k]);
+    tm[k] = mem_pf[k] ? tm_on[k] : tm_off[k];
   }
 
   // Finite: the masters, the slot, and the moments' scale (int8 absmax,
@@ -424,6 +434,9 @@ void run_state_formats(const AdamOptions& o, ThreadPool& pool, size_t n, unsigne
       j["achieved_gbs"] = bytes * eps / 1e9;
       j["memory_ceiling_eps"] = mem_eps;
       j["memory_ceiling_gbs"] = bytes * mem_eps / 1e9;
+      j["memory_ceiling_prefetch"] = static_cast<bool>(mem_pf[k]);
+      j["memory_ceiling_eps_prefetch_off"] = static_cast<double>(n) / median(tm_off[k]);
+      j["memory_ceiling_eps_prefetch_on"] = static_cast<double>(n) / median(tm_on[k]);
       j["compute_ceiling_eps"] = comp_eps;
       j["limit"] = memory_bound ? "memory" : "compute";
       j["bound_fraction"] = fraction;
@@ -544,9 +557,9 @@ int run_adam(const AdamOptions& o) {
     // both are run-time values, so the arithmetic is really done.
     volatile float k0v = 0.0f, k1v = 0.5f;
     const float k0 = k0v, k1 = k1v;
-    auto ceiling_once = [&] {
+    auto ceiling_once = [&](StreamPrefetch pf) {
       return timed(pool, n, [&](size_t b, size_t e) {
-        rmw_stream(cisa, dtype, slot.get() + b, master.get() + b, m.get() + b, v.get() + b, e - b, k0, k1);
+        rmw_stream(cisa, dtype, slot.get() + b, master.get() + b, m.get() + b, v.get() + b, e - b, k0, k1, pf);
       });
     };
     auto triad_once = [&] {
@@ -556,14 +569,20 @@ int run_adam(const AdamOptions& o) {
 
     // Warm-up (page tables, caches, frequency), then interleaved reps.
     adam_once();
-    ceiling_once();
+    ceiling_once(StreamPrefetch::kOff);
+    ceiling_once(StreamPrefetch::kOn);
     triad_once();
-    std::vector<double> ta_s, tc_s, tt_s;
+    std::vector<double> ta_s, tc_off, tc_on, tt_s;
     for (int r = 0; r < reps; ++r) {
       ta_s.push_back(adam_once());
-      tc_s.push_back(ceiling_once());
+      tc_off.push_back(ceiling_once(StreamPrefetch::kOff));
+      tc_on.push_back(ceiling_once(StreamPrefetch::kOn));
       tt_s.push_back(triad_once());
     }
+    // The ceiling is the faster way of streaming the bytes: with the
+    // kernels' software prefetch or without it.
+    const bool ceil_pf = median(tc_on) < median(tc_off);
+    const std::vector<double>& tc_s = ceil_pf ? tc_on : tc_off;
 
     // Everything the update wrote must still be finite.
     std::atomic<size_t> bad{0};
@@ -603,6 +622,9 @@ int run_adam(const AdamOptions& o) {
       j["achieved_gbs"] = achieved_gbs;
       j["ceiling_s"] = ceil_s;
       j["ceiling_gbs"] = ceiling_gbs;
+      j["ceiling_prefetch"] = ceil_pf;
+      j["ceiling_gbs_prefetch_off"] = kAdamBytesPerElem * static_cast<double>(n) / median(tc_off) / 1e9;
+      j["ceiling_gbs_prefetch_on"] = kAdamBytesPerElem * static_cast<double>(n) / median(tc_on) / 1e9;
       j["triad_gbs"] = triad_gbs;
       j["bound_fraction"] = fraction;
       j["finite"] = nonfinite == 0;
@@ -616,8 +638,10 @@ int run_adam(const AdamOptions& o) {
       std::printf("%s: %zu elements  step median %.3f ms (min %.3f)  %.3f G elem/s  %.0f B/elem  %.1f GB/s\n", dname, n,
                   step_s * 1e3, *std::min_element(ta_s.begin(), ta_s.end()) * 1e3, elems_per_s / 1e9, kAdamBytesPerElem,
                   achieved_gbs);
-      std::printf("%s: ceiling (in-place 28 B/elem RMW) median %.3f ms  %.1f GB/s  |  triad %.1f GB/s (24 B/elem)\n",
-                  dname, ceil_s * 1e3, ceiling_gbs, triad_gbs);
+      std::printf(
+          "%s: ceiling (in-place 28 B/elem RMW, %s software prefetch) median %.3f ms  %.1f GB/s  |  triad %.1f GB/s "
+          "(24 B/elem)\n",
+          dname, ceil_pf ? "with" : "without", ceil_s * 1e3, ceiling_gbs, triad_gbs);
       std::printf("%s: bound fraction %.3f%s\n", dname, fraction,
                   nonfinite == 0 ? "" : "  (WARNING: non-finite values after the run)");
       if (o.samples) {

@@ -71,10 +71,12 @@ PSTAR_S_AVX2_INLINE void store_upper16(uint16_t* d, __m256 a, __m256 b) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(d), _mm256_permute4x64_epi64(_mm256_packus_epi32(h0, h1), 0xd8));
 }
 
+template <bool kPrefetch>
 PSTAR_S_AVX2 void bf16_avx2(uint16_t* slot, float* p, uint16_t* m, uint16_t* v, size_t n, float k0, float k1) {
   const __m256 vk0 = _mm256_set1_ps(k0), vk1 = _mm256_set1_ps(k1);
   size_t i = 0;
   for (; i + 16 <= n; i += 16) {
+    if constexpr (kPrefetch) prefetch_rmw(slot, p, m, v, i, 16, n);
     const __m256 g0 = widen8(slot + i), g1 = widen8(slot + i + 8);
     const __m256 p0 = _mm256_fmadd_ps(vk0, g0, _mm256_loadu_ps(p + i));
     const __m256 p1 = _mm256_fmadd_ps(vk0, g1, _mm256_loadu_ps(p + i + 8));
@@ -90,11 +92,15 @@ PSTAR_S_AVX2 void bf16_avx2(uint16_t* slot, float* p, uint16_t* m, uint16_t* v, 
   if (i < n) bf16_scalar(slot + i, p + i, m + i, v + i, n - i, k0, k1);
 }
 
-PSTAR_S_AVX2 void int8_avx2(uint16_t* slot, float* p, uint8_t* m, uint8_t* v, size_t n, float k0) {
+// `end`: the elements from this block to the end of the range (the limit
+// of the prefetch).
+template <bool kPrefetch>
+PSTAR_S_AVX2 void int8_avx2(uint16_t* slot, float* p, uint8_t* m, uint8_t* v, size_t n, float k0, size_t end) {
   const __m256 vk0 = _mm256_set1_ps(k0);
   const __m256i one = _mm256_set1_epi8(1);
   size_t i = 0;
   for (; i + 32 <= n; i += 32) {
+    if constexpr (kPrefetch) prefetch_rmw(slot, p, m, v, i, 32, end);
     for (size_t j = i; j < i + 32; j += 16) {
       const __m256 p0 = _mm256_fmadd_ps(vk0, widen8(slot + j), _mm256_loadu_ps(p + j));
       const __m256 p1 = _mm256_fmadd_ps(vk0, widen8(slot + j + 8), _mm256_loadu_ps(p + j + 8));
@@ -122,10 +128,12 @@ PSTAR_S_AVX512_INLINE void store_upper(uint16_t* d, __m512 a) {
                       _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(a), 16)));
 }
 
+template <bool kPrefetch>
 PSTAR_S_AVX512 void bf16_avx512(uint16_t* slot, float* p, uint16_t* m, uint16_t* v, size_t n, float k0, float k1) {
   const __m512 vk0 = _mm512_set1_ps(k0), vk1 = _mm512_set1_ps(k1);
   size_t i = 0;
   for (; i + 32 <= n; i += 32) {
+    if constexpr (kPrefetch) prefetch_rmw(slot, p, m, v, i, 32, n);
     for (size_t j = i; j < i + 32; j += 16) {
       const __m512 g = widen16(slot + j);
       const __m512 np = _mm512_fmadd_ps(vk0, g, _mm512_loadu_ps(p + j));
@@ -138,11 +146,15 @@ PSTAR_S_AVX512 void bf16_avx512(uint16_t* slot, float* p, uint16_t* m, uint16_t*
   if (i < n) bf16_scalar(slot + i, p + i, m + i, v + i, n - i, k0, k1);
 }
 
-PSTAR_S_AVX512 void int8_avx512(uint16_t* slot, float* p, uint8_t* m, uint8_t* v, size_t n, float k0) {
+// `end`: the elements from this block to the end of the range (the limit
+// of the prefetch).
+template <bool kPrefetch>
+PSTAR_S_AVX512 void int8_avx512(uint16_t* slot, float* p, uint8_t* m, uint8_t* v, size_t n, float k0, size_t end) {
   const __m512 vk0 = _mm512_set1_ps(k0);
   const __m512i one = _mm512_set1_epi8(1);
   size_t i = 0;
   for (; i + 64 <= n; i += 64) {
+    if constexpr (kPrefetch) prefetch_rmw(slot, p, m, v, i, 64, end);
     for (size_t j = i; j < i + 64; j += 16) {
       const __m512 np = _mm512_fmadd_ps(vk0, widen16(slot + j), _mm512_loadu_ps(p + j));
       _mm512_storeu_ps(p + j, np);
@@ -159,29 +171,41 @@ PSTAR_S_AVX512 void int8_avx512(uint16_t* slot, float* p, uint8_t* m, uint8_t* v
 }  // namespace
 
 void rmw_stream_bf16(StreamIsa isa, uint16_t* slot, float* master, uint16_t* m, uint16_t* v, size_t n, float k0,
-                     float k1) {
+                     float k1, StreamPrefetch pf) {
+  const bool on = pf == StreamPrefetch::kOn;
   switch (isa) {
 #if PSTAR_STATES_X86
-    case StreamIsa::kAvx512: return bf16_avx512(slot, master, m, v, n, k0, k1);
-    case StreamIsa::kAvx2: return bf16_avx2(slot, master, m, v, n, k0, k1);
+    case StreamIsa::kAvx512:
+      return on ? bf16_avx512<true>(slot, master, m, v, n, k0, k1) : bf16_avx512<false>(slot, master, m, v, n, k0, k1);
+    case StreamIsa::kAvx2:
+      return on ? bf16_avx2<true>(slot, master, m, v, n, k0, k1) : bf16_avx2<false>(slot, master, m, v, n, k0, k1);
 #endif
     default: return bf16_scalar(slot, master, m, v, n, k0, k1);
   }
 }
 
 void rmw_stream_int8(StreamIsa isa, uint16_t* slot, float* master, uint8_t* m, uint8_t* v, float* m_absmax,
-                     float* v_absmax, size_t n, float k0, float k1) {
+                     float* v_absmax, size_t n, float k0, float k1, StreamPrefetch pf) {
   // Block by block, as the kernel walks them: the block's elements, then
   // its two absmax floats.
   constexpr size_t kBlock = 256;
+  const bool on = pf == StreamPrefetch::kOn;
   for (size_t b = 0; b * kBlock < n; ++b) {
     const size_t off = b * kBlock, nb = n - off < kBlock ? n - off : kBlock;
+    uint16_t* const s = slot + off;
+    float* const p = master + off;
     switch (isa) {
 #if PSTAR_STATES_X86
-      case StreamIsa::kAvx512: int8_avx512(slot + off, master + off, m + off, v + off, nb, k0); break;
-      case StreamIsa::kAvx2: int8_avx2(slot + off, master + off, m + off, v + off, nb, k0); break;
+      case StreamIsa::kAvx512:
+        on ? int8_avx512<true>(s, p, m + off, v + off, nb, k0, n - off)
+           : int8_avx512<false>(s, p, m + off, v + off, nb, k0, n - off);
+        break;
+      case StreamIsa::kAvx2:
+        on ? int8_avx2<true>(s, p, m + off, v + off, nb, k0, n - off)
+           : int8_avx2<false>(s, p, m + off, v + off, nb, k0, n - off);
+        break;
 #endif
-      default: int8_scalar(slot + off, master + off, m + off, v + off, nb, k0); break;
+      default: int8_scalar(s, p, m + off, v + off, nb, k0); break;
     }
     m_absmax[b] *= k1;
     v_absmax[b] *= k1;

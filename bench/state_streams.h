@@ -24,11 +24,11 @@ namespace pstar::bench {
 // master += k0 * g; m = k1 * m + g, v = k1 * v + g * g (through fp32, the
 // results truncated to bf16); slot = master's upper half.
 void rmw_stream_bf16(StreamIsa isa, uint16_t* slot, float* master, uint16_t* m, uint16_t* v, size_t n, float k0,
-                     float k1);
+                     float k1, StreamPrefetch pf = StreamPrefetch::kOff);
 
 // master += k0 * g; slot = master's upper half; m and v codes += 1 (bytes);
 // m_absmax and v_absmax (one per started block of 256) *= k1.
 void rmw_stream_int8(StreamIsa isa, uint16_t* slot, float* master, uint8_t* m, uint8_t* v, float* m_absmax,
-                     float* v_absmax, size_t n, float k0, float k1);
+                     float* v_absmax, size_t n, float k0, float k1, StreamPrefetch pf = StreamPrefetch::kOff);
 
 }  // namespace pstar::bench

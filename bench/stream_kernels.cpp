@@ -64,12 +64,13 @@ PSTAR_AVX2_INLINE __m256 load8_avx2(const uint16_t* s) {
   }
 }
 
-template <bool kF16>
+template <bool kF16, bool kPrefetch>
 PSTAR_AVX2 void rmw_avx2(uint16_t* slot, float* p, float* m, float* v, size_t n, float k0, float k1) {
   const __m256 vk0 = _mm256_set1_ps(k0);
   const __m256 vk1 = _mm256_set1_ps(k1);
   size_t i = 0;
   for (; i + 16 <= n; i += 16) {
+    if constexpr (kPrefetch) prefetch_rmw(slot, p, m, v, i, 16, n);
     const __m256 g0 = load8_avx2<kF16>(slot + i);
     const __m256 g1 = load8_avx2<kF16>(slot + i + 8);
     const __m256 p0 = _mm256_fmadd_ps(vk0, g0, _mm256_loadu_ps(p + i));
@@ -142,12 +143,13 @@ PSTAR_AVX512_INLINE void rmw16_avx512(uint16_t* slot, float* p, float* m, float*
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(slot + j), out);
 }
 
-template <bool kF16>
+template <bool kF16, bool kPrefetch>
 PSTAR_AVX512 void rmw_avx512(uint16_t* slot, float* p, float* m, float* v, size_t n, float k0, float k1) {
   const __m512 vk0 = _mm512_set1_ps(k0);
   const __m512 vk1 = _mm512_set1_ps(k1);
   size_t i = 0;
   for (; i + 64 <= n; i += 64) {
+    if constexpr (kPrefetch) prefetch_rmw(slot, p, m, v, i, 64, n);
     rmw16_avx512<kF16>(slot, p, m, v, i, vk0, vk1);
     rmw16_avx512<kF16>(slot, p, m, v, i + 16, vk0, vk1);
     rmw16_avx512<kF16>(slot, p, m, v, i + 32, vk0, vk1);
@@ -207,14 +209,23 @@ StreamIsa best_stream_isa() {
 }
 
 void rmw_stream(StreamIsa isa, pstar_dtype dtype, uint16_t* slot, float* master, float* m, float* v, size_t n, float k0,
-                float k1) {
+                float k1, StreamPrefetch pf) {
   const bool f16 = dtype == PSTAR_DTYPE_F16;
+  const bool on = pf == StreamPrefetch::kOn;
   switch (isa) {
 #if PSTAR_BENCH_X86
     case StreamIsa::kAvx512:
-      return f16 ? rmw_avx512<true>(slot, master, m, v, n, k0, k1) : rmw_avx512<false>(slot, master, m, v, n, k0, k1);
+      if (f16)
+        return on ? rmw_avx512<true, true>(slot, master, m, v, n, k0, k1)
+                  : rmw_avx512<true, false>(slot, master, m, v, n, k0, k1);
+      return on ? rmw_avx512<false, true>(slot, master, m, v, n, k0, k1)
+                : rmw_avx512<false, false>(slot, master, m, v, n, k0, k1);
     case StreamIsa::kAvx2:
-      return f16 ? rmw_avx2<true>(slot, master, m, v, n, k0, k1) : rmw_avx2<false>(slot, master, m, v, n, k0, k1);
+      if (f16)
+        return on ? rmw_avx2<true, true>(slot, master, m, v, n, k0, k1)
+                  : rmw_avx2<true, false>(slot, master, m, v, n, k0, k1);
+      return on ? rmw_avx2<false, true>(slot, master, m, v, n, k0, k1)
+                : rmw_avx2<false, false>(slot, master, m, v, n, k0, k1);
 #endif
     default: return rmw_scalar(slot, master, m, v, n, k0, k1);
   }

@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "optim/adam_prefetch.h"
 #include "pstar/pstar.h"
 
 namespace pstar::bench {
@@ -24,13 +25,32 @@ bool stream_isa_supported(StreamIsa isa);
 const char* stream_isa_name(StreamIsa isa);
 StreamIsa best_stream_isa();
 
+// The streams run with and without the kernels' software prefetch
+// (optim/adam_prefetch.h); pstar-bench takes the faster as the ceiling, so
+// that a ceiling is never the slower way of streaming the same bytes.
+enum class StreamPrefetch { kOff = 0, kOn = 1 };
+
+// One step's prefetch in a stream: `elems` elements at i +
+// optim::kPrefetchAheadElems of the master, both moment lists and the
+// 2-byte slot, when that lies before `end`.
+template <typename Moment>
+PSTAR_PREFETCH_INLINE void prefetch_rmw(const uint16_t* slot, const float* master, const Moment* m, const Moment* v,
+                                        size_t i, size_t elems, size_t end) {
+  const size_t a = i + optim::kPrefetchAheadElems;
+  if (a >= end) return;
+  optim::prefetch_span(master + a, elems * sizeof(float));
+  optim::prefetch_span(m + a, elems * sizeof(Moment));
+  optim::prefetch_span(v + a, elems * sizeof(Moment));
+  optim::prefetch_span(slot + a, elems * sizeof(uint16_t));
+}
+
 // In-place read-modify-write over [0, n): g = slot[i] (fp16 or bf16),
 // master[i] += k0 * g, m[i] = k1 * m[i] + g, v[i] = k1 * v[i] + g * g,
 // slot[i] = (2-byte) master[i].  With k0 = 0 and 0 <= k1 < 1 all values stay
 // bounded and v stays non-negative, so the Adam state it shares with the
 // update stays valid.  `isa` must be supported.
 void rmw_stream(StreamIsa isa, pstar_dtype dtype, uint16_t* slot, float* master, float* m, float* v, size_t n, float k0,
-                float k1);
+                float k1, StreamPrefetch pf = StreamPrefetch::kOff);
 
 // STREAM triad over [0, n): a[i] = b[i] + s * c[i] (24 bytes per element as
 // STREAM counts it; the store into `a` also costs a write-allocate read).

@@ -18,6 +18,7 @@
 // latency of the divide and the square root); the last n % 16 go through
 // adam_element() itself.
 #include "optim/adam_kernel.h"
+#include "optim/adam_prefetch.h"
 #include "util/dtype.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -51,6 +52,7 @@ __attribute__((target("avx2,fma,f16c"))) void run(const AdamStepConstants& c, co
   const size_t n = r.n;
   size_t i = 0;
   for (; i + 16 <= n; i += 16) {
+    prefetch_step<D, kGradF32>(master_in, exp_avg_in, exp_avg_sq_in, sizeof(float), g32, slot, i, 16, n);
     const __m256 g0 = load_grad<D, kGradF32>(g32, slot, i);
     const __m256 g1 = load_grad<D, kGradF32>(g32, slot, i + 8);
     __m256 p0 = _mm256_loadu_ps(master_in + i), p1 = _mm256_loadu_ps(master_in + i + 8);

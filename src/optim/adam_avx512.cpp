@@ -22,6 +22,7 @@
 // attribute cannot depend on a template parameter and a function of the
 // base target may not inline one that needs AVX512-BF16.
 #include "optim/adam_kernel.h"
+#include "optim/adam_prefetch.h"
 #include "util/dtype.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -57,6 +58,7 @@ using namespace lanes_avx512;
   const size_t n = r.n;                                                                                                \
   size_t i = 0;                                                                                                        \
   for (; i + 32 <= n; i += 32) {                                                                                       \
+    prefetch_step<D, kGradF32>(master_in, exp_avg_in, exp_avg_sq_in, sizeof(float), g32, slot, i, 32, n);              \
     const __m512 g0 = load_grad_full<D, kGradF32>(g32, slot, i);                                                       \
     const __m512 g1 = load_grad_full<D, kGradF32>(g32, slot, i + 16);                                                  \
     __m512 p0 = _mm512_loadu_ps(master_in + i), p1 = _mm512_loadu_ps(master_in + i + 16);                              \

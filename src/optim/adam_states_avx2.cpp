@@ -7,6 +7,7 @@
 // with VGATHERDPS.  Eight or sixteen elements per iteration; the
 // ragged tails go through the scalar functions themselves.  Same bits as the
 // scalar path.
+#include "optim/adam_prefetch.h"
 #include "optim/adam_states.h"
 #include "optim/adam_states_int8.h"
 #include "util/dtype.h"
@@ -49,6 +50,7 @@ __attribute__((target("avx2,fma,f16c"))) void bf16_run(const AdamStepConstants& 
   const size_t n = r.n;
   size_t i = 0;
   for (; i + 16 <= n; i += 16) {
+    prefetch_step<D, kGradF32>(pi, mi, vi, sizeof(uint16_t), g32, slot, i, 16, n);
     const __m256 g0 = load_grad<D, kGradF32>(g32, slot, i);
     const __m256 g1 = load_grad<D, kGradF32>(g32, slot, i + 8);
     __m256 p0 = _mm256_loadu_ps(pi + i), p1 = _mm256_loadu_ps(pi + i + 8);
@@ -185,6 +187,7 @@ __attribute__((target("avx2,fma,f16c"))) void int8_run(const AdamStepConstants& 
     size_t i = 0;
     for (; i + 16 <= nb; i += 16) {
       const size_t e = off + i;
+      prefetch_step<D, kGradF32>(pi, mci, vci, 1, g32, slot, e, 16, n);
       __m256 m0 = _mm256_mul_ps(dequant8(smap.values, mci + e), vam_in);
       __m256 m1 = _mm256_mul_ps(dequant8(smap.values, mci + e + 8), vam_in);
       __m256 v0 = _mm256_mul_ps(dequant8(umap.values, vci + e), vav_in);

@@ -15,6 +15,7 @@
 // (decade by octave, then the linear offset, the scalar search for the rare
 // lane within kAmbiguity of a threshold).  Same bits as the scalar path.
 #include "optim/adam_states.h"
+#include "optim/adam_prefetch.h"
 #include "optim/adam_states_int8.h"
 #include "util/dtype.h"
 
@@ -271,6 +272,7 @@ PSTAR_AVX512VBMI void dequant_step64(const int8::Map& m, const uint8_t* codes, s
   const size_t n = r.n;                                                                                        \
   size_t i = 0;                                                                                                \
   for (; i + 32 <= n; i += 32) {                                                                               \
+    prefetch_step<D, kGradF32>(pi, mi, vi, sizeof(uint16_t), g32, slot, i, 32, n);                             \
     const __m512 g0 = load_grad_full<D, kGradF32>(g32, slot, i);                                               \
     const __m512 g1 = load_grad_full<D, kGradF32>(g32, slot, i + 16);                                          \
     __m512 p0 = _mm512_loadu_ps(pi + i), p1 = _mm512_loadu_ps(pi + i + 16);                                    \
@@ -346,6 +348,7 @@ PSTAR_AVX512VBMI void dequant_step64(const int8::Map& m, const uint8_t* codes, s
     for (size_t i = 0; i < nb; i += (STEP)) {                                                                 \
       const size_t left = nb - i;                                                                             \
       __m512 mq[(STEP) / 16], vq[(STEP) / 16];                                                                \
+      prefetch_step<D, kGradF32>(pi, mci, vci, 1, g32, slot, off + i, (STEP), n);                             \
       DEQUANT(smap, mci + off + i, left, mq);                                                                 \
       DEQUANT(umap, vci + off + i, left, vq);                                                                 \
       for (size_t q = 0; q < (STEP) / 16 && 16 * q < left; ++q) {                                             \
