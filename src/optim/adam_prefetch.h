@@ -62,8 +62,8 @@ PSTAR_PREFETCH_INLINE void prefetch_grad(const float* g32, const void* slot, siz
 // bytes per element: 4, 2 or 1) and the gradient, when that lies inside the
 // range of n elements.
 template <pstar_dtype D, bool kGradF32>
-PSTAR_PREFETCH_INLINE void prefetch_step(const float* master, const void* m, const void* v, size_t moment_width, const float* g32,
-                          const void* slot, size_t at, size_t elems, size_t n) {
+PSTAR_PREFETCH_INLINE void prefetch_step(const float* master, const void* m, const void* v, size_t moment_width,
+                                         const float* g32, const void* slot, size_t at, size_t elems, size_t n) {
   const size_t ahead = at + kPrefetchAheadElems;
   if (ahead >= n) return;
   prefetch_span(master + ahead, elems * sizeof(float));

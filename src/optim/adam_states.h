@@ -175,7 +175,9 @@ void moments_from_f32(StateFormat f, bool second, void* list, size_t n_total, si
 // Speed (issue 45, docs/benchmarks.md): fp32 and bf16 are memory-bound; on
 // a 2-core AVX-512 machine int8 is compute-bound, and its quantization (two
 // maps, about 18 vector instructions per 16 values each) is 40-50% of its
-// time: without it the kernel runs 1.6-1.9x as fast.
+// time on Zen 4 (without it the kernel runs 1.6-1.9x as fast) and 34% on an
+// Intel Xeon (1.52x).  Every vector kernel prefetches its lists in software
+// (optim/adam_prefetch.h).
 //
 // Where bitsandbytes 0.50's CPU path (backends/cpu/ops.py, csrc/cpu_ops.cpp)
 // departs from the paper, this follows the paper: its quantize_blockwise
