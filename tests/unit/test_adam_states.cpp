@@ -640,6 +640,47 @@ Test(adam_states, int8_long_run_paths_equal_scalar) {
   run_config(Config{StateFormat::kInt8, PSTAR_DTYPE_BF16, false, 3 * kInt8BlockElems + 77, true}, paths, 60);
 }
 
+Test(adam_states, int8_bias_correction_division_over_the_float_range) {
+  // The AVX-512 int8 paths divide sqrt(v) by sqrt(1 - beta2^t) without the
+  // divider (exact_div_sqrt_bc2 in optim/adam_lanes_avx512.h): v from the
+  // smallest subnormal to +inf (fp32 gradients of magnitude 2^-80 to 2^70,
+  // zeros, infinities and NaN), at several beta2 and step counts, each
+  // path bit-identical to the scalar division.
+  const std::vector<Path> paths = vector_paths();
+  if (paths.empty()) cr_skip_test("no vector path on this CPU");
+  const size_t n = 4099;
+  for (float beta2 : {0.999f, 0.5f, 0.0f, 0.99999994f}) {
+    for (uint64_t t0 : {uint64_t{1}, uint64_t{2}, uint64_t{10}, uint64_t{1000}, uint64_t{1000000}}) {
+      AdamHyper h = hyper(true);
+      h.beta2 = beta2;
+      State ref(StateFormat::kInt8, n, PSTAR_DTYPE_BF16);
+      init_state(ref, t0 * 7 + 1);
+      std::vector<State> got(paths.size(), ref);
+      Rng rng(t0 * 13 + static_cast<uint64_t>(beta2 * 1000));
+      for (uint64_t t = t0; t < t0 + 3; ++t) {
+        std::vector<float> g(n);
+        for (size_t i = 0; i < n; ++i) {
+          const double e = -80.0 + 150.0 * rng.uniform();
+          g[i] = static_cast<float>((rng.uniform() < 0.5 ? -1.0 : 1.0) * std::exp2(e));
+          if (i % 97 == 13) g[i] = 0.0f;
+          if (i % 101 == 17 && t == t0 + 1) g[i] = INFINITY;
+          if (i % 103 == 19 && t == t0 + 2) g[i] = std::nanf("");
+        }
+        const AdamStepConstants c = adam_constants(h, t, 1.0, true);
+        for (size_t i = 0; i < n; ++i) put_grad(ref, true, i, g[i]);
+        isa_path(AdamIsa::kScalar).run(StateFormat::kInt8, c, ref.range(true, 0, n));
+        for (size_t k = 0; k < paths.size(); ++k) {
+          for (size_t i = 0; i < n; ++i) put_grad(got[k], true, i, g[i]);
+          paths[k].run(StateFormat::kInt8, c, got[k].range(true, 0, n));
+          cr_assert(got[k].same(ref), "path %s differs from scalar, beta2 %.9g, step %llu: %s", paths[k].name.c_str(),
+                    static_cast<double>(beta2), static_cast<unsigned long long>(t),
+                    got[k].first_difference(ref).c_str());
+        }
+      }
+    }
+  }
+}
+
 Test(adam_states, moments_to_and_from_f32) {
   const size_t n = 700;
   Rng rng(9);
