@@ -39,7 +39,8 @@ __attribute__((target("avx512f,avx512dq,fma"))) uint64_t differences(float c) {
     const __mmask16 ne = _mm512_cmpneq_epi32_mask(_mm512_castps_si512(qc), _mm512_castps_si512(_mm512_div_ps(x, cc)));
     if (ne != 0) {
       bad += static_cast<uint64_t>(__builtin_popcount(ne));
-      if (bad <= 3) std::printf("difference: c=%a, from x=%a\n", static_cast<double>(c), static_cast<double>(_mm512_cvtss_f32(x)));
+      if (bad <= 3)
+        std::printf("difference: c=%a, from x=%a\n", static_cast<double>(c), static_cast<double>(_mm512_cvtss_f32(x)));
     }
     bits = _mm512_add_epi32(bits, step);
   }
@@ -54,8 +55,8 @@ int main() {
     return 77;
   }
   std::vector<float> cs;
-  for (double b2 : {0.0, 0.5, 0.9, 0.95, 0.98, 0.99, 0.995, 0.999, 0.9995, 0.9999, 0.99999,
-                    static_cast<double>(0.99999994f)}) {
+  for (double b2 :
+       {0.0, 0.5, 0.9, 0.95, 0.98, 0.99, 0.995, 0.999, 0.9995, 0.9999, 0.99999, static_cast<double>(0.99999994f)}) {
     for (double t : {1.0, 2.0, 3.0, 7.0, 10.0, 100.0, 1000.0, 12345.0, 1e6}) {
       cs.push_back(static_cast<float>(std::sqrt(1.0 - std::pow(b2, t))));
     }
