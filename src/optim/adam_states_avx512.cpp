@@ -203,6 +203,7 @@ PSTAR_AVX512VBMI void dequant64(const uint8_t (*planes)[256], __m512i codes, __m
   const __m512i idx = _mm512_permutexvar_epi8(_mm512_load_si512(kPlaneOrder), codes);
   const __mmask64 upper = _mm512_movepi8_mask(idx);  // codes 128..255
   __m512i b[4];
+#pragma GCC unroll 4
   for (int p = 0; p < 4; ++p) {
     const __m512i* t = reinterpret_cast<const __m512i*>(planes[p]);
     const __m512i lo = _mm512_permutex2var_epi8(_mm512_load_si512(t + 0), idx, _mm512_load_si512(t + 1));
@@ -304,6 +305,34 @@ PSTAR_AVX512VBMI void dequant_step64(const int8::Map& m, const uint8_t* codes, s
     PSTAR_AVX512_EMIT_W(BF16_EMIT, i, mask, p);                                                                \
   }
 
+// One group of 16 lanes of the int8 body's pass 1: lanes q of the step at
+// i (a mask of all ones for a whole group, which the compiler folds).
+#define PSTAR_AVX512_INT8_LANES(BF16_EMIT, q, KQ)                                       \
+  do {                                                                                  \
+    const size_t e = off + i + 16 * (q);                                                \
+    const __mmask16 kq = (KQ);                                                          \
+    __m512 m = _mm512_mul_ps(mq[q], am_in), v = _mm512_mul_ps(vq[q], av_in), g, p;      \
+    if (kq == 0xffff) {                                                                 \
+      g = load_grad_full<D, kGradF32>(g32, slot, e);                                    \
+      p = _mm512_loadu_ps(pi + e);                                                      \
+    } else {                                                                            \
+      g = load_grad<D, kGradF32>(g32, slot, e, kq);                                     \
+      p = _mm512_maskz_loadu_ps(kq, pi + e);                                            \
+    }                                                                                   \
+    adam16_int8(k, g, p, m, v);                                                         \
+    if (kq == 0xffff) { /* unmasked: a masked store is slow on some CPUs (AMD Zen 4) */ \
+      _mm512_storeu_ps(master + e, p);                                                  \
+      PSTAR_AVX512_STORE_W(BF16_EMIT, e, p);                                            \
+    } else {                                                                            \
+      _mm512_mask_storeu_ps(master + e, kq, p);                                         \
+      PSTAR_AVX512_EMIT_W(BF16_EMIT, e, kq, p);                                         \
+    }                                                                                   \
+    _mm512_store_ps(mf + i + 16 * (q), m);                                              \
+    _mm512_store_ps(vf + i + 16 * (q), v);                                              \
+    accm = _mm512_mask_max_ps(accm, kq, _mm512_abs_ps(m), accm);                        \
+    accv = _mm512_mask_max_ps(accv, kq, _mm512_abs_ps(v), accv);                        \
+  } while (0)
+
 // int8, block by block: pass 1 dequantizes STEP elements at a time
 // (DEQUANT: dequant_step32, or dequant_step64 with VBMI), updates them 16 at
 // a time, keeps the new fp32 m and v and their absmax; pass 2 quantizes.
@@ -349,31 +378,18 @@ PSTAR_AVX512VBMI void dequant_step64(const int8::Map& m, const uint8_t* codes, s
       const size_t left = nb - i;                                                                             \
       __m512 mq[(STEP) / 16], vq[(STEP) / 16];                                                                \
       prefetch_step<D, kGradF32>(pi, mci, vci, 1, g32, slot, off + i, (STEP), n);                             \
-      DEQUANT(smap, mci + off + i, left, mq);                                                                 \
-      DEQUANT(umap, vci + off + i, left, vq);                                                                 \
-      for (size_t q = 0; q < (STEP) / 16 && 16 * q < left; ++q) {                                             \
-        const size_t e = off + i + 16 * q;                                                                    \
-        const __mmask16 kq = tail_mask16(left - 16 * q);                                                      \
-        __m512 m = _mm512_mul_ps(mq[q], am_in), v = _mm512_mul_ps(vq[q], av_in), g, p;                        \
-        if (kq == 0xffff) {                                                                                   \
-          g = load_grad_full<D, kGradF32>(g32, slot, e);                                                      \
-          p = _mm512_loadu_ps(pi + e);                                                                        \
-        } else {                                                                                              \
-          g = load_grad<D, kGradF32>(g32, slot, e, kq);                                                       \
-          p = _mm512_maskz_loadu_ps(kq, pi + e);                                                              \
+      if (left >= (STEP)) { /* a whole step: constant masks, unrolled */                                      \
+        DEQUANT(smap, mci + off + i, (STEP), mq);                                                             \
+        DEQUANT(umap, vci + off + i, (STEP), vq);                                                             \
+        _Pragma("GCC unroll 4") for (size_t q = 0; q < (STEP) / 16; ++q) {                                    \
+          PSTAR_AVX512_INT8_LANES(BF16_EMIT, q, static_cast<__mmask16>(0xffff));                              \
         }                                                                                                     \
-        adam16_int8(k, g, p, m, v);                                                                           \
-        if (kq == 0xffff) { /* unmasked: a masked store is slow on some CPUs (AMD Zen 4) */                   \
-          _mm512_storeu_ps(master + e, p);                                                                    \
-          PSTAR_AVX512_STORE_W(BF16_EMIT, e, p);                                                              \
-        } else {                                                                                              \
-          _mm512_mask_storeu_ps(master + e, kq, p);                                                           \
-          PSTAR_AVX512_EMIT_W(BF16_EMIT, e, kq, p);                                                           \
+      } else {                                                                                                \
+        DEQUANT(smap, mci + off + i, left, mq);                                                               \
+        DEQUANT(umap, vci + off + i, left, vq);                                                               \
+        for (size_t q = 0; 16 * q < left; ++q) {                                                              \
+          PSTAR_AVX512_INT8_LANES(BF16_EMIT, q, tail_mask16(left - 16 * q));                                  \
         }                                                                                                     \
-        _mm512_store_ps(mf + i + 16 * q, m);                                                                  \
-        _mm512_store_ps(vf + i + 16 * q, v);                                                                  \
-        accm = _mm512_mask_max_ps(accm, kq, _mm512_abs_ps(m), accm);                                          \
-        accv = _mm512_mask_max_ps(accv, kq, _mm512_abs_ps(v), accv);                                          \
       }                                                                                                       \
     }                                                                                                         \
     const float am = _mm512_reduce_max_ps(accm), av = _mm512_reduce_max_ps(accv);                             \
@@ -424,6 +440,7 @@ __attribute__((target(PSTAR_AVX512VBMIBF16_ISA))) void int8_vbmi_native(const Ad
 
 #undef PSTAR_AVX512_BF16_BODY
 #undef PSTAR_AVX512_INT8_BODY
+#undef PSTAR_AVX512_INT8_LANES
 #undef PSTAR_AVX512_EMIT_W
 #undef PSTAR_AVX512_STORE_W
 
