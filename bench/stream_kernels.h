@@ -30,18 +30,13 @@ StreamIsa best_stream_isa();
 // that a ceiling is never the slower way of streaming the same bytes.
 enum class StreamPrefetch { kOff = 0, kOn = 1 };
 
-// One step's prefetch in a stream: `elems` elements at i +
-// optim::kPrefetchAheadElems of the master, both moment lists and the
-// 2-byte slot, when that lies before `end`.
+// One step's prefetch in a stream: the kernels' own (optim::prefetch_step),
+// `elems` elements at i + optim::kPrefetchAheadElems of the master, both
+// moment lists and the 2-byte slot, when that lies before `end`.
 template <typename Moment>
 PSTAR_PREFETCH_INLINE void prefetch_rmw(const uint16_t* slot, const float* master, const Moment* m, const Moment* v,
                                         size_t i, size_t elems, size_t end) {
-  const size_t a = i + optim::kPrefetchAheadElems;
-  if (a >= end) return;
-  optim::prefetch_span(master + a, elems * sizeof(float));
-  optim::prefetch_span(m + a, elems * sizeof(Moment));
-  optim::prefetch_span(v + a, elems * sizeof(Moment));
-  optim::prefetch_span(slot + a, elems * sizeof(uint16_t));
+  optim::prefetch_step<PSTAR_DTYPE_BF16, false>(master, m, v, sizeof(Moment), nullptr, slot, i, elems, end);
 }
 
 // In-place read-modify-write over [0, n): g = slot[i] (fp16 or bf16),
