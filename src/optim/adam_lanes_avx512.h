@@ -25,6 +25,7 @@ namespace pstar::optim::lanes_avx512 {
 struct Consts {
   __m512 grad_mul, l2, beta1, omb1, beta2, omb2, inv_sqrt_bc2, sqrt_bc2, eps, decay_mul, neg_step;
   __m512 rcp_sqrt_bc2;  // RN(1 / sqrt_bc2) in float: exact_div_sqrt_bc2's reciprocal
+  bool has_l2;          // l2 != 0: adam16_int8 adds l2 * p (adam_element_int8)
 };
 
 PSTAR_AVX512 Consts make_consts(const AdamStepConstants& c) {
@@ -41,6 +42,7 @@ PSTAR_AVX512 Consts make_consts(const AdamStepConstants& c) {
   k.decay_mul = _mm512_set1_ps(c.decay_mul);
   k.neg_step = _mm512_set1_ps(-c.step_size);
   k.rcp_sqrt_bc2 = _mm512_set1_ps(1.0f / c.sqrt_bc2);
+  k.has_l2 = c.l2 != 0.0f;
   return k;
 }
 
@@ -64,21 +66,27 @@ PSTAR_AVX512 void adam16(const Consts& k, __m512 g, __m512& p, __m512& m, __m512
 // c = sqrt(1 - beta2^t) with beta2 < 1, and 0 gives 0.  Checked against
 // VDIVPS for every float x in [2^-75, sqrt(FLT_MAX)] at 152 values of c
 // (2026-12-06): no difference.  +inf would give NaN (inf - inf), so it is
-// passed through.  On the Intel dev machine the AVX-512 int8 kernel ran
-// 1.05x faster than with the division (bench/int8_kernel_ab.py, 2026-12-06);
-// the AVX2 one ran 0.965x as fast with it, so AVX2 keeps the division.  The
-// other division, by the per-element denominator, stays a division.
+// passed through: VFIXUPIMMPS classifies x and, for +inf only (token 5,
+// response 1: the classified operand), returns x; NaN and finite x keep the
+// corrected quotient (one instruction where a compare and a blend took two).  On the Intel dev machine the AVX-512 int8
+// kernel ran 1.05x faster than with the division (bench/int8_kernel_ab.py, 2026-12-06); the AVX2 one ran 0.965x as fast
+// with it, so AVX2 keeps the division.  The other division, by the per-element denominator, stays a division.
 PSTAR_AVX512 __m512 exact_div_sqrt_bc2(const Consts& k, __m512 x) {
   const __m512 q = _mm512_mul_ps(x, k.rcp_sqrt_bc2);
   const __m512 r = _mm512_fnmadd_ps(q, k.sqrt_bc2, x);
   const __m512 qc = _mm512_fmadd_ps(r, k.rcp_sqrt_bc2, q);
-  return _mm512_mask_mov_ps(qc, _mm512_cmp_ps_mask(x, _mm512_set1_ps(__builtin_inff()), _CMP_EQ_OQ), x);
+  return _mm512_fixupimm_ps(qc, x, _mm512_set1_epi32(0x1 << (4 * 5)), 0);
 }
 
 // adam_element_int8() on sixteen lanes; p, m and v are updated in place.
+// kPlain: for grad_mul 1 and l2 0 (the gradient as stored), which the
+// caller checked; g * 1 is g, so the bits are the general path's.
+template <bool kPlain>
 PSTAR_AVX512 void adam16_int8(const Consts& k, __m512 g, __m512& p, __m512& m, __m512& v) {
-  g = _mm512_mul_ps(g, k.grad_mul);
-  g = _mm512_fmadd_ps(k.l2, p, g);
+  if (!kPlain) {
+    g = _mm512_mul_ps(g, k.grad_mul);
+    if (k.has_l2) g = _mm512_fmadd_ps(k.l2, p, g);
+  }
   m = _mm512_fmadd_ps(g, k.omb1, _mm512_mul_ps(m, k.beta1));
   v = _mm512_fmadd_ps(_mm512_mul_ps(k.omb2, g), g, _mm512_mul_ps(v, k.beta2));
   const __m512 denom = _mm512_add_ps(exact_div_sqrt_bc2(k, _mm512_sqrt_ps(v)), k.eps);

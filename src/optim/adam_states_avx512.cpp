@@ -49,21 +49,33 @@ inline __mmask16 tail_mask16(size_t left) {
 
 // ---- int8: tables in registers ------------------------------------------------
 
-// The quantizer's tables of one map (adam_states_int8.h); dec_last as
-// floats, so that the clamp and the sign act on u before its one truncation.
+// The quantizer's tables of one map (adam_states_int8.h), per slot and side
+// of its crossing (index slot + 16 crossed, one two-source VPERMT2PS each):
+// the scale, offset and last count of the decade there.  Built from the
+// per-decade tables once per call; a lookup of the slot's decade before
+// the three by decade took one permute more per 16 values (the whole
+// kernel 1.02x, bench/int8_kernel_ab.py on the Intel dev machine,
+// 2026-12-06).  last as floats, so that the clamp and the sign act on u
+// before its one truncation.
 struct QTab {
-  __m512i slot_dec;
   __m512 slot_cross;
-  __m512 dec_s, dec_olo, dec_last;
+  __m512 s0, s1, olo0, olo1, last0, last1;  // below (0) and at or above (1) the slot's crossing
 };
 
 PSTAR_AVX512 QTab load_qtab(const int8::Map& m) {
   QTab q;
-  q.slot_dec = _mm512_loadu_si512(m.slot_dec);
+  const __m512i dec0 = _mm512_loadu_si512(m.slot_dec);
+  const __m512i dec1 = _mm512_add_epi32(dec0, _mm512_set1_epi32(1));
+  const __m512 s = _mm512_loadu_ps(m.dec_s);
+  const __m512 olo = _mm512_loadu_ps(m.dec_olo);
+  const __m512 last = _mm512_cvtepi32_ps(_mm512_loadu_si512(m.dec_last));
   q.slot_cross = _mm512_loadu_ps(m.slot_cross);
-  q.dec_s = _mm512_loadu_ps(m.dec_s);
-  q.dec_olo = _mm512_loadu_ps(m.dec_olo);
-  q.dec_last = _mm512_cvtepi32_ps(_mm512_loadu_si512(m.dec_last));
+  q.s0 = _mm512_permutexvar_ps(dec0, s);
+  q.s1 = _mm512_permutexvar_ps(dec1, s);
+  q.olo0 = _mm512_permutexvar_ps(dec0, olo);
+  q.olo1 = _mm512_permutexvar_ps(dec1, olo);
+  q.last0 = _mm512_permutexvar_ps(dec0, last);
+  q.last1 = _mm512_permutexvar_ps(dec1, last);
   return q;
 }
 
@@ -72,34 +84,36 @@ PSTAR_AVX512 QTab load_qtab(const int8::Map& m) {
 constexpr int kFracBelow = 0x09;
 
 // The codes of sixteen normalized values y, as 32-bit lanes (-1 for the code
-// 0 of a negative y at -1.0, INT_MIN for a NaN y without kGuard: the byte
-// pack saturates both to 0); `amb` gets the lanes that must take the scalar
-// search instead: those whose u_lo lies within 2 kAmbiguity below an integer
-// (its fraction, exact from VREDUCEPS, at least 1 - 2 kAmbiguity; the bound
-// in adam_states.cpp).  The count min(floor(u_lo), last) is
+// 0 of a negative y at -1.0, INT_MIN for a NaN y: the byte pack saturates
+// both to 0); `amb` gets the lanes that must take the scalar search
+// instead: those whose u_lo lies within 2 kAmbiguity below an integer (its
+// fraction, exact from VREDUCEPS, at least 1 - 2 kAmbiguity; the bound in
+// adam_states.cpp).  The count min(floor(u_lo), last) is
 // floor(min(u_lo, last)) for an integer last, so the clamp and (signed) the
 // sign are applied to u_lo in float, and one truncation gives the code.
-// kGuard maps NaN (and, unsigned, negatives) to magnitude 0 as the scalar
-// path does; without it a NaN lane's u_lo is NaN, min() keeps it (the NaN
-// is the second operand), the truncation gives INT_MIN and the pack 0, the
-// scalar path's unsigned code for NaN.  So only the unsigned map may drop
-// the guard, and only for inputs that are NaN or at least +0 (v in the
-// kernels: a product and sum of squares and non-negative map values).
+// NaN: the signed map's compare is unordered, so a NaN lane (its u_lo is
+// NaN) is ambiguous and takes the scalar search, which gives it magnitude
+// 0.  The unsigned map: kGuard maps NaN and negatives to magnitude 0 as the
+// scalar path does; without it a NaN lane's u_lo is NaN, min() keeps it
+// (the NaN is the second operand), the truncation gives INT_MIN and the
+// pack 0, the scalar path's unsigned code for NaN.  So the unsigned map may
+// drop the guard for inputs that are NaN or at least +0 (v in the kernels:
+// a product and sum of squares and non-negative map values).  A NaN lane's
+// slot is out of range; the permutes read its low bits, any slot.
 template <bool kSigned, bool kGuard>
 PSTAR_AVX512 __m512i quant16(const QTab& q, __m512 y, __mmask16& amb) {
-  static_assert(kSigned ? kGuard : true, "the signed map needs the NaN guard");
   __m512 a = kSigned ? _mm512_abs_ps(y) : y;
-  if (kGuard) a = _mm512_max_ps(a, _mm512_setzero_ps());  // NaN and (unsigned) negatives: 0
+  if (!kSigned && kGuard) a = _mm512_max_ps(a, _mm512_setzero_ps());  // NaN and negatives: 0
   const __m512i slot =
       _mm512_srli_epi32(_mm512_subs_epu16(_mm512_castps_si512(a), _mm512_set1_epi32(int8::kOctaveBias << 23)), 24);
-  __m512i dec = _mm512_permutexvar_epi32(slot, q.slot_dec);
   const __m512 cross = _mm512_permutexvar_ps(slot, q.slot_cross);
-  dec = _mm512_mask_add_epi32(dec, _mm512_cmp_ps_mask(a, cross, _CMP_GE_OQ), dec, _mm512_set1_epi32(1));
-  const __m512 s = _mm512_permutexvar_ps(dec, q.dec_s);
-  const __m512 olo = _mm512_permutexvar_ps(dec, q.dec_olo);
-  const __m512 last = _mm512_permutexvar_ps(dec, q.dec_last);
+  const __m512i idx = _mm512_mask_or_epi32(slot, _mm512_cmp_ps_mask(a, cross, _CMP_GE_OQ), slot, _mm512_set1_epi32(16));
+  const __m512 s = _mm512_permutex2var_ps(q.s0, idx, q.s1);
+  const __m512 olo = _mm512_permutex2var_ps(q.olo0, idx, q.olo1);
+  const __m512 last = _mm512_permutex2var_ps(q.last0, idx, q.last1);
   const __m512 u_lo = _mm512_fmadd_ps(a, s, olo);
-  amb = _mm512_cmp_ps_mask(_mm512_reduce_ps(u_lo, kFracBelow), _mm512_set1_ps(1.0f - 2 * int8::kAmbiguity), _CMP_GE_OQ);
+  amb = _mm512_cmp_ps_mask(_mm512_reduce_ps(u_lo, kFracBelow), _mm512_set1_ps(1.0f - 2 * int8::kAmbiguity),
+                           kSigned ? _CMP_NLT_UQ : _CMP_GE_OQ);
   __m512 u = _mm512_min_ps(last, u_lo);
   if (kSigned) {  // -u for a negative y: the truncation gives -k, and 127 - k
     u = _mm512_castsi512_ps(_mm512_ternarylogic_epi32(_mm512_castps_si512(u), _mm512_castps_si512(y),
@@ -319,7 +333,7 @@ PSTAR_AVX512VBMI void dequant_step64(const int8::Map& m, const uint8_t* codes, s
       g = load_grad<D, kGradF32>(g32, slot, e, kq);                                     \
       p = _mm512_maskz_loadu_ps(kq, pi + e);                                            \
     }                                                                                   \
-    adam16_int8(k, g, p, m, v);                                                         \
+    adam16_int8<kPlain>(k, g, p, m, v);                                                 \
     if (kq == 0xffff) { /* unmasked: a masked store is slow on some CPUs (AMD Zen 4) */ \
       _mm512_storeu_ps(master + e, p);                                                  \
       PSTAR_AVX512_STORE_W(BF16_EMIT, e, p);                                            \
@@ -330,7 +344,7 @@ PSTAR_AVX512VBMI void dequant_step64(const int8::Map& m, const uint8_t* codes, s
     _mm512_store_ps(mf + i + 16 * (q), m);                                              \
     _mm512_store_ps(vf + i + 16 * (q), v);                                              \
     accm = _mm512_mask_max_ps(accm, kq, _mm512_abs_ps(m), accm);                        \
-    accv = _mm512_mask_max_ps(accv, kq, _mm512_abs_ps(v), accv);                        \
+    accv = _mm512_mask_max_ps(accv, kq, v, accv); /* v: +0 or more, or NaN */           \
   } while (0)
 
 // int8, block by block: pass 1 dequantizes STEP elements at a time
@@ -417,22 +431,22 @@ __attribute__((target(PSTAR_AVX512BF16_ISA))) void bf16_native(const AdamStepCon
   PSTAR_AVX512_BF16_BODY(bf16_native16)
 }
 
-template <pstar_dtype D, bool kGradF32>
+template <pstar_dtype D, bool kGradF32, bool kPlain>
 __attribute__((target(PSTAR_AVX512_ISA))) void int8_int(const AdamStepConstants& c, const AdamStateRange& r) {
   PSTAR_AVX512_INT8_BODY(bf16_int16, 32, dequant_step32)
 }
 
-template <pstar_dtype D, bool kGradF32>
+template <pstar_dtype D, bool kGradF32, bool kPlain>
 __attribute__((target(PSTAR_AVX512BF16_ISA))) void int8_native(const AdamStepConstants& c, const AdamStateRange& r) {
   PSTAR_AVX512_INT8_BODY(bf16_native16, 32, dequant_step32)
 }
 
-template <pstar_dtype D, bool kGradF32>
+template <pstar_dtype D, bool kGradF32, bool kPlain>
 __attribute__((target(PSTAR_AVX512VBMI_ISA))) void int8_vbmi_int(const AdamStepConstants& c, const AdamStateRange& r) {
   PSTAR_AVX512_INT8_BODY(bf16_int16, 64, dequant_step64)
 }
 
-template <pstar_dtype D, bool kGradF32>
+template <pstar_dtype D, bool kGradF32, bool kPlain>
 __attribute__((target(PSTAR_AVX512VBMIBF16_ISA))) void int8_vbmi_native(const AdamStepConstants& c,
                                                                         const AdamStateRange& r) {
   PSTAR_AVX512_INT8_BODY(bf16_native16, 64, dequant_step64)
@@ -473,11 +487,34 @@ __attribute__((target(PSTAR_AVX512_ISA))) void encode(const float* x, size_t n, 
   }
 PSTAR_AVX512_DISPATCH(bf16_int)
 PSTAR_AVX512_DISPATCH(bf16_native)
-PSTAR_AVX512_DISPATCH(int8_int)
-PSTAR_AVX512_DISPATCH(int8_native)
-PSTAR_AVX512_DISPATCH(int8_vbmi_int)
-PSTAR_AVX512_DISPATCH(int8_vbmi_native)
 #undef PSTAR_AVX512_DISPATCH
+
+// The int8 kernels, also by whether the gradient goes in as stored (grad_mul
+// 1, l2 0: adam16_int8's kPlain, one multiply and one FMA fewer per 16
+// elements; the whole kernel 1.03-1.04x, bench/int8_kernel_ab.py on the
+// Intel dev machine, 2026-12-06).
+#define PSTAR_AVX512_INT8_DISPATCH(FN)                                                                           \
+  template <pstar_dtype D, bool kGradF32>                                                                        \
+  void FN##_plain(const AdamStepConstants& c, const AdamStateRange& r) {                                         \
+    c.grad_mul == 1.0f && c.l2 == 0.0f ? FN<D, kGradF32, true>(c, r) : FN<D, kGradF32, false>(c, r);             \
+  }                                                                                                              \
+  void FN##_dispatch(const AdamStepConstants& c, const AdamStateRange& r) {                                      \
+    const bool g = r.grad_f32 != nullptr;                                                                        \
+    switch (r.dtype) {                                                                                           \
+      case PSTAR_DTYPE_F16:                                                                                      \
+        g ? FN##_plain<PSTAR_DTYPE_F16, true>(c, r) : FN##_plain<PSTAR_DTYPE_F16, false>(c, r);                  \
+        return;                                                                                                  \
+      case PSTAR_DTYPE_F32:                                                                                      \
+        g ? FN##_plain<PSTAR_DTYPE_F32, true>(c, r) : FN##_plain<PSTAR_DTYPE_F32, false>(c, r);                  \
+        return;                                                                                                  \
+      default: g ? FN##_plain<PSTAR_DTYPE_BF16, true>(c, r) : FN##_plain<PSTAR_DTYPE_BF16, false>(c, r); return; \
+    }                                                                                                            \
+  }
+PSTAR_AVX512_INT8_DISPATCH(int8_int)
+PSTAR_AVX512_INT8_DISPATCH(int8_native)
+PSTAR_AVX512_INT8_DISPATCH(int8_vbmi_int)
+PSTAR_AVX512_INT8_DISPATCH(int8_vbmi_native)
+#undef PSTAR_AVX512_INT8_DISPATCH
 
 }  // namespace
 

@@ -225,10 +225,14 @@ struct Config {
   bool grad_f32;
   size_t n;
   bool adamw;
+  // grad_mul exactly 1 (no loss scale or clipping factor): with adamw (l2
+  // 0) the int8 vector kernels' plain path, which skips the multiply and
+  // the l2 term; else grad_mul 0.8374 / loss scale.
+  bool unit_grad_mul = false;
   std::string str() const {
     char b[160];
-    std::snprintf(b, sizeof b, "format=%s dtype=%s grads=%s n=%zu %s", state_format_name(f), dtype_str(dtype),
-                  grad_f32 ? "f32-list" : "slot", n, adamw ? "adamw" : "adam");
+    std::snprintf(b, sizeof b, "format=%s dtype=%s grads=%s n=%zu %s%s", state_format_name(f), dtype_str(dtype),
+                  grad_f32 ? "f32-list" : "slot", n, adamw ? "adamw" : "adam", unit_grad_mul ? " grad_mul=1" : "");
     return b;
   }
 };
@@ -249,11 +253,12 @@ void run_config(const Config& cfg, const std::vector<Path>& paths, int steps) {
   init_state(ref, cfg.n * 31 + 7);
   std::vector<State> in_place(paths.size(), ref), out_of_place(paths.size(), ref);
   Rng rng(cfg.n * 131 + static_cast<uint64_t>(cfg.f));
-  const double loss_scale = cfg.dtype == PSTAR_DTYPE_F16 ? 1024.0 : 1.0;
+  const double loss_scale = cfg.dtype == PSTAR_DTYPE_F16 && !cfg.unit_grad_mul ? 1024.0 : 1.0;
   for (int t = 1; t <= steps; ++t) {
     std::vector<float> g(cfg.n);
     for (size_t i = 0; i < cfg.n; ++i) g[i] = make_grad(rng, i, t, true) * static_cast<float>(loss_scale);
-    const AdamStepConstants c = adam_constants(hyper(cfg.adamw), static_cast<uint64_t>(t), 0.8374 / loss_scale, true);
+    const double grad_mul = cfg.unit_grad_mul ? 1.0 : 0.8374 / loss_scale;
+    const AdamStepConstants c = adam_constants(hyper(cfg.adamw), static_cast<uint64_t>(t), grad_mul, true);
     auto load = [&](State& s) {
       for (size_t i = 0; i < cfg.n; ++i) put_grad(s, cfg.grad_f32, i, g[i]);
     };
@@ -300,6 +305,7 @@ void paths_test(StateFormat f) {
     for (bool gf : {false, true}) {
       for (size_t n : kLengths) {
         run_config(Config{f, d, gf, n, (n & 1) == 0}, paths, 6);
+        if (n % 3 == 1) run_config(Config{f, d, gf, n, n % 2 == 1, true}, paths, 6);
       }
     }
   }
@@ -638,6 +644,46 @@ Test(adam_states, int8_long_run_paths_equal_scalar) {
   const std::vector<Path> paths = vector_paths();
   if (paths.empty()) cr_skip_test("no vector path on this CPU");
   run_config(Config{StateFormat::kInt8, PSTAR_DTYPE_BF16, false, 3 * kInt8BlockElems + 77, true}, paths, 60);
+}
+
+Test(adam_states, int8_zero_l2_leaves_the_moments_of_a_nonfinite_master) {
+  // AdamW (l2 0) adds no l2 * p to the gradient (adam_element_int8): a
+  // master at +-inf or NaN leaves m and v to the gradient alone, on every
+  // path as on the scalar one, with grad_mul 1 (the vector kernels' plain
+  // path) and without.  With 0 * p added, m and v of those elements would
+  // be NaN: codes of magnitude 0.
+  std::vector<Path> paths = vector_paths();
+  paths.insert(paths.begin(), isa_path(AdamIsa::kScalar));
+  const size_t n = 2 * kInt8BlockElems + 45;
+  const float specials[] = {INFINITY, -INFINITY, std::nanf("")};
+  for (double grad_mul : {1.0, 0.5}) {
+    std::vector<State> states(paths.size(), State(StateFormat::kInt8, n, PSTAR_DTYPE_BF16));
+    for (State& s : states) {
+      init_state(s, 5);
+      for (size_t i = 3; i < n; i += 37) s.master[i] = specials[(i / 37) % 3];
+    }
+    for (int t = 1; t <= 3; ++t) {
+      const AdamStepConstants c = adam_constants(hyper(true), static_cast<uint64_t>(t), grad_mul, true);
+      cr_assert_eq(c.l2, 0.0f);
+      for (size_t k = 0; k < paths.size(); ++k) {
+        State& s = states[k];
+        for (size_t i = 0; i < n; ++i) put_grad(s, false, i, i % 2 ? 0.25f : -0.5f);
+        paths[k].run(StateFormat::kInt8, c, s.range(false, 0, n));
+        cr_assert(s.same(states[0]), "path %s differs from scalar at step %d (grad_mul %g): %s", paths[k].name.c_str(),
+                  t, grad_mul, s.first_difference(states[0]).c_str());
+      }
+    }
+    std::vector<float> m(n), v(n);
+    int8_decode(true, states[0].m.data(), reinterpret_cast<const float*>(states[0].m.data() + int8_absmax_offset(n)),
+                n, m.data());
+    int8_decode(false, states[0].v.data(), reinterpret_cast<const float*>(states[0].v.data() + int8_absmax_offset(n)),
+                n, v.data());
+    for (size_t i = 3; i < n; i += 37) {
+      cr_assert(std::isnan(states[0].master[i]) || std::isinf(states[0].master[i]), "master %zu became finite", i);
+      cr_assert(m[i] != 0.0f && v[i] > 0.0f, "element %zu (master %g): m %g, v %g after three steps", i,
+                static_cast<double>(states[0].master[i]), static_cast<double>(m[i]), static_cast<double>(v[i]));
+    }
+  }
 }
 
 Test(adam_states, int8_bias_correction_division_over_the_float_range) {
