@@ -11,7 +11,14 @@ times them on one thread, each round in a shuffled order (1024-element
 range in L1, as pstar-bench's compute ceiling).
 
 Variants:
-  --rev NAME=REV       the file at git revision REV (e.g. HEAD, f20f04f)
+  --rev NAME=REV       the file at git revision REV (e.g. HEAD, f20f04f), with
+                       that revision's inline-only kernel headers
+                       (INLINE_HEADERS: the lane helpers and the prefetch)
+                       ahead of the tree's, so that a kernel from before a
+                       change to them still builds and measures as it was;
+                       every other header (the int8 maps' layout, the
+                       declarations) is the working tree's, as the library
+                       it links
   --source NAME=PATH   a file on disk
   --ablate NAME=KIND   the working tree's file with a part removed, to see
                        what it costs (the results then differ by design):
@@ -44,6 +51,9 @@ import sys
 import tempfile
 
 KERNELS = {"avx512": "src/optim/adam_states_avx512.cpp", "avx2": "src/optim/adam_states_avx2.cpp"}
+# Headers of always-inline code only (nothing the library defines): a --rev
+# variant takes them from its revision.
+INLINE_HEADERS = ["src/optim/adam_lanes_avx512.h", "src/optim/adam_lanes_avx2.h", "src/optim/adam_prefetch.h"]
 FLAGS = ["-O2", "-DNDEBUG", "-ffp-contract=off", "-fno-fast-math", "-fno-math-errno", "-std=c++17"]
 
 # The two quantizations of a block (each place the kernel makes them): macro
@@ -112,12 +122,18 @@ def main():
     kernel = KERNELS[args.isa]
     variants = []  # (name, text)
     kinds = {}  # name -> ablation kind
+    rev_headers = {}  # name -> {path under src/: text} of a --rev variant's INLINE_HEADERS
     for spec in args.rev:
         name, rev = split_spec(spec, "--rev")
         proc = subprocess.run(["git", "-C", root, "show", "%s:%s" % (rev, kernel)], capture_output=True, text=True)
         if proc.returncode != 0:
             sys.exit("int8_kernel_ab: git show %s:%s failed: %s" % (rev, kernel, proc.stderr.strip()))
         variants.append((name, proc.stdout))
+        rev_headers[name] = {}
+        for h in INLINE_HEADERS:
+            hp = subprocess.run(["git", "-C", root, "show", "%s:%s" % (rev, h)], capture_output=True, text=True)
+            if hp.returncode == 0:  # absent at that revision: the tree's (if the kernel includes it at all)
+                rev_headers[name][os.path.relpath(h, "src")] = hp.stdout
     for spec in args.source:
         name, path = split_spec(spec, "--source")
         with open(path) as f:
@@ -146,7 +162,15 @@ def main():
             obj = os.path.join(tmp, name + ".o")
             renames = ["-D%s_%s=%s_%s_%s" % (fn, args.isa, fn, args.isa, name)
                        for fn in ("adam_states_int8", "adam_states_bf16", "int8_encode")]
-            subprocess.run([args.cxx] + FLAGS + includes + renames + ["-c", src, "-o", obj], check=True)
+            own = []
+            if rev_headers.get(name):
+                inc = os.path.join(tmp, name + "_include")
+                for rel, htext in rev_headers[name].items():
+                    os.makedirs(os.path.join(inc, os.path.dirname(rel)), exist_ok=True)
+                    with open(os.path.join(inc, rel), "w") as f:
+                        f.write(htext)
+                own = ["-I" + inc]
+            subprocess.run([args.cxx] + FLAGS + own + includes + renames + ["-c", src, "-o", obj], check=True)
             objs.append(obj)
         names = [n for n, _ in variants]
         per_link = []

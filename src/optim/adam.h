@@ -84,14 +84,9 @@ PSTAR_HD float adam_element(const AdamStepConstants& c, float g_stored, float& p
 // square root (tests/optim/test_bnb_pin.py).  It costs one division more
 // than adam_element().  Every path of the format (scalar, AVX2, AVX-512,
 // CUDA) performs these operations in this order.
-//
-// Unlike adam_element(), a zero l2 (AdamW, or no decay) adds nothing to the
-// gradient, not 0 * p: a master that is inf or NaN then leaves m and v as
-// they are (bitsandbytes' AdamW8bit adds no term either), and the vector
-// kernels' path for grad_mul 1 and l2 0 has no operation on g at all.
 PSTAR_HD float adam_element_int8(const AdamStepConstants& c, float g_stored, float& p, float& m, float& v) {
   float g = g_stored * c.grad_mul;
-  if (c.l2 != 0.0f) g = fmaf(c.l2, p, g);
+  g = fmaf(c.l2, p, g);
   m = fmaf(g, c.one_minus_beta1, m * c.beta1);
   v = fmaf(c.one_minus_beta2 * g, g, v * c.beta2);
   const float denom = sqrtf(v) / c.sqrt_bc2 + c.eps;

@@ -19,7 +19,6 @@ namespace pstar::optim::lanes_avx2 {
 
 struct Consts {
   __m256 grad_mul, l2, beta1, omb1, beta2, omb2, inv_sqrt_bc2, sqrt_bc2, eps, decay_mul, neg_step;
-  bool has_l2;  // l2 != 0: adam8_int8 adds l2 * p (adam_element_int8)
 };
 
 PSTAR_AVX2 Consts make_consts(const AdamStepConstants& c) {
@@ -35,7 +34,6 @@ PSTAR_AVX2 Consts make_consts(const AdamStepConstants& c) {
   k.eps = _mm256_set1_ps(c.eps);
   k.decay_mul = _mm256_set1_ps(c.decay_mul);
   k.neg_step = _mm256_set1_ps(-c.step_size);
-  k.has_l2 = c.l2 != 0.0f;
   return k;
 }
 
@@ -53,7 +51,7 @@ PSTAR_AVX2 void adam8(const Consts& k, __m256 g, __m256& p, __m256& m, __m256& v
 // adam_element_int8() on eight lanes; p, m and v are updated in place.
 PSTAR_AVX2 void adam8_int8(const Consts& k, __m256 g, __m256& p, __m256& m, __m256& v) {
   g = _mm256_mul_ps(g, k.grad_mul);
-  if (k.has_l2) g = _mm256_fmadd_ps(k.l2, p, g);
+  g = _mm256_fmadd_ps(k.l2, p, g);
   m = _mm256_fmadd_ps(g, k.omb1, _mm256_mul_ps(m, k.beta1));
   v = _mm256_fmadd_ps(_mm256_mul_ps(k.omb2, g), g, _mm256_mul_ps(v, k.beta2));
   const __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(v), k.sqrt_bc2), k.eps);

@@ -25,7 +25,6 @@ namespace pstar::optim::lanes_avx512 {
 struct Consts {
   __m512 grad_mul, l2, beta1, omb1, beta2, omb2, inv_sqrt_bc2, sqrt_bc2, eps, decay_mul, neg_step;
   __m512 rcp_sqrt_bc2;  // RN(1 / sqrt_bc2) in float: exact_div_sqrt_bc2's reciprocal
-  bool has_l2;          // l2 != 0: adam16_int8 adds l2 * p (adam_element_int8)
 };
 
 PSTAR_AVX512 Consts make_consts(const AdamStepConstants& c) {
@@ -42,7 +41,6 @@ PSTAR_AVX512 Consts make_consts(const AdamStepConstants& c) {
   k.decay_mul = _mm512_set1_ps(c.decay_mul);
   k.neg_step = _mm512_set1_ps(-c.step_size);
   k.rcp_sqrt_bc2 = _mm512_set1_ps(1.0f / c.sqrt_bc2);
-  k.has_l2 = c.l2 != 0.0f;
   return k;
 }
 
@@ -79,14 +77,15 @@ PSTAR_AVX512 __m512 exact_div_sqrt_bc2(const Consts& k, __m512 x) {
 }
 
 // adam_element_int8() on sixteen lanes; p, m and v are updated in place.
-// kPlain: for grad_mul 1 and l2 0 (the gradient as stored), which the
-// caller checked; g * 1 is g, so the bits are the general path's.
-template <bool kPlain>
+// kUnitGradMul: for grad_mul 1 (the gradient as stored), which the caller
+// checked.  g * 1 is g, a NaN quieted; the FMA after it quiets it too, so
+// the bits are the multiply's.  (Skipping the l2 term as well when l2 is 0
+// would change which NaN wins where a NaN master meets a NaN gradient: the
+// final add's two NaN operands, whose order compilers are free to swap.)
+template <bool kUnitGradMul>
 PSTAR_AVX512 void adam16_int8(const Consts& k, __m512 g, __m512& p, __m512& m, __m512& v) {
-  if (!kPlain) {
-    g = _mm512_mul_ps(g, k.grad_mul);
-    if (k.has_l2) g = _mm512_fmadd_ps(k.l2, p, g);
-  }
+  if (!kUnitGradMul) g = _mm512_mul_ps(g, k.grad_mul);
+  g = _mm512_fmadd_ps(k.l2, p, g);
   m = _mm512_fmadd_ps(g, k.omb1, _mm512_mul_ps(m, k.beta1));
   v = _mm512_fmadd_ps(_mm512_mul_ps(k.omb2, g), g, _mm512_mul_ps(v, k.beta2));
   const __m512 denom = _mm512_add_ps(exact_div_sqrt_bc2(k, _mm512_sqrt_ps(v)), k.eps);

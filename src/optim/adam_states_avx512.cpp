@@ -333,7 +333,7 @@ PSTAR_AVX512VBMI void dequant_step64(const int8::Map& m, const uint8_t* codes, s
       g = load_grad<D, kGradF32>(g32, slot, e, kq);                                     \
       p = _mm512_maskz_loadu_ps(kq, pi + e);                                            \
     }                                                                                   \
-    adam16_int8<kPlain>(k, g, p, m, v);                                                 \
+    adam16_int8<kUnitGradMul>(k, g, p, m, v);                                           \
     if (kq == 0xffff) { /* unmasked: a masked store is slow on some CPUs (AMD Zen 4) */ \
       _mm512_storeu_ps(master + e, p);                                                  \
       PSTAR_AVX512_STORE_W(BF16_EMIT, e, p);                                            \
@@ -431,22 +431,22 @@ __attribute__((target(PSTAR_AVX512BF16_ISA))) void bf16_native(const AdamStepCon
   PSTAR_AVX512_BF16_BODY(bf16_native16)
 }
 
-template <pstar_dtype D, bool kGradF32, bool kPlain>
+template <pstar_dtype D, bool kGradF32, bool kUnitGradMul>
 __attribute__((target(PSTAR_AVX512_ISA))) void int8_int(const AdamStepConstants& c, const AdamStateRange& r) {
   PSTAR_AVX512_INT8_BODY(bf16_int16, 32, dequant_step32)
 }
 
-template <pstar_dtype D, bool kGradF32, bool kPlain>
+template <pstar_dtype D, bool kGradF32, bool kUnitGradMul>
 __attribute__((target(PSTAR_AVX512BF16_ISA))) void int8_native(const AdamStepConstants& c, const AdamStateRange& r) {
   PSTAR_AVX512_INT8_BODY(bf16_native16, 32, dequant_step32)
 }
 
-template <pstar_dtype D, bool kGradF32, bool kPlain>
+template <pstar_dtype D, bool kGradF32, bool kUnitGradMul>
 __attribute__((target(PSTAR_AVX512VBMI_ISA))) void int8_vbmi_int(const AdamStepConstants& c, const AdamStateRange& r) {
   PSTAR_AVX512_INT8_BODY(bf16_int16, 64, dequant_step64)
 }
 
-template <pstar_dtype D, bool kGradF32, bool kPlain>
+template <pstar_dtype D, bool kGradF32, bool kUnitGradMul>
 __attribute__((target(PSTAR_AVX512VBMIBF16_ISA))) void int8_vbmi_native(const AdamStepConstants& c,
                                                                         const AdamStateRange& r) {
   PSTAR_AVX512_INT8_BODY(bf16_native16, 64, dequant_step64)
@@ -489,26 +489,27 @@ PSTAR_AVX512_DISPATCH(bf16_int)
 PSTAR_AVX512_DISPATCH(bf16_native)
 #undef PSTAR_AVX512_DISPATCH
 
-// The int8 kernels, also by whether the gradient goes in as stored (grad_mul
-// 1, l2 0: adam16_int8's kPlain, one multiply and one FMA fewer per 16
-// elements; the whole kernel 1.03-1.04x, bench/int8_kernel_ab.py on the
-// Intel dev machine, 2026-12-06).
-#define PSTAR_AVX512_INT8_DISPATCH(FN)                                                                           \
-  template <pstar_dtype D, bool kGradF32>                                                                        \
-  void FN##_plain(const AdamStepConstants& c, const AdamStateRange& r) {                                         \
-    c.grad_mul == 1.0f && c.l2 == 0.0f ? FN<D, kGradF32, true>(c, r) : FN<D, kGradF32, false>(c, r);             \
-  }                                                                                                              \
-  void FN##_dispatch(const AdamStepConstants& c, const AdamStateRange& r) {                                      \
-    const bool g = r.grad_f32 != nullptr;                                                                        \
-    switch (r.dtype) {                                                                                           \
-      case PSTAR_DTYPE_F16:                                                                                      \
-        g ? FN##_plain<PSTAR_DTYPE_F16, true>(c, r) : FN##_plain<PSTAR_DTYPE_F16, false>(c, r);                  \
-        return;                                                                                                  \
-      case PSTAR_DTYPE_F32:                                                                                      \
-        g ? FN##_plain<PSTAR_DTYPE_F32, true>(c, r) : FN##_plain<PSTAR_DTYPE_F32, false>(c, r);                  \
-        return;                                                                                                  \
-      default: g ? FN##_plain<PSTAR_DTYPE_BF16, true>(c, r) : FN##_plain<PSTAR_DTYPE_BF16, false>(c, r); return; \
-    }                                                                                                            \
+// The int8 kernels, also by whether grad_mul is 1 (adam16_int8's
+// kUnitGradMul: bf16 training without loss scaling or clipping; one
+// multiply fewer per 16 elements).
+#define PSTAR_AVX512_INT8_DISPATCH(FN)                                                                        \
+  template <pstar_dtype D, bool kGradF32>                                                                     \
+  void FN##_by_grad_mul(const AdamStepConstants& c, const AdamStateRange& r) {                                \
+    c.grad_mul == 1.0f ? FN<D, kGradF32, true>(c, r) : FN<D, kGradF32, false>(c, r);                          \
+  }                                                                                                           \
+  void FN##_dispatch(const AdamStepConstants& c, const AdamStateRange& r) {                                   \
+    const bool g = r.grad_f32 != nullptr;                                                                     \
+    switch (r.dtype) {                                                                                        \
+      case PSTAR_DTYPE_F16:                                                                                   \
+        g ? FN##_by_grad_mul<PSTAR_DTYPE_F16, true>(c, r) : FN##_by_grad_mul<PSTAR_DTYPE_F16, false>(c, r);   \
+        return;                                                                                               \
+      case PSTAR_DTYPE_F32:                                                                                   \
+        g ? FN##_by_grad_mul<PSTAR_DTYPE_F32, true>(c, r) : FN##_by_grad_mul<PSTAR_DTYPE_F32, false>(c, r);   \
+        return;                                                                                               \
+      default:                                                                                                \
+        g ? FN##_by_grad_mul<PSTAR_DTYPE_BF16, true>(c, r) : FN##_by_grad_mul<PSTAR_DTYPE_BF16, false>(c, r); \
+        return;                                                                                               \
+    }                                                                                                         \
   }
 PSTAR_AVX512_INT8_DISPATCH(int8_int)
 PSTAR_AVX512_INT8_DISPATCH(int8_native)

@@ -225,9 +225,9 @@ struct Config {
   bool grad_f32;
   size_t n;
   bool adamw;
-  // grad_mul exactly 1 (no loss scale or clipping factor): with adamw (l2
-  // 0) the int8 vector kernels' plain path, which skips the multiply and
-  // the l2 term; else grad_mul 0.8374 / loss scale.
+  // grad_mul exactly 1 (no loss scale or clipping factor): the AVX-512 int8
+  // kernels' instance without the multiply; else grad_mul 0.8374 / loss
+  // scale.
   bool unit_grad_mul = false;
   std::string str() const {
     char b[160];
@@ -644,46 +644,6 @@ Test(adam_states, int8_long_run_paths_equal_scalar) {
   const std::vector<Path> paths = vector_paths();
   if (paths.empty()) cr_skip_test("no vector path on this CPU");
   run_config(Config{StateFormat::kInt8, PSTAR_DTYPE_BF16, false, 3 * kInt8BlockElems + 77, true}, paths, 60);
-}
-
-Test(adam_states, int8_zero_l2_leaves_the_moments_of_a_nonfinite_master) {
-  // AdamW (l2 0) adds no l2 * p to the gradient (adam_element_int8): a
-  // master at +-inf or NaN leaves m and v to the gradient alone, on every
-  // path as on the scalar one, with grad_mul 1 (the vector kernels' plain
-  // path) and without.  With 0 * p added, m and v of those elements would
-  // be NaN: codes of magnitude 0.
-  std::vector<Path> paths = vector_paths();
-  paths.insert(paths.begin(), isa_path(AdamIsa::kScalar));
-  const size_t n = 2 * kInt8BlockElems + 45;
-  const float specials[] = {INFINITY, -INFINITY, std::nanf("")};
-  for (double grad_mul : {1.0, 0.5}) {
-    std::vector<State> states(paths.size(), State(StateFormat::kInt8, n, PSTAR_DTYPE_BF16));
-    for (State& s : states) {
-      init_state(s, 5);
-      for (size_t i = 3; i < n; i += 37) s.master[i] = specials[(i / 37) % 3];
-    }
-    for (int t = 1; t <= 3; ++t) {
-      const AdamStepConstants c = adam_constants(hyper(true), static_cast<uint64_t>(t), grad_mul, true);
-      cr_assert_eq(c.l2, 0.0f);
-      for (size_t k = 0; k < paths.size(); ++k) {
-        State& s = states[k];
-        for (size_t i = 0; i < n; ++i) put_grad(s, false, i, i % 2 ? 0.25f : -0.5f);
-        paths[k].run(StateFormat::kInt8, c, s.range(false, 0, n));
-        cr_assert(s.same(states[0]), "path %s differs from scalar at step %d (grad_mul %g): %s", paths[k].name.c_str(),
-                  t, grad_mul, s.first_difference(states[0]).c_str());
-      }
-    }
-    std::vector<float> m(n), v(n);
-    int8_decode(true, states[0].m.data(), reinterpret_cast<const float*>(states[0].m.data() + int8_absmax_offset(n)),
-                n, m.data());
-    int8_decode(false, states[0].v.data(), reinterpret_cast<const float*>(states[0].v.data() + int8_absmax_offset(n)),
-                n, v.data());
-    for (size_t i = 3; i < n; i += 37) {
-      cr_assert(std::isnan(states[0].master[i]) || std::isinf(states[0].master[i]), "master %zu became finite", i);
-      cr_assert(m[i] != 0.0f && v[i] > 0.0f, "element %zu (master %g): m %g, v %g after three steps", i,
-                static_cast<double>(states[0].master[i]), static_cast<double>(m[i]), static_cast<double>(v[i]));
-    }
-  }
 }
 
 Test(adam_states, int8_bias_correction_division_over_the_float_range) {
