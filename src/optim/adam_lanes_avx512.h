@@ -66,9 +66,11 @@ PSTAR_AVX512 void adam16(const Consts& k, __m512 g, __m512& p, __m512& m, __m512
 // (2026-12-06): no difference.  +inf would give NaN (inf - inf), so it is
 // passed through: VFIXUPIMMPS classifies x and, for +inf only (token 5,
 // response 1: the classified operand), returns x; NaN and finite x keep the
-// corrected quotient (one instruction where a compare and a blend took two).  On the Intel dev machine the AVX-512 int8
-// kernel ran 1.05x faster than with the division (bench/int8_kernel_ab.py, 2026-12-06); the AVX2 one ran 0.965x as fast
-// with it, so AVX2 keeps the division.  The other division, by the per-element denominator, stays a division.
+// corrected quotient (one instruction where a compare and a blend took
+// two).  On the Intel dev machine the AVX-512 int8 kernel ran 1.05x faster
+// than with the division (bench/int8_kernel_ab.py, 2026-12-06); the AVX2
+// one ran 0.965x as fast with it, so AVX2 keeps the division.  The other
+// division, by the per-element denominator, stays a division.
 PSTAR_AVX512 __m512 exact_div_sqrt_bc2(const Consts& k, __m512 x) {
   const __m512 q = _mm512_mul_ps(x, k.rcp_sqrt_bc2);
   const __m512 r = _mm512_fnmadd_ps(q, k.sqrt_bc2, x);

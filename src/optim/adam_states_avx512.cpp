@@ -485,37 +485,29 @@ __attribute__((target(PSTAR_AVX512_ISA))) void encode(const float* x, size_t n, 
       default: g ? FN<PSTAR_DTYPE_BF16, true>(c, r) : FN<PSTAR_DTYPE_BF16, false>(c, r); return;            \
     }                                                                                                       \
   }
+
+// The int8 kernels also by whether grad_mul is 1 (adam16_int8's
+// kUnitGradMul: bf16 training without loss scaling or clipping; one
+// multiply fewer per 16 elements), then by dtype and gradient source as
+// the others.
+#define PSTAR_AVX512_BY_GRAD_MUL(FN)                                                 \
+  template <pstar_dtype D, bool kGradF32>                                            \
+  void FN##_by_grad_mul(const AdamStepConstants& c, const AdamStateRange& r) {       \
+    c.grad_mul == 1.0f ? FN<D, kGradF32, true>(c, r) : FN<D, kGradF32, false>(c, r); \
+  }
+PSTAR_AVX512_BY_GRAD_MUL(int8_int)
+PSTAR_AVX512_BY_GRAD_MUL(int8_native)
+PSTAR_AVX512_BY_GRAD_MUL(int8_vbmi_int)
+PSTAR_AVX512_BY_GRAD_MUL(int8_vbmi_native)
+#undef PSTAR_AVX512_BY_GRAD_MUL
+
 PSTAR_AVX512_DISPATCH(bf16_int)
 PSTAR_AVX512_DISPATCH(bf16_native)
+PSTAR_AVX512_DISPATCH(int8_int_by_grad_mul)
+PSTAR_AVX512_DISPATCH(int8_native_by_grad_mul)
+PSTAR_AVX512_DISPATCH(int8_vbmi_int_by_grad_mul)
+PSTAR_AVX512_DISPATCH(int8_vbmi_native_by_grad_mul)
 #undef PSTAR_AVX512_DISPATCH
-
-// The int8 kernels, also by whether grad_mul is 1 (adam16_int8's
-// kUnitGradMul: bf16 training without loss scaling or clipping; one
-// multiply fewer per 16 elements).
-#define PSTAR_AVX512_INT8_DISPATCH(FN)                                                                        \
-  template <pstar_dtype D, bool kGradF32>                                                                     \
-  void FN##_by_grad_mul(const AdamStepConstants& c, const AdamStateRange& r) {                                \
-    c.grad_mul == 1.0f ? FN<D, kGradF32, true>(c, r) : FN<D, kGradF32, false>(c, r);                          \
-  }                                                                                                           \
-  void FN##_dispatch(const AdamStepConstants& c, const AdamStateRange& r) {                                   \
-    const bool g = r.grad_f32 != nullptr;                                                                     \
-    switch (r.dtype) {                                                                                        \
-      case PSTAR_DTYPE_F16:                                                                                   \
-        g ? FN##_by_grad_mul<PSTAR_DTYPE_F16, true>(c, r) : FN##_by_grad_mul<PSTAR_DTYPE_F16, false>(c, r);   \
-        return;                                                                                               \
-      case PSTAR_DTYPE_F32:                                                                                   \
-        g ? FN##_by_grad_mul<PSTAR_DTYPE_F32, true>(c, r) : FN##_by_grad_mul<PSTAR_DTYPE_F32, false>(c, r);   \
-        return;                                                                                               \
-      default:                                                                                                \
-        g ? FN##_by_grad_mul<PSTAR_DTYPE_BF16, true>(c, r) : FN##_by_grad_mul<PSTAR_DTYPE_BF16, false>(c, r); \
-        return;                                                                                               \
-    }                                                                                                         \
-  }
-PSTAR_AVX512_INT8_DISPATCH(int8_int)
-PSTAR_AVX512_INT8_DISPATCH(int8_native)
-PSTAR_AVX512_INT8_DISPATCH(int8_vbmi_int)
-PSTAR_AVX512_INT8_DISPATCH(int8_vbmi_native)
-#undef PSTAR_AVX512_INT8_DISPATCH
 
 }  // namespace
 
@@ -528,9 +520,9 @@ void adam_states_bf16_avx512(const AdamStepConstants& c, const AdamStateRange& r
 void adam_states_int8_avx512(const AdamStepConstants& c, const AdamStateRange& r, bool native_bf16, bool vbmi) {
   const bool native = native_bf16 && r.dtype == PSTAR_DTYPE_BF16;
   if (vbmi) {
-    native ? int8_vbmi_native_dispatch(c, r) : int8_vbmi_int_dispatch(c, r);
+    native ? int8_vbmi_native_by_grad_mul_dispatch(c, r) : int8_vbmi_int_by_grad_mul_dispatch(c, r);
   } else {
-    native ? int8_native_dispatch(c, r) : int8_int_dispatch(c, r);
+    native ? int8_native_by_grad_mul_dispatch(c, r) : int8_int_by_grad_mul_dispatch(c, r);
   }
 }
 
