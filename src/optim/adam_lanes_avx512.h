@@ -78,21 +78,27 @@ PSTAR_AVX512 __m512 exact_div_sqrt_bc2(const Consts& k, __m512 x) {
   return _mm512_fixupimm_ps(qc, x, _mm512_set1_epi32(0x1 << (4 * 5)), 0);
 }
 
-// adam_element_int8() on sixteen lanes; p, m and v are updated in place.
-// kUnitGradMul: for grad_mul 1 (the gradient as stored), which the caller
-// checked.  g * 1 is g, a NaN quieted; the FMA after it quiets it too, so
-// the bits are the multiply's.  (Skipping the l2 term as well when l2 is 0
-// would change which NaN wins where a NaN master meets a NaN gradient: the
-// final add's two NaN operands, whose order compilers are free to swap.)
+// adam_element_int8() on sixteen lanes in two parts, so that a kernel can
+// run the division by the denominator apart from the rest: the moments m
+// and v (in place) and the denominator, then the master p from m and the
+// denominator.  kUnitGradMul: for grad_mul 1 (the gradient as stored),
+// which the caller checked.  g * 1 is g, a NaN quieted; the FMA after it
+// quiets it too, so the bits are the multiply's.  (Skipping the l2 term as
+// well when l2 is 0 would change which NaN wins where a NaN master meets a
+// NaN gradient: the final add's two NaN operands, whose order compilers
+// are free to swap.)
 template <bool kUnitGradMul>
-PSTAR_AVX512 void adam16_int8(const Consts& k, __m512 g, __m512& p, __m512& m, __m512& v) {
+PSTAR_AVX512 __m512 adam16_int8_moments(const Consts& k, __m512 g, __m512 p, __m512& m, __m512& v) {
   if (!kUnitGradMul) g = _mm512_mul_ps(g, k.grad_mul);
   g = _mm512_fmadd_ps(k.l2, p, g);
   m = _mm512_fmadd_ps(g, k.omb1, _mm512_mul_ps(m, k.beta1));
   v = _mm512_fmadd_ps(_mm512_mul_ps(k.omb2, g), g, _mm512_mul_ps(v, k.beta2));
-  const __m512 denom = _mm512_add_ps(exact_div_sqrt_bc2(k, _mm512_sqrt_ps(v)), k.eps);
+  return _mm512_add_ps(exact_div_sqrt_bc2(k, _mm512_sqrt_ps(v)), k.eps);
+}
+
+PSTAR_AVX512 __m512 adam16_int8_master(const Consts& k, __m512 p, __m512 m, __m512 denom) {
   p = _mm512_mul_ps(p, k.decay_mul);
-  p = _mm512_add_ps(p, _mm512_div_ps(_mm512_mul_ps(k.neg_step, m), denom));
+  return _mm512_add_ps(p, _mm512_div_ps(_mm512_mul_ps(k.neg_step, m), denom));
 }
 
 // f32_to_bf16() of util/dtype.h on sixteen lanes, in integer arithmetic.

@@ -128,31 +128,36 @@ PSTAR_AVX512 __m512i quant16(const QTab& q, __m512 y, __mmask16& amb) {
 // four inputs) in element order.
 alignas(64) const int32_t kPackOrder[16] = {0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15};
 
-// Quantizes nb (<= 256) values of one block, x * r, into codes: 64 at a time,
-// packed with saturation (two VPACKSSDW, a VPACKUSWB and a permute for 64
-// codes, against four VPMOVDB; with the cheaper ambiguity test the whole
-// kernel ran 1.05-1.10x faster on the Zen 4 dev machine,
-// bench/int8_kernel_ab.py), then 16 at a time.  kGuard: quant16's.
+// Quantizes 64 values, x * r (vr = r in every lane), into codes, packed
+// with saturation (two VPACKSSDW, a VPACKUSWB and a permute for 64 codes,
+// against four VPMOVDB; with the cheaper ambiguity test the whole kernel
+// ran 1.05-1.10x faster on the Zen 4 dev machine, bench/int8_kernel_ab.py).
+// kGuard: quant16's.
+template <bool kSigned, bool kGuard = true>
+PSTAR_AVX512 void quant64(const QTab& q, const float* x, __m512 vr, float r, uint8_t* codes) {
+  __mmask16 a0, a1, a2, a3;
+  const __m512i k0 = quant16<kSigned, kGuard>(q, _mm512_mul_ps(_mm512_loadu_ps(x), vr), a0);
+  const __m512i k1 = quant16<kSigned, kGuard>(q, _mm512_mul_ps(_mm512_loadu_ps(x + 16), vr), a1);
+  const __m512i k2 = quant16<kSigned, kGuard>(q, _mm512_mul_ps(_mm512_loadu_ps(x + 32), vr), a2);
+  const __m512i k3 = quant16<kSigned, kGuard>(q, _mm512_mul_ps(_mm512_loadu_ps(x + 48), vr), a3);
+  const __m512i b = _mm512_packus_epi16(_mm512_packs_epi32(k0, k1), _mm512_packs_epi32(k2, k3));
+  _mm512_storeu_si512(codes, _mm512_permutexvar_epi32(_mm512_load_si512(kPackOrder), b));
+  if ((a0 | a1 | a2 | a3) != 0) {
+    if (a0 != 0) int8::fix_lanes(kSigned, x, r, a0, codes);
+    if (a1 != 0) int8::fix_lanes(kSigned, x + 16, r, a1, codes + 16);
+    if (a2 != 0) int8::fix_lanes(kSigned, x + 32, r, a2, codes + 32);
+    if (a3 != 0) int8::fix_lanes(kSigned, x + 48, r, a3, codes + 48);
+  }
+}
+
+// Quantizes nb (<= 256) values of one block, x * r, into codes: 64 at a
+// time, then 16 at a time.  kGuard: quant16's.
 template <bool kSigned, bool kGuard = true>
 PSTAR_AVX512 void quant_block(const QTab& q, const float* x, size_t nb, float r, uint8_t* codes) {
   if (!int8::vector_scale(r)) return int8::quant_block_scalar(kSigned, x, nb, r, codes);
   const __m512 vr = _mm512_set1_ps(r);
   size_t i = 0;
-  for (; i + 64 <= nb; i += 64) {
-    __mmask16 a0, a1, a2, a3;
-    const __m512i k0 = quant16<kSigned, kGuard>(q, _mm512_mul_ps(_mm512_loadu_ps(x + i), vr), a0);
-    const __m512i k1 = quant16<kSigned, kGuard>(q, _mm512_mul_ps(_mm512_loadu_ps(x + i + 16), vr), a1);
-    const __m512i k2 = quant16<kSigned, kGuard>(q, _mm512_mul_ps(_mm512_loadu_ps(x + i + 32), vr), a2);
-    const __m512i k3 = quant16<kSigned, kGuard>(q, _mm512_mul_ps(_mm512_loadu_ps(x + i + 48), vr), a3);
-    const __m512i b = _mm512_packus_epi16(_mm512_packs_epi32(k0, k1), _mm512_packs_epi32(k2, k3));
-    _mm512_storeu_si512(codes + i, _mm512_permutexvar_epi32(_mm512_load_si512(kPackOrder), b));
-    if ((a0 | a1 | a2 | a3) != 0) {
-      if (a0 != 0) int8::fix_lanes(kSigned, x + i, r, a0, codes + i);
-      if (a1 != 0) int8::fix_lanes(kSigned, x + i + 16, r, a1, codes + i + 16);
-      if (a2 != 0) int8::fix_lanes(kSigned, x + i + 32, r, a2, codes + i + 32);
-      if (a3 != 0) int8::fix_lanes(kSigned, x + i + 48, r, a3, codes + i + 48);
-    }
-  }
+  for (; i + 64 <= nb; i += 64) quant64<kSigned, kGuard>(q, x + i, vr, r, codes + i);
   for (; i < nb; i += 16) {
     const __mmask16 mask = tail_mask16(nb - i);
     __mmask16 amb;
@@ -245,6 +250,38 @@ PSTAR_AVX512VBMI void dequant_step64(const int8::Map& m, const uint8_t* codes, s
   dequant64(m.planes, _mm512_maskz_loadu_epi8(k, codes), out);
 }
 
+// The signed map's values for 64 codes, from the upper half of its planes
+// alone: map[127 - k] = -map[127 + k] (k = 1..127), so code c >= 128 reads
+// entry c - 128 of the upper half, c <= 126 reads entry 126 - c and flips
+// the sign, and c = 127 (+0) is zeroed (int8::Map checks the symmetry when
+// it builds the map).  Four VPERMT2B (two uops each on the Intel dev
+// machine) instead of eight, and no merges: the whole kernel 1.03-1.04x
+// (bench/int8_kernel_ab.py, 2026-12-06).
+PSTAR_AVX512VBMI void dequant64_signed(const uint8_t (*planes)[256], __m512i codes, __m512 out[4]) {
+  const __m512i c = _mm512_permutexvar_epi8(_mm512_load_si512(kPlaneOrder), codes);
+  const __mmask64 pos = _mm512_movepi8_mask(c);  // codes 128..255
+  const __mmask64 nz = _mm512_cmpneq_epi8_mask(c, _mm512_set1_epi8(127));
+  const __mmask64 neg = _kandn_mask64(pos, nz);  // codes 0..126
+  const __m512i idx = _mm512_mask_sub_epi8(c, neg, _mm512_set1_epi8(static_cast<char>(0xfe)), c);
+  __m512i b[4];
+#pragma GCC unroll 4
+  for (int p = 0; p < 4; ++p) {
+    const __m512i* t = reinterpret_cast<const __m512i*>(planes[p]);
+    b[p] = _mm512_maskz_permutex2var_epi8(nz, _mm512_load_si512(t + 2), idx, _mm512_load_si512(t + 3));
+  }
+  b[3] = _mm512_mask_add_epi8(b[3], neg, b[3], _mm512_set1_epi8(static_cast<char>(0x80)));
+  const __m512i w01l = _mm512_unpacklo_epi8(b[0], b[1]), w01h = _mm512_unpackhi_epi8(b[0], b[1]);
+  const __m512i w23l = _mm512_unpacklo_epi8(b[2], b[3]), w23h = _mm512_unpackhi_epi8(b[2], b[3]);
+  out[0] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(w01l, w23l));
+  out[1] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(w01l, w23l));
+  out[2] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(w01h, w23h));
+  out[3] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(w01h, w23h));
+}
+
+PSTAR_AVX512VBMI void dequant_step64_m(const int8::Map& m, const uint8_t* codes, size_t left, __m512 out[4]) {
+  const __mmask64 k = left >= 64 ? ~__mmask64{0} : (__mmask64{1} << left) - 1u;
+  dequant64_signed(m.planes, _mm512_maskz_loadu_epi8(k, codes), out);
+}
 // ---- kernel bodies -----------------------------------------------------------
 
 // The weight's store into the slot, for the lanes of `mask` from element e.
@@ -319,106 +356,143 @@ PSTAR_AVX512VBMI void dequant_step64(const int8::Map& m, const uint8_t* codes, s
     PSTAR_AVX512_EMIT_W(BF16_EMIT, i, mask, p);                                                                \
   }
 
-// One group of 16 lanes of the int8 body's pass 1: lanes q of the step at
+// One group of 16 lanes of the int8 body's pass 1A: lanes q of the step at
 // i (a mask of all ones for a whole group, which the compiler folds).
-#define PSTAR_AVX512_INT8_LANES(BF16_EMIT, q, KQ)                                       \
-  do {                                                                                  \
-    const size_t e = off + i + 16 * (q);                                                \
-    const __mmask16 kq = (KQ);                                                          \
-    __m512 m = _mm512_mul_ps(mq[q], am_in), v = _mm512_mul_ps(vq[q], av_in), g, p;      \
-    if (kq == 0xffff) {                                                                 \
-      g = load_grad_full<D, kGradF32>(g32, slot, e);                                    \
-      p = _mm512_loadu_ps(pi + e);                                                      \
-    } else {                                                                            \
-      g = load_grad<D, kGradF32>(g32, slot, e, kq);                                     \
-      p = _mm512_maskz_loadu_ps(kq, pi + e);                                            \
-    }                                                                                   \
-    adam16_int8<kUnitGradMul>(k, g, p, m, v);                                           \
-    if (kq == 0xffff) { /* unmasked: a masked store is slow on some CPUs (AMD Zen 4) */ \
-      _mm512_storeu_ps(master + e, p);                                                  \
-      PSTAR_AVX512_STORE_W(BF16_EMIT, e, p);                                            \
-    } else {                                                                            \
-      _mm512_mask_storeu_ps(master + e, kq, p);                                         \
-      PSTAR_AVX512_EMIT_W(BF16_EMIT, e, kq, p);                                         \
-    }                                                                                   \
-    _mm512_store_ps(mf + i + 16 * (q), m);                                              \
-    _mm512_store_ps(vf + i + 16 * (q), v);                                              \
-    accm = _mm512_mask_max_ps(accm, kq, _mm512_abs_ps(m), accm);                        \
-    accv = _mm512_mask_max_ps(accv, kq, v, accv); /* v: +0 or more, or NaN */           \
+#define PSTAR_AVX512_INT8_MOMENTS(q, KQ)                                           \
+  do {                                                                             \
+    const size_t e = off + i + 16 * (q);                                           \
+    const __mmask16 kq = (KQ);                                                     \
+    __m512 m = _mm512_mul_ps(mq[q], am_in), v = _mm512_mul_ps(vq[q], av_in), g, p; \
+    if (kq == 0xffff) {                                                            \
+      g = load_grad_full<D, kGradF32>(g32, slot, e);                               \
+      p = _mm512_loadu_ps(pi + e);                                                 \
+    } else {                                                                       \
+      g = load_grad<D, kGradF32>(g32, slot, e, kq);                                \
+      p = _mm512_maskz_loadu_ps(kq, pi + e);                                       \
+    }                                                                              \
+    const __m512 denom = adam16_int8_moments<kUnitGradMul>(k, g, p, m, v);         \
+    _mm512_store_ps(mf + i + 16 * (q), m);                                         \
+    _mm512_store_ps(vf + i + 16 * (q), v);                                         \
+    _mm512_store_ps(df + i + 16 * (q), denom);                                     \
+    accm = _mm512_mask_max_ps(accm, kq, _mm512_abs_ps(m), accm);                   \
+    accv = _mm512_mask_max_ps(accv, kq, v, accv); /* v: +0 or more, or NaN */      \
   } while (0)
 
-// int8, block by block: pass 1 dequantizes STEP elements at a time
-// (DEQUANT: dequant_step32, or dequant_step64 with VBMI), updates them 16 at
-// a time, keeps the new fp32 m and v and their absmax; pass 2 quantizes.
-// Pass 2 of a block runs after pass 1 of the next (two buffers each), so
-// that the absmax reduction and reciprocal it waits on are done long
-// before (right after its own pass 1 they held it up): the whole kernel
-// 1.035x, the median of 13 links of bench/int8_kernel_ab.py on the Zen 4
-// dev machine, 0.91-1.25 (2026-12-06).  In place, a block's codes are
-// still read in its own pass 1 before its pass 2 writes them.
-#define PSTAR_AVX512_INT8_BODY(BF16_EMIT, STEP, DEQUANT)                                                      \
-  const Consts k = make_consts(c);                                                                            \
-  const bool oop = r.master_in != nullptr;                                                                    \
-  float* const master = r.master;                                                                             \
-  const float* const pi = oop ? r.master_in : master;                                                         \
-  const uint8_t* const mci = static_cast<const uint8_t*>(oop ? r.exp_avg_in.values : r.exp_avg.values);       \
-  const uint8_t* const vci = static_cast<const uint8_t*>(oop ? r.exp_avg_sq_in.values : r.exp_avg_sq.values); \
-  const float* const mai = oop ? r.exp_avg_in.absmax : r.exp_avg.absmax;                                      \
-  const float* const vai = oop ? r.exp_avg_sq_in.absmax : r.exp_avg_sq.absmax;                                \
-  uint8_t* const mco = static_cast<uint8_t*>(r.exp_avg.values);                                               \
-  uint8_t* const vco = static_cast<uint8_t*>(r.exp_avg_sq.values);                                            \
-  float* const mao = r.exp_avg.absmax;                                                                        \
-  float* const vao = r.exp_avg_sq.absmax;                                                                     \
-  void* const slot = r.slot;                                                                                  \
-  const float* const g32 = r.grad_f32;                                                                        \
-  const size_t n = r.n;                                                                                       \
-  const int8::Map& smap = int8::signed_map();                                                                 \
-  const int8::Map& umap = int8::unsigned_map();                                                               \
-  const QTab sq = load_qtab(smap);                                                                            \
-  const QTab uq = load_qtab(umap);                                                                            \
-  alignas(64) float mfs[2][kInt8BlockElems];                                                                  \
-  alignas(64) float vfs[2][kInt8BlockElems];                                                                  \
-  size_t q_off = 0, q_nb = 0; /* the block pass 2 owes: its offset and size (none while 0) */                 \
-  float q_rm = 0.0f, q_rv = 0.0f;                                                                             \
-  for (size_t b = 0; b * kInt8BlockElems < n; ++b) {                                                          \
-    float* const mf = mfs[b & 1];                                                                             \
-    float* const vf = vfs[b & 1];                                                                             \
-    const size_t off = b * kInt8BlockElems;                                                                   \
-    const size_t nb = std::min(kInt8BlockElems, n - off);                                                     \
-    const __m512 am_in = _mm512_set1_ps(mai[b]);                                                              \
-    const __m512 av_in = _mm512_set1_ps(vai[b]);                                                              \
-    __m512 accm = _mm512_setzero_ps(), accv = _mm512_setzero_ps();                                            \
-    for (size_t i = 0; i < nb; i += (STEP)) {                                                                 \
-      const size_t left = nb - i;                                                                             \
-      __m512 mq[(STEP) / 16], vq[(STEP) / 16];                                                                \
-      prefetch_step<D, kGradF32>(pi, mci, vci, 1, g32, slot, off + i, (STEP), n);                             \
-      if (left >= (STEP)) { /* a whole step: constant masks, unrolled */                                      \
-        DEQUANT(smap, mci + off + i, (STEP), mq);                                                             \
-        DEQUANT(umap, vci + off + i, (STEP), vq);                                                             \
-        _Pragma("GCC unroll 4") for (size_t q = 0; q < (STEP) / 16; ++q) {                                    \
-          PSTAR_AVX512_INT8_LANES(BF16_EMIT, q, static_cast<__mmask16>(0xffff));                              \
-        }                                                                                                     \
-      } else {                                                                                                \
-        DEQUANT(smap, mci + off + i, left, mq);                                                               \
-        DEQUANT(umap, vci + off + i, left, vq);                                                               \
-        for (size_t q = 0; 16 * q < left; ++q) {                                                              \
-          PSTAR_AVX512_INT8_LANES(BF16_EMIT, q, tail_mask16(left - 16 * q));                                  \
-        }                                                                                                     \
-      }                                                                                                       \
-    }                                                                                                         \
-    const float am = _mm512_reduce_max_ps(accm), av = _mm512_reduce_max_ps(accv);                             \
-    mao[b] = am;                                                                                              \
-    vao[b] = av;                                                                                              \
-    if (q_nb != 0) {                                                                                          \
-      quant_block<true>(sq, mfs[(b & 1) ^ 1], q_nb, q_rm, mco + q_off);                                       \
-      quant_block<false, false>(uq, vfs[(b & 1) ^ 1], q_nb, q_rv, vco + q_off);                               \
-    }                                                                                                         \
-    q_off = off, q_nb = nb, q_rm = int8::inv_scale(am), q_rv = int8::inv_scale(av);                           \
-  }                                                                                                           \
-  if (q_nb != 0) {                                                                                            \
-    const size_t last = (q_off / kInt8BlockElems) & 1;                                                        \
-    quant_block<true>(sq, mfs[last], q_nb, q_rm, mco + q_off);                                                \
-    quant_block<false, false>(uq, vfs[last], q_nb, q_rv, vco + q_off);                                        \
+// Pass 1B on the 16 lanes of `kq` from element j of the block: the master
+// from the old one, the new m and the denominator.
+#define PSTAR_AVX512_INT8_MASTER(BF16_EMIT, j, KQ)                                                  \
+  do {                                                                                              \
+    const size_t e = off + (j);                                                                     \
+    const __mmask16 kq = (KQ);                                                                      \
+    const __m512 p0 = kq == 0xffff ? _mm512_loadu_ps(pi + e) : _mm512_maskz_loadu_ps(kq, pi + e);   \
+    const __m512 p = adam16_int8_master(k, p0, _mm512_load_ps(mf + (j)), _mm512_load_ps(df + (j))); \
+    if (kq == 0xffff) { /* unmasked: a masked store is slow on some CPUs (AMD Zen 4) */             \
+      _mm512_storeu_ps(master + e, p);                                                              \
+      PSTAR_AVX512_STORE_W(BF16_EMIT, e, p);                                                        \
+    } else {                                                                                        \
+      _mm512_mask_storeu_ps(master + e, kq, p);                                                     \
+      PSTAR_AVX512_EMIT_W(BF16_EMIT, e, kq, p);                                                     \
+    }                                                                                               \
+  } while (0)
+
+// int8, block by block, in three passes over each block's elements:
+//  1A dequantizes STEP elements at a time (DEQUANT_M, DEQUANT_V), updates m
+//     and v 16 at a time and keeps them in fp32 with the denominator (its
+//     square root is one division-unit instruction per 16 elements) and
+//     the block maxima;
+//  1B divides and writes the masters (the other division-unit
+//     instruction);
+//  2  quantizes m and v.
+// Pass 2 of a block runs with pass 1B of the next, 64 elements of each in
+// turn, where both are whole blocks (two buffers of m and v): 1B is bound
+// by the divider and 2 by the shuffle and FMA ports, so each fills the
+// other's idle units, and the block maxima and reciprocals pass 2 waits
+// on are long done.  Against one pass 1 that divided too, with pass 2 of
+// the block before after it: the whole kernel 1.04-1.06x
+// (bench/int8_kernel_ab.py on the Intel dev machine, 2026-12-06; the
+// division unit's two instructions per 16 elements took about 24 cycles
+// there, the ports' work about 45).  In place, a block's codes are read in its own pass 1A
+// before its pass 2 writes them, and its masters in 1A and 1B before 1B
+// writes them.
+#define PSTAR_AVX512_INT8_BODY(BF16_EMIT, STEP, DEQUANT_M, DEQUANT_V)                                               \
+  const Consts k = make_consts(c);                                                                                  \
+  const bool oop = r.master_in != nullptr;                                                                          \
+  float* const master = r.master;                                                                                   \
+  const float* const pi = oop ? r.master_in : master;                                                               \
+  const uint8_t* const mci = static_cast<const uint8_t*>(oop ? r.exp_avg_in.values : r.exp_avg.values);             \
+  const uint8_t* const vci = static_cast<const uint8_t*>(oop ? r.exp_avg_sq_in.values : r.exp_avg_sq.values);       \
+  const float* const mai = oop ? r.exp_avg_in.absmax : r.exp_avg.absmax;                                            \
+  const float* const vai = oop ? r.exp_avg_sq_in.absmax : r.exp_avg_sq.absmax;                                      \
+  uint8_t* const mco = static_cast<uint8_t*>(r.exp_avg.values);                                                     \
+  uint8_t* const vco = static_cast<uint8_t*>(r.exp_avg_sq.values);                                                  \
+  float* const mao = r.exp_avg.absmax;                                                                              \
+  float* const vao = r.exp_avg_sq.absmax;                                                                           \
+  void* const slot = r.slot;                                                                                        \
+  const float* const g32 = r.grad_f32;                                                                              \
+  const size_t n = r.n;                                                                                             \
+  const int8::Map& smap = int8::signed_map();                                                                       \
+  const int8::Map& umap = int8::unsigned_map();                                                                     \
+  const QTab sq = load_qtab(smap);                                                                                  \
+  const QTab uq = load_qtab(umap);                                                                                  \
+  alignas(64) float mfs[2][kInt8BlockElems];                                                                        \
+  alignas(64) float vfs[2][kInt8BlockElems];                                                                        \
+  alignas(64) float df[kInt8BlockElems];                                                                            \
+  size_t q_off = 0, q_nb = 0; /* the block pass 2 owes: its offset and size (none while 0) */                       \
+  float q_rm = 0.0f, q_rv = 0.0f;                                                                                   \
+  for (size_t b = 0; b * kInt8BlockElems < n; ++b) {                                                                \
+    float* const mf = mfs[b & 1];                                                                                   \
+    float* const vf = vfs[b & 1];                                                                                   \
+    const size_t off = b * kInt8BlockElems;                                                                         \
+    const size_t nb = std::min(kInt8BlockElems, n - off);                                                           \
+    const __m512 am_in = _mm512_set1_ps(mai[b]);                                                                    \
+    const __m512 av_in = _mm512_set1_ps(vai[b]);                                                                    \
+    __m512 accm = _mm512_setzero_ps(), accv = _mm512_setzero_ps();                                                  \
+    for (size_t i = 0; i < nb; i += (STEP)) {                                                                       \
+      const size_t left = nb - i;                                                                                   \
+      __m512 mq[(STEP) / 16], vq[(STEP) / 16];                                                                      \
+      prefetch_step<D, kGradF32>(pi, mci, vci, 1, g32, slot, off + i, (STEP), n);                                   \
+      if (left >= (STEP)) { /* a whole step: constant masks, unrolled */                                            \
+        DEQUANT_M(smap, mci + off + i, (STEP), mq);                                                                 \
+        DEQUANT_V(umap, vci + off + i, (STEP), vq);                                                                 \
+        _Pragma("GCC unroll 4") for (size_t q = 0; q < (STEP) / 16; ++q) {                                          \
+          PSTAR_AVX512_INT8_MOMENTS(q, static_cast<__mmask16>(0xffff));                                             \
+        }                                                                                                           \
+      } else {                                                                                                      \
+        DEQUANT_M(smap, mci + off + i, left, mq);                                                                   \
+        DEQUANT_V(umap, vci + off + i, left, vq);                                                                   \
+        for (size_t q = 0; 16 * q < left; ++q) {                                                                    \
+          PSTAR_AVX512_INT8_MOMENTS(q, tail_mask16(left - 16 * q));                                                 \
+        }                                                                                                           \
+      }                                                                                                             \
+    }                                                                                                               \
+    const float am = _mm512_reduce_max_ps(accm), av = _mm512_reduce_max_ps(accv);                                   \
+    mao[b] = am;                                                                                                    \
+    vao[b] = av;                                                                                                    \
+    float* const qmf = mfs[(b & 1) ^ 1];                                                                            \
+    float* const qvf = vfs[(b & 1) ^ 1];                                                                            \
+    if (q_nb == kInt8BlockElems && nb == kInt8BlockElems && int8::vector_scale(q_rm) && int8::vector_scale(q_rv)) { \
+      const __m512 vrm = _mm512_set1_ps(q_rm), vrv = _mm512_set1_ps(q_rv);                                          \
+      for (size_t j = 0; j < kInt8BlockElems; j += 64) {                                                            \
+        quant64<true>(sq, qmf + j, vrm, q_rm, mco + q_off + j);                                                     \
+        PSTAR_AVX512_INT8_MASTER(BF16_EMIT, j, static_cast<__mmask16>(0xffff));                                     \
+        PSTAR_AVX512_INT8_MASTER(BF16_EMIT, j + 16, static_cast<__mmask16>(0xffff));                                \
+        quant64<false, false>(uq, qvf + j, vrv, q_rv, vco + q_off + j);                                             \
+        PSTAR_AVX512_INT8_MASTER(BF16_EMIT, j + 32, static_cast<__mmask16>(0xffff));                                \
+        PSTAR_AVX512_INT8_MASTER(BF16_EMIT, j + 48, static_cast<__mmask16>(0xffff));                                \
+      }                                                                                                             \
+    } else {                                                                                                        \
+      for (size_t j = 0; j < nb; j += 16) PSTAR_AVX512_INT8_MASTER(BF16_EMIT, j, tail_mask16(nb - j));              \
+      if (q_nb != 0) {                                                                                              \
+        quant_block<true>(sq, qmf, q_nb, q_rm, mco + q_off);                                                        \
+        quant_block<false, false>(uq, qvf, q_nb, q_rv, vco + q_off);                                                \
+      }                                                                                                             \
+    }                                                                                                               \
+    q_off = off, q_nb = nb, q_rm = int8::inv_scale(am), q_rv = int8::inv_scale(av);                                 \
+  }                                                                                                                 \
+  if (q_nb != 0) {                                                                                                  \
+    const size_t last = (q_off / kInt8BlockElems) & 1;                                                              \
+    quant_block<true>(sq, mfs[last], q_nb, q_rm, mco + q_off);                                                      \
+    quant_block<false, false>(uq, vfs[last], q_nb, q_rv, vco + q_off);                                              \
   }
 
 template <pstar_dtype D, bool kGradF32>
@@ -433,28 +507,29 @@ __attribute__((target(PSTAR_AVX512BF16_ISA))) void bf16_native(const AdamStepCon
 
 template <pstar_dtype D, bool kGradF32, bool kUnitGradMul>
 __attribute__((target(PSTAR_AVX512_ISA))) void int8_int(const AdamStepConstants& c, const AdamStateRange& r) {
-  PSTAR_AVX512_INT8_BODY(bf16_int16, 32, dequant_step32)
+  PSTAR_AVX512_INT8_BODY(bf16_int16, 32, dequant_step32, dequant_step32)
 }
 
 template <pstar_dtype D, bool kGradF32, bool kUnitGradMul>
 __attribute__((target(PSTAR_AVX512BF16_ISA))) void int8_native(const AdamStepConstants& c, const AdamStateRange& r) {
-  PSTAR_AVX512_INT8_BODY(bf16_native16, 32, dequant_step32)
+  PSTAR_AVX512_INT8_BODY(bf16_native16, 32, dequant_step32, dequant_step32)
 }
 
 template <pstar_dtype D, bool kGradF32, bool kUnitGradMul>
 __attribute__((target(PSTAR_AVX512VBMI_ISA))) void int8_vbmi_int(const AdamStepConstants& c, const AdamStateRange& r) {
-  PSTAR_AVX512_INT8_BODY(bf16_int16, 64, dequant_step64)
+  PSTAR_AVX512_INT8_BODY(bf16_int16, 64, dequant_step64_m, dequant_step64)
 }
 
 template <pstar_dtype D, bool kGradF32, bool kUnitGradMul>
 __attribute__((target(PSTAR_AVX512VBMIBF16_ISA))) void int8_vbmi_native(const AdamStepConstants& c,
                                                                         const AdamStateRange& r) {
-  PSTAR_AVX512_INT8_BODY(bf16_native16, 64, dequant_step64)
+  PSTAR_AVX512_INT8_BODY(bf16_native16, 64, dequant_step64_m, dequant_step64)
 }
 
 #undef PSTAR_AVX512_BF16_BODY
 #undef PSTAR_AVX512_INT8_BODY
-#undef PSTAR_AVX512_INT8_LANES
+#undef PSTAR_AVX512_INT8_MOMENTS
+#undef PSTAR_AVX512_INT8_MASTER
 #undef PSTAR_AVX512_EMIT_W
 #undef PSTAR_AVX512_STORE_W
 
