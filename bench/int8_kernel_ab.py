@@ -60,6 +60,9 @@ FLAGS = ["-O2", "-DNDEBUG", "-ffp-contract=off", "-fno-fast-math", "-fno-math-er
 # lines (AVX-512) or plain ones (AVX2).
 QUANT_CALLS = re.compile(
     r"( *)quant_block<true>\(sq, ([^,]+), [^\n]*?(\\?)\n *quant_block<false[^>]*>\(uq, ([^,]+), [^\n]*?\\?\n")
+# The AVX-512 kernel's 64-value quantizations inside its fused pass (one
+# line each, in a macro).
+QUANT64_CALLS = re.compile(r"( *)quant64<[^>]*>\((sq|uq), ([^,]+), [^\n]*?;( *\\?)\n")
 DEQUANT64_BODY = re.compile(
     r"(PSTAR_AVX512VBMI void dequant_step64\([^)]*\) \{\n)(.*?)(\n\})", re.S)
 
@@ -71,7 +74,10 @@ def ablate(text, kind, isa):
         out, count = QUANT_CALLS.subn(
             lambda m: '%s(void)sq; (void)uq; asm volatile("" ::"r"(%s), "r"(%s) : "memory"); %s\n'
             % (m.group(1), m.group(2), m.group(4), m.group(3)), text)
-        count = min(count, 1)  # the AVX-512 kernel quantizes in two places
+        out, count64 = QUANT64_CALLS.subn(
+            lambda m: '%s(void)%s; asm volatile("" ::"r"(%s) : "memory");%s\n' % (m.group(1), m.group(2), m.group(3),
+                                                                                 m.group(4)), out)
+        count = min(count, 1)  # the AVX-512 kernel quantizes in several places
     elif kind == "no-dequant":
         body = ("  (void)m; (void)left;\n"
                 "  for (int q = 0; q < 4; ++q)\n"

@@ -63,19 +63,21 @@ PSTAR_AVX512 void adam16(const Consts& k, __m512 g, __m512& p, __m512& m, __m512
 // smallest subnormal is 2^-74.5, sqrt(FLT_MAX) / c stays finite for every
 // c = sqrt(1 - beta2^t) with beta2 < 1, and 0 gives 0.  Checked against
 // VDIVPS for every float x in [2^-75, sqrt(FLT_MAX)] at 152 values of c
-// (2026-12-06): no difference.  +inf would give NaN (inf - inf), so it is
-// passed through: VFIXUPIMMPS classifies x and, for +inf only (token 5,
-// response 1: the classified operand), returns x; NaN and finite x keep the
-// corrected quotient (one instruction where a compare and a blend took
-// two).  On the Intel dev machine the AVX-512 int8 kernel ran 1.05x faster
-// than with the division (bench/int8_kernel_ab.py, 2026-12-06); the AVX2
-// one ran 0.965x as fast with it, so AVX2 keeps the division.  The other
-// division, by the per-element denominator, stays a division.
+// (2026-12-06): no difference.  +inf gives NaN (inf - inf); NaN keeps the
+// corrected quotient.  The kernel does not pass it through here: +inf
+// comes only from v = +inf, which the block's maximum of v shows, and the
+// int8 body then sets those lanes' denominators to +inf after its pass 1A
+// (a VFIXUPIMMPS per 16 elements did it before; without it, and with the
+// signed codes' +127 added after the first pack, the kernel ran 1.02-1.03x
+// faster, bench/int8_kernel_ab.py, 2026-12-06).  On the Intel dev
+// machine the AVX-512 int8 kernel ran 1.05x faster with this than with the
+// division (bench/int8_kernel_ab.py, 2026-12-06); the AVX2 one ran 0.965x
+// as fast with it, so AVX2 keeps the division.  The other division, by the
+// per-element denominator, stays a division.
 PSTAR_AVX512 __m512 exact_div_sqrt_bc2(const Consts& k, __m512 x) {
   const __m512 q = _mm512_mul_ps(x, k.rcp_sqrt_bc2);
   const __m512 r = _mm512_fnmadd_ps(q, k.sqrt_bc2, x);
-  const __m512 qc = _mm512_fmadd_ps(r, k.rcp_sqrt_bc2, q);
-  return _mm512_fixupimm_ps(qc, x, _mm512_set1_epi32(0x1 << (4 * 5)), 0);
+  return _mm512_fmadd_ps(r, k.rcp_sqrt_bc2, q);
 }
 
 // adam_element_int8() on sixteen lanes in two parts, so that a kernel can

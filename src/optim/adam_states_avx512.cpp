@@ -83,9 +83,10 @@ PSTAR_AVX512 QTab load_qtab(const int8::Map& m) {
 // 0), round down (imm[1:0] = 01), precision exception suppressed (imm[3]).
 constexpr int kFracBelow = 0x09;
 
-// The codes of sixteen normalized values y, as 32-bit lanes (-1 for the code
-// 0 of a negative y at -1.0, INT_MIN for a NaN y: the byte pack saturates
-// both to 0); `amb` gets the lanes that must take the scalar search
+// The codes of sixteen normalized values y, as 32-bit lanes, less 127 for
+// the signed map, which quant64 adds after its first pack (-128 for the
+// code 0 of a negative y at -1.0, INT_MIN for a NaN y: the byte pack
+// saturates both to 0); `amb` gets the lanes that must take the scalar search
 // instead: those whose u_lo lies within 2 kAmbiguity below an integer (its
 // fraction, exact from VREDUCEPS, at least 1 - 2 kAmbiguity; the bound in
 // adam_states.cpp).  The count min(floor(u_lo), last) is
@@ -115,10 +116,10 @@ PSTAR_AVX512 __m512i quant16(const QTab& q, __m512 y, __mmask16& amb) {
   amb = _mm512_cmp_ps_mask(_mm512_reduce_ps(u_lo, kFracBelow), _mm512_set1_ps(1.0f - 2 * int8::kAmbiguity),
                            kSigned ? _CMP_NLT_UQ : _CMP_GE_OQ);
   __m512 u = _mm512_min_ps(last, u_lo);
-  if (kSigned) {  // -u for a negative y: the truncation gives -k, and 127 - k
+  if (kSigned) {  // -u for a negative y: the truncation gives -k (the code 127 - k)
     u = _mm512_castsi512_ps(_mm512_ternarylogic_epi32(_mm512_castps_si512(u), _mm512_castps_si512(y),
                                                       _mm512_set1_epi32(INT32_MIN), 0xf8));  // u | (y & sign)
-    return _mm512_add_epi32(_mm512_cvttps_epi32(u), _mm512_set1_epi32(127));
+    return _mm512_cvttps_epi32(u);
   }
   return _mm512_cvttps_epi32(u);
 }
@@ -140,7 +141,12 @@ PSTAR_AVX512 void quant64(const QTab& q, const float* x, __m512 vr, float r, uin
   const __m512i k1 = quant16<kSigned, kGuard>(q, _mm512_mul_ps(_mm512_loadu_ps(x + 16), vr), a1);
   const __m512i k2 = quant16<kSigned, kGuard>(q, _mm512_mul_ps(_mm512_loadu_ps(x + 32), vr), a2);
   const __m512i k3 = quant16<kSigned, kGuard>(q, _mm512_mul_ps(_mm512_loadu_ps(x + 48), vr), a3);
-  const __m512i b = _mm512_packus_epi16(_mm512_packs_epi32(k0, k1), _mm512_packs_epi32(k2, k3));
+  __m512i w01 = _mm512_packs_epi32(k0, k1), w23 = _mm512_packs_epi32(k2, k3);
+  if (kSigned) {  // the code 127 + k, in the 16-bit lanes: half the additions
+    w01 = _mm512_add_epi16(w01, _mm512_set1_epi16(127));
+    w23 = _mm512_add_epi16(w23, _mm512_set1_epi16(127));
+  }
+  const __m512i b = _mm512_packus_epi16(w01, w23);
   _mm512_storeu_si512(codes, _mm512_permutexvar_epi32(_mm512_load_si512(kPackOrder), b));
   if ((a0 | a1 | a2 | a3) != 0) {
     if (a0 != 0) int8::fix_lanes(kSigned, x, r, a0, codes);
@@ -162,6 +168,7 @@ PSTAR_AVX512 void quant_block(const QTab& q, const float* x, size_t nb, float r,
     const __mmask16 mask = tail_mask16(nb - i);
     __mmask16 amb;
     __m512i k = quant16<kSigned, kGuard>(q, _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, x + i), vr), amb);
+    if (kSigned) k = _mm512_add_epi32(k, _mm512_set1_epi32(127));
     k = _mm512_max_epi32(k, _mm512_setzero_si512());
     _mm_mask_storeu_epi8(codes + i, mask, _mm512_cvtepi32_epi8(k));
     amb &= mask;
@@ -468,6 +475,7 @@ PSTAR_AVX512VBMI void dequant_step64_m(const int8::Map& m, const uint8_t* codes,
     const float am = _mm512_reduce_max_ps(accm), av = _mm512_reduce_max_ps(accv);                                   \
     mao[b] = am;                                                                                                    \
     vao[b] = av;                                                                                                    \
+    if (av == std::numeric_limits<float>::infinity()) int8::inf_denominators(vf, nb, df);                           \
     float* const qmf = mfs[(b & 1) ^ 1];                                                                            \
     float* const qvf = vfs[(b & 1) ^ 1];                                                                            \
     if (q_nb == kInt8BlockElems && nb == kInt8BlockElems && int8::vector_scale(q_rm) && int8::vector_scale(q_rv)) { \

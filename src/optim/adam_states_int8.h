@@ -129,6 +129,16 @@ void fix_lanes(bool is_signed, const float* x, float r, uint32_t lanes, uint8_t*
 // every nonzero x * r is +-inf, and such a block takes quant_block_scalar.
 inline bool vector_scale(float r) { return r <= std::numeric_limits<float>::max(); }
 
+// The AVX-512 kernel divides sqrt(v) by sqrt(1 - beta2^t) without the
+// divider (adam_lanes_avx512.h, exact_div_sqrt_bc2), exactly except for
+// v = +inf, where it gives NaN; for a block whose largest v is +inf it
+// then sets those lanes' denominators to sqrt(+inf) / c + eps = +inf.
+inline void inf_denominators(const float* v, size_t nb, float* denom) {
+  for (size_t i = 0; i < nb; ++i) {
+    if (v[i] == std::numeric_limits<float>::infinity()) denom[i] = v[i];
+  }
+}
+
 // The scalar search for each of the block's nb values.
 void quant_block_scalar(bool is_signed, const float* x, size_t nb, float r, uint8_t* codes);
 
