@@ -30,6 +30,16 @@ namespace pstar::optim {
 // elements of the range (the same for every list, whatever its width).
 inline constexpr size_t kPrefetchAheadElems = 512;
 
+// The AVX-512 int8 kernel's distance: a block and a half of 256.  Its pass
+// 1A (optim/adam_states_avx512.cpp) prefetches, and a distance of whole
+// blocks ran slower on the Intel dev machine (2026-12-06, pstar-bench adam
+// --state-formats int8, two threads, two or three runs each): 512 gave
+// 1.70-1.76 G elements/s at 20M, 50M and 100M elements where 384 gave
+// 1.80-1.87 and 320 and 640 1.76-1.89 (768 1.71-1.74); one thread over 25M,
+// 0.83-0.86 against 0.90-0.91.  The fp32 and bf16 kernels measured the same
+// at 384 and 512 and keep 512.
+inline constexpr size_t kInt8PrefetchAheadElems = 384;
+
 // Always inlined: a function holding only prefetches has no effect GCC can
 // see, so GCC 12 marks it const and deletes its calls as dead code before
 // its inliner would have put them into the kernels (target-attributed
@@ -58,13 +68,13 @@ PSTAR_PREFETCH_INLINE void prefetch_grad(const float* g32, const void* slot, siz
 }
 
 // One step's prefetch of a kernel's inputs: `elems` elements at `at +
-// kPrefetchAheadElems` of the master list, both moment lists (`moment_width`
+// kAhead` of the master list, both moment lists (`moment_width`
 // bytes per element: 4, 2 or 1) and the gradient, when that lies inside the
 // range of n elements.
-template <pstar_dtype D, bool kGradF32>
+template <pstar_dtype D, bool kGradF32, size_t kAhead = kPrefetchAheadElems>
 PSTAR_PREFETCH_INLINE void prefetch_step(const float* master, const void* m, const void* v, size_t moment_width,
                                          const float* g32, const void* slot, size_t at, size_t elems, size_t n) {
-  const size_t ahead = at + kPrefetchAheadElems;
+  const size_t ahead = at + kAhead;
   if (ahead >= n) return;
   prefetch_span(master + ahead, elems * sizeof(float));
   prefetch_span(static_cast<const char*>(m) + ahead * moment_width, elems * moment_width);

@@ -457,7 +457,7 @@ PSTAR_AVX512VBMI void dequant_step64_m(const int8::Map& m, const uint8_t* codes,
     for (size_t i = 0; i < nb; i += (STEP)) {                                                                       \
       const size_t left = nb - i;                                                                                   \
       __m512 mq[(STEP) / 16], vq[(STEP) / 16];                                                                      \
-      prefetch_step<D, kGradF32>(pi, mci, vci, 1, g32, slot, off + i, (STEP), n);                                   \
+      prefetch_step<D, kGradF32, kInt8PrefetchAheadElems>(pi, mci, vci, 1, g32, slot, off + i, (STEP), n);          \
       if (left >= (STEP)) { /* a whole step: constant masks, unrolled */                                            \
         DEQUANT_M(smap, mci + off + i, (STEP), mq);                                                                 \
         DEQUANT_V(umap, vci + off + i, (STEP), vq);                                                                 \
