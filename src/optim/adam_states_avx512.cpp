@@ -363,6 +363,14 @@ PSTAR_AVX512VBMI void dequant_step64_m(const int8::Map& m, const uint8_t* codes,
     PSTAR_AVX512_EMIT_W(BF16_EMIT, i, mask, p);                                                                \
   }
 
+// VRANGEPS's immediate for max(|a|, |b|) with the sign cleared (imm[1:0] =
+// 11, imm[3:2] = 10): the block maximum of |m| in one instruction per 16
+// elements where an abs and a max took two (the whole kernel 1.007-1.016x,
+// bench/int8_kernel_ab.py on the Intel dev machine, 2026-12-07).  Like the
+// max it replaces, VRANGEPS returns the other operand for a quiet NaN, so
+// a NaN m does not count (m is an FMA's result: never a signalling NaN).
+constexpr int kRangeAbsMax = 0x0b;
+
 // One group of 16 lanes of the int8 body's pass 1A: lanes q of the step at
 // i (a mask of all ones for a whole group, which the compiler folds).
 #define PSTAR_AVX512_INT8_MOMENTS(q, KQ)                                           \
@@ -381,7 +389,7 @@ PSTAR_AVX512VBMI void dequant_step64_m(const int8::Map& m, const uint8_t* codes,
     _mm512_store_ps(mf + i + 16 * (q), m);                                         \
     _mm512_store_ps(vf + i + 16 * (q), v);                                         \
     _mm512_store_ps(df + i + 16 * (q), denom);                                     \
-    accm = _mm512_mask_max_ps(accm, kq, _mm512_abs_ps(m), accm);                   \
+    accm = _mm512_mask_range_ps(accm, kq, accm, m, kRangeAbsMax);                  \
     accv = _mm512_mask_max_ps(accv, kq, v, accv); /* v: +0 or more, or NaN */      \
   } while (0)
 
