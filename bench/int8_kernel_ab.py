@@ -77,7 +77,7 @@ def ablate(text, kind, isa):
         out, count64 = QUANT64_CALLS.subn(
             lambda m: '%s(void)%s; asm volatile("" ::"r"(%s) : "memory");%s\n' % (m.group(1), m.group(2), m.group(3),
                                                                                  m.group(4)), out)
-        count = min(count, 1)  # the AVX-512 kernel quantizes in several places
+        count = min(count + count64, 1)  # the AVX-512 kernel quantizes in several places
     elif kind == "no-dequant":
         body = ("  (void)m; (void)left;\n"
                 "  for (int q = 0; q < 4; ++q)\n"

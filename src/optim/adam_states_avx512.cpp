@@ -119,7 +119,6 @@ PSTAR_AVX512 __m512i quant16(const QTab& q, __m512 y, __mmask16& amb) {
   if (kSigned) {  // -u for a negative y: the truncation gives -k (the code 127 - k)
     u = _mm512_castsi512_ps(_mm512_ternarylogic_epi32(_mm512_castps_si512(u), _mm512_castps_si512(y),
                                                       _mm512_set1_epi32(INT32_MIN), 0xf8));  // u | (y & sign)
-    return _mm512_cvttps_epi32(u);
   }
   return _mm512_cvttps_epi32(u);
 }
@@ -224,6 +223,17 @@ alignas(64) const uint8_t kPlaneOrder[64] = {0,  1,  2,  3,  16, 17, 18, 19, 32,
                                              8,  9,  10, 11, 24, 25, 26, 27, 40, 41, 42, 43, 56, 57, 58, 59,
                                              12, 13, 14, 15, 28, 29, 30, 31, 44, 45, 46, 47, 60, 61, 62, 63};
 
+// The floats whose bytes are b[0..3] (little end first), for codes
+// permuted by kPlaneOrder: elements 16 q .. 16 q + 15 in out[q].
+PSTAR_AVX512VBMI void interleave_planes(const __m512i b[4], __m512 out[4]) {
+  const __m512i w01l = _mm512_unpacklo_epi8(b[0], b[1]), w01h = _mm512_unpackhi_epi8(b[0], b[1]);
+  const __m512i w23l = _mm512_unpacklo_epi8(b[2], b[3]), w23h = _mm512_unpackhi_epi8(b[2], b[3]);
+  out[0] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(w01l, w23l));
+  out[1] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(w01l, w23l));
+  out[2] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(w01h, w23h));
+  out[3] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(w01h, w23h));
+}
+
 // map[code] for 64 codes: elements 16 q .. 16 q + 15 in out[q].
 PSTAR_AVX512VBMI void dequant64(const uint8_t (*planes)[256], __m512i codes, __m512 out[4]) {
   const __m512i idx = _mm512_permutexvar_epi8(_mm512_load_si512(kPlaneOrder), codes);
@@ -236,12 +246,7 @@ PSTAR_AVX512VBMI void dequant64(const uint8_t (*planes)[256], __m512i codes, __m
     const __m512i hi = _mm512_permutex2var_epi8(_mm512_load_si512(t + 2), idx, _mm512_load_si512(t + 3));
     b[p] = _mm512_mask_blend_epi8(upper, lo, hi);
   }
-  const __m512i w01l = _mm512_unpacklo_epi8(b[0], b[1]), w01h = _mm512_unpackhi_epi8(b[0], b[1]);
-  const __m512i w23l = _mm512_unpacklo_epi8(b[2], b[3]), w23h = _mm512_unpackhi_epi8(b[2], b[3]);
-  out[0] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(w01l, w23l));
-  out[1] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(w01l, w23l));
-  out[2] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(w01h, w23h));
-  out[3] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(w01h, w23h));
+  interleave_planes(b, out);
 }
 
 // map[code] for the codes of one step of the int8 body (32 or 64 elements;
@@ -252,9 +257,14 @@ PSTAR_AVX512 void dequant_step32(const int8::Map& m, const uint8_t* codes, size_
             _mm256_maskz_loadu_epi8(k, codes), out[0], out[1]);
 }
 
-PSTAR_AVX512VBMI void dequant_step64(const int8::Map& m, const uint8_t* codes, size_t left, __m512 out[4]) {
+// The codes of one VBMI step: 64, or `left` at a block's end (zeros after).
+PSTAR_AVX512VBMI __m512i load_codes64(const uint8_t* codes, size_t left) {
   const __mmask64 k = left >= 64 ? ~__mmask64{0} : (__mmask64{1} << left) - 1u;
-  dequant64(m.planes, _mm512_maskz_loadu_epi8(k, codes), out);
+  return _mm512_maskz_loadu_epi8(k, codes);
+}
+
+PSTAR_AVX512VBMI void dequant_step64(const int8::Map& m, const uint8_t* codes, size_t left, __m512 out[4]) {
+  dequant64(m.planes, load_codes64(codes, left), out);
 }
 
 // The signed map's values for 64 codes, from the upper half of its planes
@@ -277,18 +287,13 @@ PSTAR_AVX512VBMI void dequant64_signed(const uint8_t (*planes)[256], __m512i cod
     b[p] = _mm512_maskz_permutex2var_epi8(nz, _mm512_load_si512(t + 2), idx, _mm512_load_si512(t + 3));
   }
   b[3] = _mm512_mask_add_epi8(b[3], neg, b[3], _mm512_set1_epi8(static_cast<char>(0x80)));
-  const __m512i w01l = _mm512_unpacklo_epi8(b[0], b[1]), w01h = _mm512_unpackhi_epi8(b[0], b[1]);
-  const __m512i w23l = _mm512_unpacklo_epi8(b[2], b[3]), w23h = _mm512_unpackhi_epi8(b[2], b[3]);
-  out[0] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(w01l, w23l));
-  out[1] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(w01l, w23l));
-  out[2] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(w01h, w23h));
-  out[3] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(w01h, w23h));
+  interleave_planes(b, out);
 }
 
 PSTAR_AVX512VBMI void dequant_step64_m(const int8::Map& m, const uint8_t* codes, size_t left, __m512 out[4]) {
-  const __mmask64 k = left >= 64 ? ~__mmask64{0} : (__mmask64{1} << left) - 1u;
-  dequant64_signed(m.planes, _mm512_maskz_loadu_epi8(k, codes), out);
+  dequant64_signed(m.planes, load_codes64(codes, left), out);
 }
+
 // ---- kernel bodies -----------------------------------------------------------
 
 // The weight's store into the slot, for the lanes of `mask` from element e.
